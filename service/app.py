@@ -1,0 +1,73 @@
+"""The Litestar application factory."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from litestar import Litestar, Router
+from litestar.di import Provide
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.plugins import ScalarRenderPlugin, SwaggerRenderPlugin
+
+from service.health.routes import healthz, readyz
+from service.http import error_response, provide_session, provide_tenant, request_id_middleware
+from service.queue.routes import JobController
+from service.runtime import Runtime
+from service.settings import Settings, load_settings
+from service.tenants.routes import AdminController, TenantController
+
+log = logging.getLogger("service")
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    runtime: Runtime | None = None,
+    migrate: bool | None = None,
+    run_worker: bool | None = None,
+) -> Litestar:
+    """Build the app. The runtime starts (migrations, worker) when the app starts."""
+    settings = settings or (runtime.settings if runtime else load_settings())
+    rt = runtime or Runtime.build(settings)
+    do_migrate = settings.auto_migrate if migrate is None else migrate
+    do_worker = settings.run_worker if run_worker is None else run_worker
+
+    async def on_startup(app: Litestar) -> None:
+        await rt.start(migrate=do_migrate, run_worker=do_worker)
+
+    async def on_shutdown(app: Litestar) -> None:
+        await rt.close()
+
+    v1 = Router(
+        path="/",
+        route_handlers=[TenantController, JobController],
+        dependencies={
+            "tenant": Provide(provide_tenant),
+            "session": Provide(provide_session),
+        },
+    )
+    app = Litestar(
+        route_handlers=[healthz, readyz, AdminController, v1],
+        on_startup=[on_startup],
+        on_shutdown=[on_shutdown],
+        exception_handlers={Exception: error_response},
+        middleware=[request_id_middleware],
+        request_max_body_size=settings.max_body_bytes,
+        openapi_config=OpenAPIConfig(
+            title="Memoria",
+            version="0.1.0",
+            description="Multi-tenant long-term memory for chat bots.",
+            path="/schema",
+            render_plugins=[ScalarRenderPlugin(), SwaggerRenderPlugin(path="/swagger")],
+        ),
+        state=_state(rt),
+        debug=False,
+    )
+    return app
+
+
+def _state(rt: Runtime) -> Any:
+    from litestar.datastructures import State
+
+    return State({"runtime": rt})

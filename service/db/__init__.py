@@ -1,0 +1,1 @@
+"""Database infrastructure: the engine, tenant-scoped sessions, the embedded server, migrations."""

@@ -1,0 +1,138 @@
+"""The engine, and the two kinds of transaction the service opens.
+
+* ``tenant(tenant_id)``: every request and every job's work. The transaction switches to the
+  non-owner role ``memoria_app`` and records the tenant in ``app.tenant_id``, so PostgreSQL's
+  row-level security hides every other tenant's rows even from a query that forgets its filter.
+* ``system()``: the few places that must cross tenants (authenticating a key, creating a tenant,
+  claiming jobs from the shared queue). They run as the owning role, which RLS does not restrict.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+
+from service.errors import Conflict, Invalid, MemoriaError, Unavailable
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+APP_ROLE = "memoria_app"
+
+# One round trip: both settings are transaction-local (is_local = true), so they vanish at
+# COMMIT/ROLLBACK and a pooled connection never carries one tenant into the next request.
+_BIND_TENANT = text(
+    "SELECT set_config('role', :role, true), set_config('app.tenant_id', :tenant_id, true)"
+)
+
+
+def normalize_url(url: str) -> str:
+    """Accept ``postgres://`` and ``postgresql://`` URLs and use the asyncpg driver."""
+    for prefix in ("postgres://", "postgresql://", "postgresql+psycopg://"):
+        if url.startswith(prefix):
+            return "postgresql+asyncpg://" + url[len(prefix) :]
+    return url
+
+
+def resolve_database_url(settings: Settings) -> str:
+    """``MEMORIA_DATABASE_URL`` when set, else the embedded server under ``MEMORIA_DATA_DIR``."""
+    if settings.database_url:
+        return normalize_url(settings.database_url)
+    from service.db.embedded import embedded_url
+
+    return embedded_url(settings.data_dir)
+
+
+class Database:
+    """The engine and session factory of one process."""
+
+    def __init__(self, url: str, *, pool_size: int = 20, max_overflow: int = 10) -> None:
+        self.url = normalize_url(url)
+        self.engine: AsyncEngine = create_async_engine(
+            self.url,
+            pool_size=pool_size,
+            max_overflow=max_overflow,
+            pool_pre_ping=True,
+            pool_recycle=1800,
+        )
+        self.sessions = async_sessionmaker(self.engine, expire_on_commit=False)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Database:
+        """Build the process's database from settings."""
+        return cls(
+            resolve_database_url(settings),
+            pool_size=settings.db_pool_size,
+            max_overflow=settings.db_max_overflow,
+        )
+
+    @asynccontextmanager
+    async def tenant(self, tenant_id: uuid.UUID) -> AsyncIterator[AsyncSession]:
+        """A transaction confined to one tenant by row-level security; commits on success."""
+        async with self._transaction() as session:
+            await session.execute(
+                _BIND_TENANT, {"role": APP_ROLE, "tenant_id": str(tenant_id)}
+            )
+            yield session
+
+    @asynccontextmanager
+    async def system(self) -> AsyncIterator[AsyncSession]:
+        """A transaction as the owning role, for the few cross-tenant operations."""
+        async with self._transaction() as session:
+            yield session
+
+    @asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[AsyncSession]:
+        try:
+            async with self.sessions() as session, session.begin():
+                yield session
+        except DBAPIError as exc:
+            error = translate_db_error(exc)
+            if error is exc:
+                raise
+            raise error from exc
+        except OSError as exc:
+            raise Unavailable("the database is unreachable; retry shortly") from exc
+
+    async def ping(self) -> None:
+        """Raise ``Unavailable`` unless the database answers."""
+        async with self.system() as session:
+            await session.execute(text("SELECT 1"))
+
+    async def dispose(self) -> None:
+        """Close every pooled connection."""
+        await self.engine.dispose()
+
+
+# SQLSTATE classes that mean "the server or the connection is gone", not "your data is wrong".
+_UNAVAILABLE_SQLSTATES = ("08", "53", "57P")
+
+
+def translate_db_error(exc: BaseException) -> MemoriaError | BaseException:
+    """Turn a database exception into the service's error hierarchy (the one place that does)."""
+    orig: Any = getattr(exc, "orig", None)
+    sqlstate = str(getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None) or "")
+    if isinstance(exc, InterfaceError) or (
+        isinstance(exc, DBAPIError) and exc.connection_invalidated
+    ):
+        return Unavailable("the database connection was lost; retry shortly")
+    if sqlstate.startswith(_UNAVAILABLE_SQLSTATES):
+        return Unavailable("the database is unavailable; retry shortly")
+    if isinstance(exc, IntegrityError):
+        return Conflict("the write conflicts with existing data")
+    if sqlstate.startswith("22"):  # data exception: a value the column cannot hold
+        return Invalid("a value could not be stored: " + _first_line(orig))
+    if isinstance(exc, OperationalError):
+        return Unavailable("the database is unavailable; retry shortly")
+    return exc
+
+
+def _first_line(orig: Any) -> str:
+    return str(orig).strip().splitlines()[0] if orig is not None else ""

@@ -1,0 +1,48 @@
+"""Migration helpers: the application role and row-level security on each tenant table."""
+
+from __future__ import annotations
+
+from alembic import op
+
+from service.db.engine import APP_ROLE
+
+
+def create_app_role() -> None:
+    """Create the non-owner role that every tenant transaction switches to, and join it."""
+    op.execute(
+        f"""
+        DO $$
+        BEGIN
+            IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{APP_ROLE}') THEN
+                CREATE ROLE {APP_ROLE} NOLOGIN NOSUPERUSER NOBYPASSRLS;
+            END IF;
+            IF NOT pg_has_role(current_user, '{APP_ROLE}', 'MEMBER') THEN
+                EXECUTE format('GRANT {APP_ROLE} TO %I', current_user);
+            END IF;
+        END
+        $$
+        """
+    )
+    op.execute(f"GRANT USAGE ON SCHEMA public TO {APP_ROLE}")
+    # The tenant of the current transaction, or NULL when none is bound (then RLS hides all).
+    op.execute(
+        """
+        CREATE OR REPLACE FUNCTION memoria_current_tenant() RETURNS uuid
+        LANGUAGE sql STABLE PARALLEL SAFE
+        AS $$ SELECT NULLIF(current_setting('app.tenant_id', true), '')::uuid $$
+        """
+    )
+    op.execute(f"GRANT EXECUTE ON FUNCTION memoria_current_tenant() TO {APP_ROLE}")
+
+
+def protect_tenant_table(table: str, column: str = "tenant_id") -> None:
+    """Grant the app role DML on ``table`` and confine it to the bound tenant's rows."""
+    op.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO {APP_ROLE}")
+    op.execute(f"ALTER TABLE {table} ENABLE ROW LEVEL SECURITY")
+    op.execute(
+        f"""
+        CREATE POLICY tenant_isolation ON {table}
+            USING ({column} = memoria_current_tenant())
+            WITH CHECK ({column} = memoria_current_tenant())
+        """
+    )

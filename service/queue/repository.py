@@ -1,0 +1,346 @@
+"""The queue's SQL. Every state change is guarded by the state it expects and checked by rowcount.
+
+Claiming crosses tenants and runs as the owning role; everything a handler does for a job,
+including marking it done, runs in that job's tenant transaction, so a job's writes and its
+completion commit together or not at all.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    """A job this worker holds a lease on."""
+
+    tenant_id: uuid.UUID
+    id: int
+    kind: str
+    payload: dict[str, Any]
+    attempts: int
+    max_attempts: int
+    created_at: datetime
+
+
+# Enqueue, idempotent by (tenant_id, dedupe_key): a repeated request finds the job it made
+# the first time instead of making a second one.
+_ENQUEUE = text(
+    """
+    INSERT INTO jobs (tenant_id, kind, payload, priority, run_after, max_attempts, dedupe_key)
+    VALUES (:tenant_id, :kind, CAST(:payload AS jsonb), :priority,
+            COALESCE(CAST(:run_after AS timestamptz), now()), :max_attempts, :dedupe_key)
+    ON CONFLICT (tenant_id, dedupe_key) DO NOTHING
+    RETURNING id
+    """
+)
+
+_FIND_BY_DEDUPE = text("SELECT id FROM jobs WHERE tenant_id = :tenant_id AND dedupe_key = :dedupe_key")
+
+
+async def enqueue(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    kind: str,
+    payload: dict[str, Any],
+    *,
+    priority: int = 0,
+    run_after: datetime | None = None,
+    max_attempts: int = 4,
+    dedupe_key: str | None = None,
+) -> tuple[int, bool]:
+    """Insert a job in the caller's transaction; returns (job id, created)."""
+    params = {
+        "tenant_id": tenant_id,
+        "kind": kind,
+        "payload": json.dumps(payload, ensure_ascii=False),
+        "priority": priority,
+        "run_after": run_after,
+        "max_attempts": max_attempts,
+        "dedupe_key": dedupe_key,
+    }
+    created = (await session.execute(_ENQUEUE, params)).scalar_one_or_none()
+    if created is not None:
+        return int(created), True
+    existing = await session.execute(_FIND_BY_DEDUPE, {"tenant_id": tenant_id, "dedupe_key": dedupe_key})
+    return int(existing.scalar_one()), False
+
+
+# Claim up to :limit due jobs for this worker.
+# - FOR UPDATE SKIP LOCKED: concurrent workers take disjoint jobs without waiting on each other.
+# - ORDER BY matches ix_jobs_claimable, whose WHERE matches this one, so it is an index scan.
+# - The attempt is counted here, at claim time, so a job that keeps killing its worker still
+#   runs out of attempts.
+_CLAIM = text(
+    """
+    WITH due AS (
+        SELECT tenant_id, id FROM jobs
+        WHERE status = 'queued' AND run_after <= now()
+        ORDER BY priority DESC, run_after, id
+        LIMIT :limit
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE jobs AS j
+    SET status = 'running',
+        attempts = j.attempts + 1,
+        lease_owner = :worker,
+        lease_expires_at = now() + make_interval(secs => :lease),
+        started_at = now(),
+        updated_at = now()
+    FROM due
+    WHERE j.tenant_id = due.tenant_id AND j.id = due.id
+    RETURNING j.tenant_id, j.id, j.kind, j.payload, j.attempts, j.max_attempts, j.created_at
+    """
+)
+
+
+async def claim_jobs(session: AsyncSession, worker: str, limit: int, lease: float) -> list[ClaimedJob]:
+    """Lease up to ``limit`` due jobs, most urgent first."""
+    rows = await session.execute(_CLAIM, {"worker": worker, "limit": limit, "lease": lease})
+    return [
+        ClaimedJob(
+            tenant_id=r.tenant_id,
+            id=r.id,
+            kind=r.kind,
+            payload=r.payload,
+            attempts=r.attempts,
+            max_attempts=r.max_attempts,
+            created_at=r.created_at,
+        )
+        for r in rows
+    ]
+
+
+# Renew the leases of every job this worker still holds; a job missing from RETURNING was
+# taken from us (our lease had expired and another worker reclaimed it).
+_HEARTBEAT = text(
+    """
+    UPDATE jobs SET lease_expires_at = now() + make_interval(secs => :lease), updated_at = now()
+    WHERE status = 'running' AND lease_owner = :worker AND id = ANY(:ids)
+    RETURNING id
+    """
+)
+
+
+async def heartbeat(session: AsyncSession, worker: str, ids: list[int], lease: float) -> set[int]:
+    """Extend leases; returns the ids still held."""
+    if not ids:
+        return set()
+    rows = await session.execute(_HEARTBEAT, {"worker": worker, "ids": ids, "lease": lease})
+    return {r.id for r in rows}
+
+
+# Done, only if we still hold the lease. Runs inside the handler's tenant transaction: if the
+# lease was lost, the caller raises and the handler's writes roll back with it.
+_COMPLETE = text(
+    """
+    UPDATE jobs
+    SET status = 'done', result = CAST(:result AS jsonb), finished_at = now(), updated_at = now(),
+        lease_owner = NULL, lease_expires_at = NULL, last_error = NULL
+    WHERE tenant_id = :tenant_id AND id = :id AND status = 'running' AND lease_owner = :worker
+    """
+)
+
+
+async def complete(
+    session: AsyncSession, job: ClaimedJob, worker: str, result: dict[str, Any] | None
+) -> bool:
+    """Mark a held job done; False when the lease was lost."""
+    params = {
+        "tenant_id": job.tenant_id,
+        "id": job.id,
+        "worker": worker,
+        "result": json.dumps(result, ensure_ascii=False) if result is not None else None,
+    }
+    return (await session.execute(_COMPLETE, params)).rowcount == 1  # type: ignore[attr-defined]
+
+
+# A failed attempt: back to 'queued' after :delay, or 'failed' for good once attempts are
+# used up (or when the error is permanent). The error text is kept either way.
+_FAIL = text(
+    """
+    UPDATE jobs
+    SET status = CASE WHEN :permanent OR attempts >= max_attempts THEN 'failed' ELSE 'queued' END,
+        run_after = now() + make_interval(secs => :delay),
+        finished_at = CASE WHEN :permanent OR attempts >= max_attempts THEN now() END,
+        last_error = :error,
+        lease_owner = NULL,
+        lease_expires_at = NULL,
+        updated_at = now()
+    WHERE tenant_id = :tenant_id AND id = :id AND status = 'running' AND lease_owner = :worker
+    RETURNING status
+    """
+)
+
+
+async def fail(
+    session: AsyncSession,
+    job: ClaimedJob,
+    worker: str,
+    error: str,
+    delay: float,
+    *,
+    permanent: bool = False,
+) -> str | None:
+    """Record a failed attempt; returns the new status, or None when the lease was lost."""
+    params = {
+        "tenant_id": job.tenant_id,
+        "id": job.id,
+        "worker": worker,
+        "error": error[:4000],
+        "delay": delay,
+        "permanent": permanent,
+    }
+    return (await session.execute(_FAIL, params)).scalar_one_or_none()
+
+
+# Give back a job we will not finish (shutdown): the attempt we counted did not really run.
+_RELEASE = text(
+    """
+    UPDATE jobs
+    SET status = 'queued', attempts = GREATEST(attempts - 1, 0), run_after = now(),
+        lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+    WHERE tenant_id = :tenant_id AND id = :id AND status = 'running' AND lease_owner = :worker
+    """
+)
+
+
+async def release(session: AsyncSession, job: ClaimedJob, worker: str) -> bool:
+    """Put a held job back in the queue untouched."""
+    params = {"tenant_id": job.tenant_id, "id": job.id, "worker": worker}
+    return (await session.execute(_RELEASE, params)).rowcount == 1  # type: ignore[attr-defined]
+
+
+# Jobs whose worker died: the lease ran out with no heartbeat. They go back to the queue
+# (their attempt was already counted at claim), or to 'failed' if that was the last one.
+_RECLAIM = text(
+    """
+    UPDATE jobs
+    SET status = CASE WHEN attempts >= max_attempts THEN 'failed' ELSE 'queued' END,
+        finished_at = CASE WHEN attempts >= max_attempts THEN now() END,
+        last_error = 'lease expired: the worker ' || COALESCE(lease_owner, '?')
+                     || ' stopped without finishing',
+        run_after = now(),
+        lease_owner = NULL,
+        lease_expires_at = NULL,
+        updated_at = now()
+    WHERE status = 'running' AND lease_expires_at < now()
+    RETURNING id
+    """
+)
+
+
+async def reclaim_expired(session: AsyncSession) -> int:
+    """Requeue jobs whose lease expired; returns how many."""
+    return len((await session.execute(_RECLAIM)).all())
+
+
+_RETRY = text(
+    """
+    UPDATE jobs
+    SET status = 'queued', attempts = 0, run_after = now(), finished_at = NULL, updated_at = now()
+    WHERE tenant_id = :tenant_id AND id = :id AND status = 'failed'
+    RETURNING id
+    """
+)
+
+
+async def retry(session: AsyncSession, tenant_id: uuid.UUID, job_id: int) -> bool:
+    """Give a failed job a fresh set of attempts; False unless it was failed."""
+    result = await session.execute(_RETRY, {"tenant_id": tenant_id, "id": job_id})
+    return result.scalar_one_or_none() is not None
+
+
+# Done jobs older than the retention; failed jobs older than failed_max_age_days, and beyond
+# the newest failed_max_files per tenant (the seeds' policy for the failed/ directory).
+_PRUNE_DONE = text(
+    "DELETE FROM jobs WHERE status = 'done' AND finished_at < now() - make_interval(secs => :age)"
+)
+_PRUNE_FAILED_AGE = text(
+    "DELETE FROM jobs WHERE status = 'failed' AND finished_at < now() - make_interval(days => :days)"
+)
+_PRUNE_FAILED_COUNT = text(
+    """
+    DELETE FROM jobs AS j USING (
+        SELECT tenant_id, id,
+               row_number() OVER (PARTITION BY tenant_id ORDER BY finished_at DESC, id DESC) AS n
+        FROM jobs WHERE status = 'failed'
+    ) AS ranked
+    WHERE j.tenant_id = ranked.tenant_id AND j.id = ranked.id AND ranked.n > :keep
+    """
+)
+
+
+async def prune(
+    session: AsyncSession, done_age_seconds: float, failed_max_age_days: int, failed_max_count: int
+) -> int:
+    """Delete finished jobs past their retention; returns how many."""
+    deleted = (await session.execute(_PRUNE_DONE, {"age": done_age_seconds})).rowcount  # type: ignore[attr-defined]
+    if failed_max_age_days > 0:
+        deleted += (await session.execute(_PRUNE_FAILED_AGE, {"days": failed_max_age_days})).rowcount  # type: ignore[attr-defined]
+    if failed_max_count > 0:
+        deleted += (await session.execute(_PRUNE_FAILED_COUNT, {"keep": failed_max_count})).rowcount  # type: ignore[attr-defined]
+    return int(deleted)
+
+
+_COUNTS = text(
+    """
+    SELECT status, count(*) AS n,
+           EXTRACT(EPOCH FROM now() - min(created_at) FILTER (WHERE status = 'queued')) AS oldest
+    FROM jobs GROUP BY status
+    """
+)
+
+
+async def status_counts(session: AsyncSession) -> tuple[dict[str, int], float | None]:
+    """Jobs per status, and the age in seconds of the oldest queued job."""
+    counts = {"queued": 0, "running": 0, "done": 0, "failed": 0}
+    oldest: float | None = None
+    for row in await session.execute(_COUNTS):
+        counts[row.status] = int(row.n)
+        if row.oldest is not None:
+            oldest = float(row.oldest)
+    return counts, oldest
+
+
+_LIST = text(
+    """
+    SELECT id, kind, status, priority, attempts, max_attempts, run_after, last_error, result,
+           created_at, started_at, finished_at
+    FROM jobs
+    WHERE tenant_id = :tenant_id AND (CAST(:status AS text) IS NULL OR status = :status)
+      AND (CAST(:before AS bigint) IS NULL OR id < :before)
+    ORDER BY id DESC
+    LIMIT :limit
+    """
+)
+
+
+async def list_jobs(
+    session: AsyncSession, tenant_id: uuid.UUID, status: str | None, before: int | None, limit: int
+) -> list[dict[str, Any]]:
+    """A tenant's jobs, newest first, paginated by id."""
+    params = {"tenant_id": tenant_id, "status": status, "before": before, "limit": limit}
+    return [dict(r._mapping) for r in await session.execute(_LIST, params)]
+
+
+_GET = text(
+    """
+    SELECT id, kind, status, priority, attempts, max_attempts, run_after, last_error, result,
+           created_at, started_at, finished_at
+    FROM jobs WHERE tenant_id = :tenant_id AND id = :id
+    """
+)
+
+
+async def get_job(session: AsyncSession, tenant_id: uuid.UUID, job_id: int) -> dict[str, Any] | None:
+    """One of a tenant's jobs."""
+    row = (await session.execute(_GET, {"tenant_id": tenant_id, "id": job_id})).first()
+    return dict(row._mapping) if row is not None else None

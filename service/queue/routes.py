@@ -1,0 +1,80 @@
+"""``/v1/jobs``: a tenant's own jobs, and retrying a failed one."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from litestar import Controller, get, post
+from litestar.params import Parameter
+from pydantic import BaseModel
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from service.errors import Conflict, NotFound
+from service.queue import repository
+from service.tenants.service import TenantContext
+
+
+class JobInfo(BaseModel):
+    """A job as its tenant sees it."""
+
+    id: int
+    kind: str
+    status: str
+    priority: int
+    attempts: int
+    max_attempts: int
+    run_after: datetime
+    last_error: str | None
+    result: dict[str, Any] | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class JobPage(BaseModel):
+    """One page of jobs; pass ``next_before`` as ``before`` for the next page."""
+
+    jobs: list[JobInfo]
+    next_before: int | None
+
+
+class JobController(Controller):
+    """The calling tenant's jobs."""
+
+    path = "/v1/jobs"
+    tags = ["jobs"]
+
+    @get("/")
+    async def list_jobs(
+        self,
+        tenant: TenantContext,
+        session: AsyncSession,
+        status: Literal["queued", "running", "done", "failed"] | None = None,
+        before: int | None = Parameter(default=None, ge=1),
+        limit: int = Parameter(default=50, ge=1, le=500),
+    ) -> JobPage:
+        """Jobs newest first, optionally of one status."""
+        rows = await repository.list_jobs(session, tenant.tenant_id, status, before, limit)
+        jobs = [JobInfo(**row) for row in rows]
+        return JobPage(jobs=jobs, next_before=jobs[-1].id if len(jobs) == limit else None)
+
+    @get("/{job_id:int}")
+    async def get_job(self, tenant: TenantContext, session: AsyncSession, job_id: int) -> JobInfo:
+        """One job."""
+        row = await repository.get_job(session, tenant.tenant_id, job_id)
+        if row is None:
+            raise NotFound("no such job")
+        return JobInfo(**row)
+
+    @post("/{job_id:int}/retry", status_code=200)
+    async def retry_job(self, tenant: TenantContext, session: AsyncSession, job_id: int) -> JobInfo:
+        """Queue a failed job again with a fresh set of attempts."""
+        if not await repository.retry(session, tenant.tenant_id, job_id):
+            row = await repository.get_job(session, tenant.tenant_id, job_id)
+            if row is None:
+                raise NotFound("no such job")
+            raise Conflict(f"only failed jobs can be retried; this one is {row['status']}")
+        row = await repository.get_job(session, tenant.tenant_id, job_id)
+        assert row is not None
+        return JobInfo(**row)

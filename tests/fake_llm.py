@@ -1,0 +1,164 @@
+"""A small OpenAI-compatible HTTP server that tests start and script.
+
+Chat completions answer from a queue of scripted replies (text, tool calls, HTTP errors,
+delays, garbage); embeddings are deterministic hash vectors. The production ``openai``
+client talks to it over real HTTP, unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class Reply:
+    """One scripted answer to a chat completion request."""
+
+    content: str | None = None
+    tool_calls: list[tuple[str, Any]] = field(default_factory=list)  # (name, dict or raw str)
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+    delay: float = 0.0
+    raw_body: bytes | None = None  # sent as is (garbage, truncated JSON, …)
+
+
+def tool(name: str, arguments: Any) -> Reply:
+    """A reply that calls one tool."""
+    return Reply(tool_calls=[(name, arguments)])
+
+
+def hash_vector(text: str, dim: int) -> list[float]:
+    """A deterministic unit vector for a text (same text → same vector)."""
+    seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
+    vector = np.random.default_rng(seed).standard_normal(dim)
+    return (vector / np.linalg.norm(vector)).tolist()
+
+
+class FakeLLM:
+    """The server and its script; ``base_url`` is what the service is configured with."""
+
+    def __init__(self, embedding_dim: int = 384) -> None:
+        self.embedding_dim = embedding_dim
+        self.replies: deque[Reply] = deque()
+        self.default: Callable[[dict[str, Any]], Reply] | None = None
+        self.chat_requests: list[dict[str, Any]] = []
+        self.embedding_requests: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    def start(self) -> FakeLLM:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def script(self, *replies: Reply) -> None:
+        """Queue replies, answered in order."""
+        with self._lock:
+            self.replies.extend(replies)
+
+    def reset(self) -> None:
+        with self._lock:
+            self.replies.clear()
+            self.default = None
+            self.chat_requests.clear()
+            self.embedding_requests.clear()
+
+    def _next_reply(self, request: dict[str, Any]) -> Reply:
+        with self._lock:
+            self.chat_requests.append(request)
+            if self.replies:
+                return self.replies.popleft()
+        if self.default is not None:
+            return self.default(request)
+        return Reply(status=500, raw_body=b'{"error": {"message": "no scripted reply"}}')
+
+    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _send(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                request = json.loads(self.rfile.read(length) or b"{}")
+                if self.path.endswith("/embeddings"):
+                    fake.embedding_requests.append(request)
+                    inputs = request["input"]
+                    inputs = [inputs] if isinstance(inputs, str) else inputs
+                    data = [
+                        {"object": "embedding", "index": i, "embedding": hash_vector(t, fake.embedding_dim)}
+                        for i, t in enumerate(inputs)
+                    ]
+                    body = {"object": "list", "data": data, "model": request.get("model"),
+                            "usage": {"prompt_tokens": 1, "total_tokens": 1}}
+                    self._send(200, json.dumps(body).encode())
+                    return
+                if not self.path.endswith("/chat/completions"):
+                    self._send(404, b'{"error": {"message": "not found"}}')
+                    return
+                reply = fake._next_reply(request)
+                if reply.delay:
+                    time.sleep(reply.delay)
+                if reply.raw_body is not None or reply.status != 200:
+                    body = reply.raw_body if reply.raw_body is not None else json.dumps(
+                        {"error": {"message": f"scripted {reply.status}"}}).encode()
+                    self._send(reply.status, body, reply.headers)
+                    return
+                message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+                if reply.tool_calls:
+                    message["tool_calls"] = [
+                        {
+                            "id": f"call_{uuid.uuid4().hex[:8]}",
+                            "type": "function",
+                            "function": {
+                                "name": name,
+                                "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False),
+                            },
+                        }
+                        for name, args in reply.tool_calls
+                    ]
+                body = {
+                    "id": "chatcmpl-fake",
+                    "object": "chat.completion",
+                    "created": int(time.time()),
+                    "model": request.get("model", "fake"),
+                    "choices": [{"index": 0, "message": message,
+                                 "finish_reason": "tool_calls" if reply.tool_calls else "stop"}],
+                    "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+                }
+                self._send(200, json.dumps(body).encode(), reply.headers)
+
+        return Handler

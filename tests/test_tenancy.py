@@ -1,0 +1,210 @@
+"""Tenants, keys and isolation: through the API, and underneath it by row-level security."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import asyncpg
+
+from service.app import create_app
+from tests.conftest import ADMIN, AppClient, make_settings, new_tenant, plain_dsn, serve_app
+
+
+async def test_admin_creates_tenant_with_a_working_first_key(client: AppClient) -> None:
+    response = await client.post("/admin/tenants", json={"name": "群机器人"}, headers=ADMIN)
+    assert response.status_code == 201
+    body = response.json()
+    key = body["api_key"]["key"]
+    assert body["tenant_id"] == body["id"]
+    assert body["name"] == "群机器人"
+    assert key.startswith(body["api_key"]["prefix"] + "_")
+
+    me = await client.get("/v1/tenant", headers={"Authorization": f"Bearer {key}"})
+    assert me.status_code == 200
+    assert me.json()["tenant_id"] == body["tenant_id"]
+
+    listed = await client.get(f"/admin/tenants/{body['tenant_id']}/keys", headers=ADMIN)
+    assert listed.status_code == 200
+    assert [k["prefix"] for k in listed.json()] == [body["api_key"]["prefix"]]
+    assert "key" not in listed.json()[0]  # the secret is never shown again
+    assert key not in listed.text
+
+
+async def test_admin_routes_need_the_admin_token(client: AppClient) -> None:
+    assert (await client.post("/admin/tenants", json={"name": "x"})).status_code == 401
+    wrong = {"Authorization": "Bearer not-the-token"}
+    assert (await client.post("/admin/tenants", json={"name": "x"}, headers=wrong)).status_code == 401
+    tenant = await new_tenant(client)
+    # A tenant key is not an admin token.
+    response = await client.get("/admin/tenants", headers=tenant.headers)
+    assert response.status_code == 401
+
+
+async def test_admin_api_is_disabled_without_a_token(db_url: str) -> None:
+    app = create_app(make_settings(db_url, admin_token=None), migrate=False, run_worker=False)
+    async with serve_app(app) as client:
+        response = await client.post("/admin/tenants", json={"name": "x"}, headers=ADMIN)
+        assert response.status_code == 401
+        assert "disabled" in response.json()["message"]
+
+
+async def test_missing_malformed_and_revoked_keys_get_401(client: AppClient) -> None:
+    tenant = await new_tenant(client)
+    assert (await client.get("/v1/tenant")).status_code == 401
+    for header in ("Bearer", "Basic abc", "Bearer mk_short", "Bearer " + tenant.key + "x", "token"):
+        response = await client.get("/v1/tenant", headers={"Authorization": header})
+        assert response.status_code == 401, header
+        assert response.json()["error"] == "unauthorized"
+    # A well-formed key that was never issued.
+    forged = tenant.prefix + "_" + "A" * 43
+    assert (await client.get("/v1/tenant", headers={"Authorization": f"Bearer {forged}"})).status_code == 401
+
+    second = await client.post("/v1/keys", json={"name": "spare"}, headers=tenant.headers)
+    assert second.status_code == 201
+    spare = {"Authorization": f"Bearer {second.json()['key']}"}
+    assert (await client.get("/v1/tenant", headers=spare)).status_code == 200
+    revoked = await client.delete(f"/v1/keys/{second.json()['id']}", headers=tenant.headers)
+    assert revoked.status_code == 200
+    assert revoked.json()["revoked_at"] is not None
+    assert (await client.get("/v1/tenant", headers=spare)).status_code == 401
+    assert (await client.get("/v1/tenant", headers=tenant.headers)).status_code == 200
+
+
+async def test_admin_revocation_takes_effect(client: AppClient) -> None:
+    tenant = await new_tenant(client)
+    keys = (await client.get(f"/admin/tenants/{tenant.id}/keys", headers=ADMIN)).json()
+    response = await client.delete(f"/admin/tenants/{tenant.id}/keys/{keys[0]['id']}", headers=ADMIN)
+    assert response.status_code == 200
+    assert (await client.get("/v1/tenant", headers=tenant.headers)).status_code == 401
+
+
+async def test_key_last_used_time_is_recorded(client: AppClient, db_url: str) -> None:
+    tenant = await new_tenant(client)
+    assert (await client.get("/v1/tenant", headers=tenant.headers)).status_code == 200
+    await client.app.state.runtime.auth.flush_usage()
+    keys = (await client.get(f"/admin/tenants/{tenant.id}/keys", headers=ADMIN)).json()
+    assert keys[0]["last_used_at"] is not None
+
+
+async def test_one_tenant_cannot_touch_anothers_keys_or_jobs(client: AppClient) -> None:
+    a = await new_tenant(client, "a")
+    b = await new_tenant(client, "b")
+    b_keys = (await client.get("/v1/keys", headers=b.headers)).json()
+    b_key_id = b_keys[0]["id"]
+
+    # A sees only its own keys, and B's key id is "not found" for A, not "forbidden".
+    a_keys = (await client.get("/v1/keys", headers=a.headers)).json()
+    assert b_key_id not in {k["id"] for k in a_keys}
+    response = await client.delete(f"/v1/keys/{b_key_id}", headers=a.headers)
+    assert response.status_code == 404
+    assert (await client.get("/v1/tenant", headers=b.headers)).status_code == 200
+
+    # B's job is invisible to A and cannot be retried by A.
+    runtime = client.app.state.runtime
+    from service.queue.repository import enqueue
+
+    async with runtime.db.tenant(uuid.UUID(b.id)) as session:
+        job_id, _ = await enqueue(session, uuid.UUID(b.id), "test.noop", {"secret": "b-only"})
+    assert (await client.get(f"/v1/jobs/{job_id}", headers=a.headers)).status_code == 404
+    assert (await client.post(f"/v1/jobs/{job_id}/retry", headers=a.headers)).status_code == 404
+    a_jobs = (await client.get("/v1/jobs", headers=a.headers)).json()["jobs"]
+    assert a_jobs == []
+    b_jobs = (await client.get("/v1/jobs", headers=b.headers)).json()["jobs"]
+    assert [j["id"] for j in b_jobs] == [job_id]
+
+    # A's settings change does not change B's.
+    patched = await client.patch("/v1/settings", json={"query": {"auto_top_k": 7}}, headers=a.headers)
+    assert patched.status_code == 200
+    assert (await client.get("/v1/settings", headers=b.headers)).json()["query"]["auto_top_k"] == 3
+
+
+async def test_row_level_security_hides_other_tenants_from_raw_sql(
+    client: AppClient, db_url: str
+) -> None:
+    a = await new_tenant(client, "a")
+    b = await new_tenant(client, "b")
+    runtime = client.app.state.runtime
+    from service.queue.repository import enqueue
+
+    for tenant in (a, b):
+        async with runtime.db.tenant(uuid.UUID(tenant.id)) as session:
+            await enqueue(session, uuid.UUID(tenant.id), "test.noop", {"owner": tenant.id})
+
+    conn = await asyncpg.connect(plain_dsn(db_url))
+    try:
+        async with conn.transaction():
+            await conn.execute("SET LOCAL ROLE memoria_app")
+            await conn.execute(f"SET LOCAL app.tenant_id = '{a.id}'")
+            # No WHERE clause at all: the policy alone keeps B out.
+            tenants = await conn.fetch("SELECT id FROM tenants")
+            keys = await conn.fetch("SELECT tenant_id FROM api_keys")
+            jobs = await conn.fetch("SELECT tenant_id, payload FROM jobs")
+            assert {str(r["id"]) for r in tenants} == {a.id}
+            assert {str(r["tenant_id"]) for r in keys} == {a.id}
+            assert {str(r["tenant_id"]) for r in jobs} == {a.id}
+            # Nor can A write rows into B, or move its rows there.
+            updated = await conn.execute(f"UPDATE jobs SET priority = 9 WHERE tenant_id = '{b.id}'")
+            assert updated == "UPDATE 0"
+            deleted = await conn.execute("DELETE FROM api_keys")
+            assert deleted == "DELETE 1"  # A's own key only
+        async with conn.transaction():
+            await conn.execute("SET LOCAL ROLE memoria_app")
+            await conn.execute(f"SET LOCAL app.tenant_id = '{a.id}'")
+            try:
+                await conn.execute(
+                    f"INSERT INTO jobs (tenant_id, kind) VALUES ('{b.id}', 'x')"
+                )
+                raise AssertionError("insert into another tenant was allowed")
+            except asyncpg.InsufficientPrivilegeError:
+                pass
+        async with conn.transaction():
+            # With no tenant bound, the application role sees nothing at all.
+            await conn.execute("SET LOCAL ROLE memoria_app")
+            assert await conn.fetchval("SELECT count(*) FROM jobs") == 0
+            assert await conn.fetchval("SELECT count(*) FROM api_keys") == 0
+    finally:
+        await conn.close()
+    # B is untouched by everything A tried.
+    assert (await client.get("/v1/tenant", headers=b.headers)).status_code == 200
+    assert len((await client.get("/v1/jobs", headers=b.headers)).json()["jobs"]) == 1
+
+
+async def test_tenant_settings_override_takes_effect_without_restart(
+    client: AppClient,
+) -> None:
+    tenant = await new_tenant(client)
+    before = (await client.get("/v1/settings", headers=tenant.headers)).json()
+    assert before["query"]["auto_top_k"] == 3
+    assert before["cognitive_enabled"] is True
+    patched = await client.patch(
+        "/v1/settings",
+        json={"cognitive_enabled": False, "query": {"auto_top_k": 5, "time_decay_boost": 0.5}},
+        headers=tenant.headers,
+    )
+    assert patched.status_code == 200, patched.text
+    after = (await client.get("/v1/settings", headers=tenant.headers)).json()
+    assert after["query"]["auto_top_k"] == 5
+    assert after["query"]["time_decay_boost"] == 0.5
+    assert after["cognitive_enabled"] is False
+    # null restores the deployment default for that key
+    reset = await client.patch("/v1/settings", json={"query": {"auto_top_k": None}}, headers=tenant.headers)
+    assert reset.json()["query"]["auto_top_k"] == 3
+    assert reset.json()["query"]["time_decay_boost"] == 0.5
+
+
+async def test_bad_settings_are_refused_naming_the_field(client: AppClient) -> None:
+    tenant = await new_tenant(client)
+    response = await client.patch("/v1/settings", json={"query": {"auto_top_k": -1}}, headers=tenant.headers)
+    assert response.status_code == 422
+    assert response.json()["field"] == "settings.query.auto_top_k"
+    response = await client.patch("/v1/settings", json={"query": {"no_such": 1}}, headers=tenant.headers)
+    assert response.status_code == 422
+    assert response.json()["field"] == "settings.query.no_such"
+    # Nothing was stored by the refused calls.
+    assert (await client.get("/v1/settings", headers=tenant.headers)).json()["overrides"] == {}
+    response = await client.post(
+        "/admin/tenants", json={"name": "x", "settings": {"query": {"auto_top_k": "many"}}}, headers=ADMIN
+    )
+    assert response.status_code == 422
+    assert response.json()["field"] == "settings.query.auto_top_k"
