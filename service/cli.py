@@ -97,8 +97,11 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
         migrate=not args.no_migrate and settings.auto_migrate,
         run_worker=not args.no_worker and settings.run_worker,
     )
-    # uvicorn turns SIGTERM/SIGINT into a graceful shutdown: the app's shutdown hook stops the
-    # worker and the pool, and the embedded database stops when this process exits.
+    # uvicorn turns SIGTERM into a graceful shutdown (the app's shutdown hook stops the worker
+    # and the pool), then re-raises the signal to the handler that was there before it. That
+    # handler must exit normally rather than die by the signal, so that the exit hooks run and
+    # stop the embedded database.
+    signal.signal(signal.SIGTERM, _exit_cleanly)
     uvicorn.run(
         app,
         host=settings.host,
@@ -108,6 +111,10 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=30,
     )
     return 0
+
+
+def _exit_cleanly(signum: int, frame: object) -> None:
+    raise SystemExit(0)
 
 
 def _migrate(settings: Settings) -> int:

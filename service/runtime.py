@@ -49,8 +49,14 @@ class Runtime:
         """Migrate if asked, check the schema and the embedder, start the worker if asked."""
         if migrate:
             await upgrade_to_head_async(self.db.url, self.settings)
-        async with self.db.system() as session:
-            await check_embedding_dimension(session, self.embedder.dimension, self.embedder.name)
+        if await current_revision(self.db) is None:
+            # Not migrated yet: serve anyway; /readyz answers 503 until `memoria migrate` runs.
+            log.warning("the database has no schema yet; run `memoria migrate`")
+        else:
+            async with self.db.system() as session:
+                await check_embedding_dimension(
+                    session, self.embedder.dimension, self.embedder.name
+                )
         warm_up = getattr(self.embedder, "warm_up", None)
         if warm_up is not None:
             await warm_up()

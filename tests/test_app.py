@@ -1,0 +1,126 @@
+"""The app's contract with every client: probes, JSON errors, limits, the OpenAPI document."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from service.app import create_app
+from service.errors import ConfigurationError
+from tests.conftest import ADMIN, AppClient, DatabaseFactory, make_settings, new_tenant, serve_app
+
+
+async def test_health_and_readiness(client: AppClient) -> None:
+    assert (await client.get("/healthz")).json() == {"status": "ok"}
+    ready = await client.get("/readyz")
+    assert ready.status_code == 200
+    assert ready.json()["status"] == "ok"
+
+
+async def test_not_ready_before_migrations(databases: DatabaseFactory) -> None:
+    url = await databases.create_empty()
+    async with serve_app(create_app(make_settings(url), migrate=False, run_worker=False)) as client:
+        assert (await client.get("/healthz")).status_code == 200
+        ready = await client.get("/readyz")
+        assert ready.status_code == 503
+        assert "migrations" in ready.json()["detail"]
+
+
+async def test_serve_applies_migrations_at_start(databases: DatabaseFactory) -> None:
+    url = await databases.create_empty()
+    async with serve_app(create_app(make_settings(url), migrate=True, run_worker=False)) as client:
+        assert (await client.get("/readyz")).status_code == 200
+        await new_tenant(client)
+
+
+async def test_unknown_route_is_a_json_404_with_request_id(client: AppClient) -> None:
+    response = await client.get("/v1/no-such-thing")
+    assert response.status_code == 404
+    body = response.json()
+    assert body["error"] == "not_found"
+    assert body["request_id"] == response.headers["x-request-id"]
+
+
+async def test_client_request_id_is_echoed(client: AppClient) -> None:
+    response = await client.get("/healthz", headers={"X-Request-ID": "bot-42:turn-7"})
+    assert response.headers["x-request-id"] == "bot-42:turn-7"
+    # An id that could smuggle header content is replaced, not echoed.
+    response = await client.get("/healthz", headers={"X-Request-ID": "a" * 300})
+    assert response.headers["x-request-id"] != "a" * 300
+
+
+async def test_oversized_body_gets_413(db_url: str) -> None:
+    settings = make_settings(db_url, max_body_bytes=4096)
+    async with serve_app(create_app(settings, migrate=False, run_worker=False)) as client:
+        response = await client.post("/admin/tenants", json={"name": "x" * 5000}, headers=ADMIN)
+        assert response.status_code == 413
+        assert response.json()["error"] == "payload_too_large"
+        listed = await client.get("/admin/tenants", headers=ADMIN)
+        assert listed.json() == []
+
+
+async def test_validation_errors_name_the_field(client: AppClient) -> None:
+    response = await client.post("/admin/tenants", json={"name": ""}, headers=ADMIN)
+    assert response.status_code == 422
+    assert response.json()["field"] == "name"
+    response = await client.post("/admin/tenants", json={"nom": "x"}, headers=ADMIN)
+    assert response.status_code == 422
+    response = await client.post(
+        "/admin/tenants", content=b"{not json", headers={**ADMIN, "Content-Type": "application/json"}
+    )
+    assert 400 <= response.status_code < 500
+    tenant = await new_tenant(client)
+    response = await client.get("/v1/jobs?status=sleeping", headers=tenant.headers)
+    assert response.status_code == 422
+    assert response.json()["field"] == "status"
+
+
+async def test_internal_errors_hide_details_and_carry_a_logged_request_id(
+    client: AppClient, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    tenant = await new_tenant(client)
+    from service.tenants import repository
+
+    async def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("secret internal detail")
+
+    monkeypatch.setattr(repository, "list_keys", broken)
+    with caplog.at_level(logging.ERROR, logger="service.http"):
+        response = await client.get("/v1/keys", headers=tenant.headers)
+    assert response.status_code == 500
+    body = response.json()
+    assert "secret internal detail" not in response.text
+    assert "Traceback" not in response.text
+    assert body["request_id"] == response.headers["x-request-id"]
+    assert body["request_id"] in body["message"]
+    assert any(body["request_id"] in r.getMessage() for r in caplog.records)
+
+
+async def test_openapi_document_and_page(client: AppClient) -> None:
+    document = (await client.get("/schema/openapi.json")).json()
+    assert "/admin/tenants" in document["paths"]
+    assert "/v1/jobs" in document["paths"]
+    page = await client.get("/schema")
+    assert page.status_code == 200
+    assert "html" in page.headers["content-type"]
+
+
+async def test_start_refuses_an_embedder_of_another_dimension(db_url: str, llm) -> None:  # type: ignore[no-untyped-def]
+    settings = make_settings(
+        db_url,
+        models={
+            "embedding": {
+                "provider": "openai",
+                "api_url": llm.base_url,
+                "model_name": "big-embedder",
+                "dimensions": 1536,
+            }
+        },
+    )
+    app = create_app(settings, migrate=False, run_worker=False)
+    with pytest.raises(ConfigurationError) as raised:
+        async with serve_app(app):
+            pass
+    assert "memoria reembed" in str(raised.value)
+    assert "384" in str(raised.value)

@@ -1,0 +1,292 @@
+"""The jobs table as a durable queue: exactly-once processing, retries, leases, wake-ups, pruning."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from service.db.engine import Database
+from service.queue import repository
+from service.queue.worker import JobContext, JobHandler, Worker
+from service.settings import QueueSettings, Settings
+from service.tenants.service import create_tenant
+
+
+@pytest.fixture
+async def db(db_url: str) -> AsyncIterator[Database]:
+    database = Database(db_url, pool_size=10)
+    yield database
+    await database.dispose()
+
+
+@pytest.fixture
+async def tenant_id(db: Database) -> uuid.UUID:
+    async with db.system() as session:
+        tenant, _ = await create_tenant(session, "queue-test", {}, Settings())
+    return tenant.id
+
+
+def queue_settings(**overrides: Any) -> QueueSettings:
+    values: dict[str, Any] = {
+        "concurrency": 4,
+        "lease_seconds": 5.0,
+        "heartbeat_seconds": 1.0,
+        "retry_base_seconds": 0.01,
+        "retry_cap_seconds": 0.05,
+        "failed_cleanup_interval": 0,
+    }
+    values.update(overrides)
+    return QueueSettings(**values)
+
+
+async def enqueue_many(
+    db: Database, tenant_id: uuid.UUID, kind: str, count: int, **kwargs: Any
+) -> list[int]:
+    ids = []
+    async with db.tenant(tenant_id) as session:
+        for n in range(count):
+            job_id, _ = await repository.enqueue(session, tenant_id, kind, {"n": n}, **kwargs)
+            ids.append(job_id)
+    return ids
+
+
+async def statuses(db: Database) -> dict[int, tuple[str, int, str | None]]:
+    async with db.system() as session:
+        rows = await session.execute(text("SELECT id, status, attempts, last_error FROM jobs"))
+        return {r.id: (r.status, r.attempts, r.last_error) for r in rows}
+
+
+async def run_until(
+    workers: list[Worker], done: Callable[[], Awaitable[bool]], timeout: float = 30
+) -> None:
+    tasks = [asyncio.create_task(w.run()) for w in workers]
+    try:
+        deadline = time.monotonic() + timeout
+        while not await done():
+            if time.monotonic() > deadline:
+                raise AssertionError("the queue did not reach the expected state in time")
+            await asyncio.sleep(0.05)
+    finally:
+        for worker in workers:
+            await worker.stop(timeout=5)
+        await asyncio.gather(*tasks)
+
+
+def all_in(db: Database, wanted: set[str]) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return all(status in wanted for status, _, _ in (await statuses(db)).values())
+
+    return check
+
+
+async def test_two_workers_process_each_job_exactly_once(db: Database, tenant_id: uuid.UUID) -> None:
+    seen: list[tuple[int, str]] = []
+
+    async def record(ctx: JobContext) -> dict[str, Any]:
+        await asyncio.sleep(0.002)
+        async with ctx.finishing():
+            seen.append((ctx.job.id, ctx.worker_id))
+        return {"ok": True}
+
+    ids = await enqueue_many(db, tenant_id, "test.record", 150)
+    handlers: dict[str, JobHandler] = {"test.record": record}
+    workers = [Worker(db, handlers, queue_settings(), poll_interval=0.05) for _ in range(2)]
+    await run_until(workers, all_in(db, {"done"}))
+
+    counts = Counter(job_id for job_id, _ in seen)
+    assert set(counts) == set(ids)
+    assert max(counts.values()) == 1
+    # Both workers really took part.
+    assert len({worker for _, worker in seen}) == 2
+    assert {s for s, _, _ in (await statuses(db)).values()} == {"done"}
+
+
+async def test_a_failing_job_retries_with_backoff_then_fails_and_can_be_retried(
+    db: Database, tenant_id: uuid.UUID
+) -> None:
+    calls: list[float] = []
+    healthy = False
+
+    async def flaky(ctx: JobContext) -> dict[str, Any]:
+        calls.append(time.monotonic())
+        if not healthy:
+            raise ValueError("upstream said no")
+        return {"ok": True}
+
+    [job_id] = await enqueue_many(db, tenant_id, "test.flaky", 1, max_attempts=3)
+    settings = queue_settings(retry_base_seconds=0.1, retry_cap_seconds=0.4)
+    worker = Worker(db, {"test.flaky": flaky}, settings, poll_interval=0.02)
+    await run_until([worker], all_in(db, {"failed"}))
+
+    status, attempts, error = (await statuses(db))[job_id]
+    assert (status, attempts) == ("failed", 3)
+    assert error is not None and "upstream said no" in error
+    assert len(calls) == 3
+    # Backoff: the waits grow and are not zero (base 0.1 s, jitter down to half).
+    gaps = [b - a for a, b in zip(calls, calls[1:], strict=False)]
+    assert gaps[0] >= 0.04 and gaps[1] >= 0.09
+
+    async with db.tenant(tenant_id) as session:
+        assert await repository.retry(session, tenant_id, job_id)
+        # retrying a job that is not failed is refused
+        assert not await repository.retry(session, tenant_id, job_id)
+    healthy = True
+    worker = Worker(db, {"test.flaky": flaky}, settings, poll_interval=0.02)
+    await run_until([worker], all_in(db, {"done"}))
+    assert (await statuses(db))[job_id][0] == "done"
+
+
+async def test_a_job_without_handler_fails_at_once(db: Database, tenant_id: uuid.UUID) -> None:
+    [job_id] = await enqueue_many(db, tenant_id, "test.unknown", 1)
+    worker = Worker(db, {}, queue_settings(), poll_interval=0.02)
+    await run_until([worker], all_in(db, {"failed"}))
+    status, attempts, error = (await statuses(db))[job_id]
+    assert (status, attempts) == ("failed", 1)
+    assert "no handler" in (error or "")
+
+
+async def test_a_dead_workers_job_is_reclaimed_after_its_lease(db: Database, tenant_id: uuid.UUID) -> None:
+    [job_id] = await enqueue_many(db, tenant_id, "test.once", 1)
+    async with db.system() as session:
+        claimed = await repository.claim_jobs(session, "ghost-worker", 10, lease=0.3)
+    assert [j.id for j in claimed] == [job_id]
+    ran: list[int] = []
+
+    async def once(ctx: JobContext) -> None:
+        ran.append(ctx.job.attempts)
+
+    await asyncio.sleep(0.4)
+    worker = Worker(db, {"test.once": once}, queue_settings(), poll_interval=0.05)
+    await run_until([worker], all_in(db, {"done"}))
+    assert ran == [2]  # the ghost's attempt counted
+
+
+async def test_a_job_killing_its_worker_every_time_runs_out_of_attempts(
+    db: Database, tenant_id: uuid.UUID
+) -> None:
+    [job_id] = await enqueue_many(db, tenant_id, "test.poison", 1, max_attempts=2)
+    for _ in range(2):
+        async with db.system() as session:
+            assert len(await repository.claim_jobs(session, "doomed", 10, lease=0.05)) == 1
+        await asyncio.sleep(0.1)
+        async with db.system() as session:
+            await repository.reclaim_expired(session)
+    status, attempts, error = (await statuses(db))[job_id]
+    assert (status, attempts) == ("failed", 2)
+    assert "lease expired" in (error or "")
+
+
+async def test_heartbeats_keep_a_long_job_from_being_taken_over(
+    db: Database, tenant_id: uuid.UUID
+) -> None:
+    runs: list[str] = []
+
+    async def slow(ctx: JobContext) -> None:
+        runs.append(ctx.worker_id)
+        await asyncio.sleep(1.5)
+
+    await enqueue_many(db, tenant_id, "test.slow", 1)
+    settings = queue_settings(lease_seconds=0.6, heartbeat_seconds=0.15)
+    workers = [Worker(db, {"test.slow": slow}, settings, poll_interval=0.05) for _ in range(2)]
+    await run_until(workers, all_in(db, {"done"}))
+    assert len(runs) == 1
+
+
+async def test_writes_of_a_job_whose_lease_was_lost_roll_back(
+    db: Database, tenant_id: uuid.UUID
+) -> None:
+    [job_id] = await enqueue_many(db, tenant_id, "test.stolen", 1)
+
+    async def stolen(ctx: JobContext) -> None:
+        # Another worker takes the job over while we work (our lease had run out).
+        async with db.system() as session:
+            await session.execute(
+                text("UPDATE jobs SET lease_owner = 'thief' WHERE id = :id"), {"id": ctx.job.id}
+            )
+        async with ctx.finishing() as session:
+            await repository.enqueue(session, tenant_id, "test.followup", {"from": ctx.job.id})
+
+    worker = Worker(db, {"test.stolen": stolen}, queue_settings(), poll_interval=0.05)
+
+    async def handled() -> bool:
+        return worker.processed > 0 or not worker._inflight and (await statuses(db))[job_id][0] == "running"
+
+    await run_until([worker], handled, timeout=10)
+    rows = await statuses(db)
+    assert list(rows) == [job_id]  # the follow-up job was never committed
+    assert rows[job_id][0] == "running"  # and the thief still holds the job
+
+
+async def test_notify_wakes_an_idle_worker_without_waiting_for_the_poll(
+    db: Database, tenant_id: uuid.UUID
+) -> None:
+    done = asyncio.Event()
+
+    async def quick(ctx: JobContext) -> None:
+        done.set()
+
+    worker = Worker(db, {"test.quick": quick}, queue_settings(), poll_interval=60)
+    task = asyncio.create_task(worker.run())
+    try:
+        await asyncio.sleep(0.5)  # the worker has polled once and sleeps for a minute
+        await enqueue_many(db, tenant_id, "test.quick", 1)
+        await asyncio.wait_for(done.wait(), timeout=10)
+    finally:
+        await worker.stop(timeout=5)
+        await task
+
+
+async def test_shutdown_releases_unfinished_jobs_untouched(db: Database, tenant_id: uuid.UUID) -> None:
+    started = asyncio.Event()
+
+    async def stuck(ctx: JobContext) -> None:
+        started.set()
+        await asyncio.sleep(3600)
+
+    [job_id] = await enqueue_many(db, tenant_id, "test.stuck", 1)
+    worker = Worker(db, {"test.stuck": stuck}, queue_settings(), poll_interval=0.05)
+    task = asyncio.create_task(worker.run())
+    await asyncio.wait_for(started.wait(), timeout=10)
+    await worker.stop(timeout=0.2)
+    await task
+    status, attempts, _ = (await statuses(db))[job_id]
+    assert (status, attempts) == ("queued", 0)
+
+
+async def test_enqueue_is_idempotent_by_dedupe_key(db: Database, tenant_id: uuid.UUID) -> None:
+    async with db.tenant(tenant_id) as session:
+        first = await repository.enqueue(session, tenant_id, "test.x", {}, dedupe_key="req-1:1")
+        again = await repository.enqueue(session, tenant_id, "test.x", {}, dedupe_key="req-1:1")
+    assert first[1] is True and again == (first[0], False)
+    assert len(await statuses(db)) == 1
+
+
+async def test_prune_follows_the_retention_policy(db: Database, tenant_id: uuid.UUID) -> None:
+    ids = await enqueue_many(db, tenant_id, "test.old", 6)
+    async with db.system() as session:
+        # two done long ago, one done just now, three failed at different times
+        await session.execute(
+            text(
+                """
+                UPDATE jobs SET status = CASE WHEN id = ANY(:done) THEN 'done' ELSE 'failed' END,
+                       finished_at = now() - make_interval(days => CAST(:age - id AS int))
+                """
+            ),
+            {"done": ids[:3], "age": ids[-1] + 1},
+        )
+        await session.execute(
+            text("UPDATE jobs SET finished_at = now() WHERE id = :id"), {"id": ids[2]}
+        )
+        deleted = await repository.prune(
+            session, done_age_seconds=3600, failed_max_age_days=365, failed_max_count=2
+        )
+    remaining = await statuses(db)
+    assert deleted == 3
+    assert set(remaining) == {ids[2], ids[4], ids[5]}  # recent done, newest two failed
