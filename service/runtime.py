@@ -9,7 +9,13 @@ from dataclasses import dataclass, field
 
 from service.db.engine import Database
 from service.db.meta import check_embedding_dimension
-from service.db.migrate import current_revision, head_revision, alembic_config, upgrade_to_head_async
+from service.db.migrate import (
+    alembic_config,
+    current_revision,
+    head_revision,
+    known_revisions,
+    upgrade_to_head_async,
+)
 from service.embedding import Embedder, build_embedder
 from service.llm import ChatModel, build_chat_model
 from service.queue.worker import JobHandler, Worker
@@ -29,6 +35,7 @@ class Runtime:
     llm: ChatModel | None
     auth: Authenticator
     head: str | None
+    known_revisions: frozenset[str] = frozenset()
     worker: Worker | None = None
     _worker_task: asyncio.Task[None] | None = field(default=None, repr=False)
 
@@ -36,13 +43,15 @@ class Runtime:
     def build(cls, settings: Settings, *, db: Database | None = None) -> Runtime:
         """Wire the configured providers (nothing is started yet)."""
         db = db or Database.from_settings(settings)
+        config = alembic_config(db.url, settings)
         return cls(
             settings=settings,
             db=db,
             embedder=build_embedder(settings.models.embedding),
             llm=build_chat_model(settings.models.historian),
             auth=Authenticator(db, settings),
-            head=head_revision(alembic_config(db.url, settings)),
+            head=head_revision(config),
+            known_revisions=known_revisions(config),
         )
 
     async def start(self, *, migrate: bool, run_worker: bool) -> None:
@@ -86,9 +95,13 @@ class Runtime:
             revision = await current_revision(self.db)
         except Exception as exc:
             return False, f"database unreachable: {type(exc).__name__}"
-        if revision != self.head:
-            return False, f"migrations not at head (database {revision}, code {self.head})"
-        return True, "ok"
+        if revision == self.head:
+            return True, "ok"
+        if revision is not None and revision not in self.known_revisions:
+            # A newer release migrated the database ahead of this replica (a rolling upgrade):
+            # migrations only add, so this code keeps working until it is replaced.
+            return True, f"database at {revision}, newer than this code's {self.head}"
+        return False, f"migrations not at head (database {revision}, code {self.head})"
 
     async def close(self, timeout: float = 30.0) -> None:
         """Stop the worker (finishing or releasing its jobs), then close everything."""

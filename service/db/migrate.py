@@ -35,6 +35,11 @@ def head_revision(config: Config) -> str | None:
     return ScriptDirectory.from_config(config).get_current_head()
 
 
+def known_revisions(config: Config) -> frozenset[str]:
+    """Every migration this code ships."""
+    return frozenset(script.revision for script in ScriptDirectory.from_config(config).walk_revisions())
+
+
 def upgrade_to_head(url: str, settings: Settings) -> None:
     """Apply every pending migration (blocking; runs its own event loop)."""
     command.upgrade(alembic_config(url, settings), "head")
