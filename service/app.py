@@ -47,7 +47,7 @@ def create_app(
             "session": Provide(provide_session),
         },
     )
-    app = Litestar(
+    return Litestar(
         route_handlers=[healthz, readyz, AdminController, v1],
         on_startup=[on_startup],
         on_shutdown=[on_shutdown],
@@ -64,7 +64,6 @@ def create_app(
         state=_state(rt),
         debug=False,
     )
-    return app
 
 
 def _state(rt: Runtime) -> Any:

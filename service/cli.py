@@ -208,7 +208,9 @@ async def _jobs(db: Database, settings: Settings, args: argparse.Namespace) -> N
     print(f"oldest queued: {f'{oldest:.1f}s' if oldest is not None else '-'}")
 
 
-_ADMIN: dict[tuple[str, Any], Callable[[Database, Settings, argparse.Namespace], Awaitable[None]]] = {
+_ADMIN: dict[
+    tuple[str, Any], Callable[[Database, Settings, argparse.Namespace], Awaitable[None]]
+] = {
     ("tenants", "create"): _tenants_create,
     ("tenants", "list"): _tenants_list,
     ("keys", "create"): _keys_create,

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from litestar import Request, Response
+from litestar.enums import ScopeType
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from sqlalchemy.exc import DBAPIError
@@ -36,7 +37,7 @@ def request_id_middleware(app: ASGIApp) -> ASGIApp:
     """Give every request an id (the client's ``X-Request-ID`` if sane) and echo it back."""
 
     async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != ScopeType.HTTP:
             await app(scope, receive, send)
             return
         given = ""
@@ -51,7 +52,7 @@ def request_id_middleware(app: ASGIApp) -> ASGIApp:
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers", []))
                 headers.append((b"x-request-id", request_id.encode()))
-                message = {**message, "headers": headers}  # type: ignore[typeddict-item]
+                message = {**message, "headers": headers}
             await send(message)
 
         await app(scope, receive, send_with_id)
@@ -71,8 +72,10 @@ def _request_id(request: Request[Any, Any, Any]) -> str:
 def error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[dict[str, Any]]:
     """The one exception handler: every error becomes a JSON body with status and message."""
     if isinstance(exc, DBAPIError | OSError) and not isinstance(exc, MemoriaError):
-        translated = translate_db_error(exc) if isinstance(exc, DBAPIError) else Unavailable(
-            "the database is unreachable; retry shortly"
+        translated = (
+            translate_db_error(exc)
+            if isinstance(exc, DBAPIError)
+            else Unavailable("the database is unreachable; retry shortly")
         )
         if isinstance(translated, MemoriaError):
             exc = translated

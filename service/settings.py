@@ -1,4 +1,4 @@
-"""One settings object for the whole service: environment (``MEMORIA_`` prefix) over an optional TOML file.
+"""One settings object: environment (``MEMORIA_`` prefix) over an optional TOML file.
 
 The TOML sections follow the design seeds: ``[cognitive]``, ``[cognitive.query]``,
 ``[cognitive.historian]``, ``[cognitive.profile]``, ``[cognitive.queue]``,
@@ -177,7 +177,7 @@ def load_settings(config: str | Path | None = None, **overrides: Any) -> Setting
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"config file not found: {path}")
-    bound = type(
+    bound: type[Settings] = type(
         "Settings",
         (Settings,),
         {"model_config": {**Settings.model_config, "toml_file": path}},

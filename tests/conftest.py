@@ -4,6 +4,7 @@ template, the app over HTTP, and the scripted OpenAI-compatible server."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import tempfile
 import uuid
@@ -92,7 +93,9 @@ class DatabaseFactory:
 
     async def create(self) -> str:
         name = f"memoria_t_{uuid.uuid4().hex[:12]}"
-        await _admin_execute(self.server_url, f'CREATE DATABASE "{name}" TEMPLATE "{self.template}"')
+        await _admin_execute(
+            self.server_url, f'CREATE DATABASE "{name}" TEMPLATE "{self.template}"'
+        )
         self.created.append(name)
         return database_url(self.server_url, name)
 
@@ -107,15 +110,15 @@ class DatabaseFactory:
 async def databases(pg_server_url: str) -> AsyncIterator[DatabaseFactory]:
     """The migrated template and a factory of fresh databases cloned from it."""
     template = f"memoria_tpl_{os.getpid()}"
-    await _admin_execute(pg_server_url, f'DROP DATABASE IF EXISTS "{template}"', f'CREATE DATABASE "{template}"')
+    await _admin_execute(
+        pg_server_url, f'DROP DATABASE IF EXISTS "{template}"', f'CREATE DATABASE "{template}"'
+    )
     await asyncio.to_thread(upgrade_to_head, database_url(pg_server_url, template), Settings())
     factory = DatabaseFactory(pg_server_url, template, [])
     yield factory
     for name in [*factory.created, template]:
-        try:
+        with contextlib.suppress(Exception):
             await _admin_execute(pg_server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        except Exception:
-            pass
 
 
 @pytest.fixture
@@ -208,7 +211,9 @@ async def new_tenant(client: httpx.AsyncClient, name: str = "acme") -> TenantHan
     )
     assert response.status_code == 201, response.text
     body = response.json()
-    return TenantHandle(id=body["tenant_id"], key=body["api_key"]["key"], prefix=body["api_key"]["prefix"])
+    return TenantHandle(
+        id=body["tenant_id"], key=body["api_key"]["key"], prefix=body["api_key"]["prefix"]
+    )
 
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}

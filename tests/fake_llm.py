@@ -102,7 +102,9 @@ class FakeLLM:
             def log_message(self, *args: Any) -> None:
                 pass
 
-            def _send(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+            def _send(
+                self, status: int, body: bytes, headers: dict[str, str] | None = None
+            ) -> None:
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -119,11 +121,19 @@ class FakeLLM:
                     inputs = request["input"]
                     inputs = [inputs] if isinstance(inputs, str) else inputs
                     data = [
-                        {"object": "embedding", "index": i, "embedding": hash_vector(t, fake.embedding_dim)}
+                        {
+                            "object": "embedding",
+                            "index": i,
+                            "embedding": hash_vector(t, fake.embedding_dim),
+                        }
                         for i, t in enumerate(inputs)
                     ]
-                    body = {"object": "list", "data": data, "model": request.get("model"),
-                            "usage": {"prompt_tokens": 1, "total_tokens": 1}}
+                    body = {
+                        "object": "list",
+                        "data": data,
+                        "model": request.get("model"),
+                        "usage": {"prompt_tokens": 1, "total_tokens": 1},
+                    }
                     self._send(200, json.dumps(body).encode())
                     return
                 if not self.path.endswith("/chat/completions"):
@@ -133,8 +143,11 @@ class FakeLLM:
                 if reply.delay:
                     time.sleep(reply.delay)
                 if reply.raw_body is not None or reply.status != 200:
-                    body = reply.raw_body if reply.raw_body is not None else json.dumps(
-                        {"error": {"message": f"scripted {reply.status}"}}).encode()
+                    body = (
+                        reply.raw_body
+                        if reply.raw_body is not None
+                        else json.dumps({"error": {"message": f"scripted {reply.status}"}}).encode()
+                    )
                     self._send(reply.status, body, reply.headers)
                     return
                 message: dict[str, Any] = {"role": "assistant", "content": reply.content}
@@ -145,7 +158,9 @@ class FakeLLM:
                             "type": "function",
                             "function": {
                                 "name": name,
-                                "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False),
+                                "arguments": args
+                                if isinstance(args, str)
+                                else json.dumps(args, ensure_ascii=False),
                             },
                         }
                         for name, args in reply.tool_calls
@@ -155,8 +170,13 @@ class FakeLLM:
                     "object": "chat.completion",
                     "created": int(time.time()),
                     "model": request.get("model", "fake"),
-                    "choices": [{"index": 0, "message": message,
-                                 "finish_reason": "tool_calls" if reply.tool_calls else "stop"}],
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": message,
+                            "finish_reason": "tool_calls" if reply.tool_calls else "stop",
+                        }
+                    ],
                     "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
                 }
                 self._send(200, json.dumps(body).encode(), reply.headers)

@@ -67,7 +67,9 @@ async def test_validation_errors_name_the_field(client: AppClient) -> None:
     response = await client.post("/admin/tenants", json={"nom": "x"}, headers=ADMIN)
     assert response.status_code == 422
     response = await client.post(
-        "/admin/tenants", content=b"{not json", headers={**ADMIN, "Content-Type": "application/json"}
+        "/admin/tenants",
+        content=b"{not json",
+        headers={**ADMIN, "Content-Type": "application/json"},
     )
     assert 400 <= response.status_code < 500
     tenant = await new_tenant(client)

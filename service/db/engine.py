@@ -17,7 +17,12 @@ from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
 
 from service.errors import Conflict, Invalid, MemoriaError, Unavailable
 from service.settings import Settings
@@ -77,9 +82,7 @@ class Database:
     async def tenant(self, tenant_id: uuid.UUID) -> AsyncIterator[AsyncSession]:
         """A transaction confined to one tenant by row-level security; commits on success."""
         async with self._transaction() as session:
-            await session.execute(
-                _BIND_TENANT, {"role": APP_ROLE, "tenant_id": str(tenant_id)}
-            )
+            await session.execute(_BIND_TENANT, {"role": APP_ROLE, "tenant_id": str(tenant_id)})
             yield session
 
     @asynccontextmanager

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 from sqlalchemy import text
 
+from alembic import command
 from service.db.engine import Database
 from service.settings import Settings
 
@@ -37,7 +37,9 @@ def head_revision(config: Config) -> str | None:
 
 def known_revisions(config: Config) -> frozenset[str]:
     """Every migration this code ships."""
-    return frozenset(script.revision for script in ScriptDirectory.from_config(config).walk_revisions())
+    return frozenset(
+        script.revision for script in ScriptDirectory.from_config(config).walk_revisions()
+    )
 
 
 def upgrade_to_head(url: str, settings: Settings) -> None:

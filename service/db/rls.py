@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from alembic import op
-
 from service.db.engine import APP_ROLE
 
 

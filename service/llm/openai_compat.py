@@ -72,7 +72,9 @@ class OpenAIChat:
                 attempt += 1
                 await asyncio.sleep(delay)
             except openai.APIStatusError as exc:
-                raise LLMError(f"{purpose}: HTTP {exc.status_code}: {exc}", retryable=False) from exc
+                raise LLMError(
+                    f"{purpose}: HTTP {exc.status_code}: {exc}", retryable=False
+                ) from exc
             except (openai.APIError, ValueError) as exc:  # unparseable body and the like
                 raise LLMError(f"{purpose}: malformed response: {exc}") from exc
 
@@ -110,7 +112,9 @@ def _result(response: Any) -> ChatResult:
             parsed = None
         if parsed is not None and not isinstance(parsed, dict):
             parsed = None
-        calls.append(ToolCall(id=call.id, name=call.function.name, raw_arguments=raw, arguments=parsed))
+        calls.append(
+            ToolCall(id=call.id, name=call.function.name, raw_arguments=raw, arguments=parsed)
+        )
     usage = getattr(response, "usage", None)
     return ChatResult(
         content=message.content,

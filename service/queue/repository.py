@@ -17,6 +17,11 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 
+def _rowcount(result: Any) -> int:
+    """Rows touched by an UPDATE or DELETE."""
+    return int(getattr(result, "rowcount", 0))
+
+
 @dataclass(frozen=True)
 class ClaimedJob:
     """A job this worker holds a lease on."""
@@ -42,7 +47,9 @@ _ENQUEUE = text(
     """
 )
 
-_FIND_BY_DEDUPE = text("SELECT id FROM jobs WHERE tenant_id = :tenant_id AND dedupe_key = :dedupe_key")
+_FIND_BY_DEDUPE = text(
+    "SELECT id FROM jobs WHERE tenant_id = :tenant_id AND dedupe_key = :dedupe_key"
+)
 
 
 async def enqueue(
@@ -69,7 +76,9 @@ async def enqueue(
     created = (await session.execute(_ENQUEUE, params)).scalar_one_or_none()
     if created is not None:
         return int(created), True
-    existing = await session.execute(_FIND_BY_DEDUPE, {"tenant_id": tenant_id, "dedupe_key": dedupe_key})
+    existing = await session.execute(
+        _FIND_BY_DEDUPE, {"tenant_id": tenant_id, "dedupe_key": dedupe_key}
+    )
     return int(existing.scalar_one()), False
 
 
@@ -101,7 +110,9 @@ _CLAIM = text(
 )
 
 
-async def claim_jobs(session: AsyncSession, worker: str, limit: int, lease: float) -> list[ClaimedJob]:
+async def claim_jobs(
+    session: AsyncSession, worker: str, limit: int, lease: float
+) -> list[ClaimedJob]:
     """Lease up to ``limit`` due jobs, most urgent first."""
     rows = await session.execute(_CLAIM, {"worker": worker, "limit": limit, "lease": lease})
     return [
@@ -159,7 +170,7 @@ async def complete(
         "worker": worker,
         "result": json.dumps(result, ensure_ascii=False) if result is not None else None,
     }
-    return (await session.execute(_COMPLETE, params)).rowcount == 1  # type: ignore[attr-defined]
+    return _rowcount(await session.execute(_COMPLETE, params)) == 1
 
 
 # A failed attempt: back to 'queued' after :delay, or 'failed' for good once attempts are
@@ -215,7 +226,7 @@ _RELEASE = text(
 async def release(session: AsyncSession, job: ClaimedJob, worker: str) -> bool:
     """Put a held job back in the queue untouched."""
     params = {"tenant_id": job.tenant_id, "id": job.id, "worker": worker}
-    return (await session.execute(_RELEASE, params)).rowcount == 1  # type: ignore[attr-defined]
+    return _rowcount(await session.execute(_RELEASE, params)) == 1
 
 
 # Jobs whose worker died: the lease ran out with no heartbeat. They go back to the queue
@@ -264,7 +275,8 @@ _PRUNE_DONE = text(
     "DELETE FROM jobs WHERE status = 'done' AND finished_at < now() - make_interval(secs => :age)"
 )
 _PRUNE_FAILED_AGE = text(
-    "DELETE FROM jobs WHERE status = 'failed' AND finished_at < now() - make_interval(days => :days)"
+    "DELETE FROM jobs WHERE status = 'failed'"
+    " AND finished_at < now() - make_interval(days => :days)"
 )
 _PRUNE_FAILED_COUNT = text(
     """
@@ -284,7 +296,9 @@ async def prune(
     """Delete finished jobs past their retention; returns how many."""
     deleted = (await session.execute(_PRUNE_DONE, {"age": done_age_seconds})).rowcount  # type: ignore[attr-defined]
     if failed_max_age_days > 0:
-        deleted += (await session.execute(_PRUNE_FAILED_AGE, {"days": failed_max_age_days})).rowcount  # type: ignore[attr-defined]
+        deleted += (
+            await session.execute(_PRUNE_FAILED_AGE, {"days": failed_max_age_days})
+        ).rowcount  # type: ignore[attr-defined]
     if failed_max_count > 0:
         deleted += (await session.execute(_PRUNE_FAILED_COUNT, {"keep": failed_max_count})).rowcount  # type: ignore[attr-defined]
     return int(deleted)
@@ -340,7 +354,9 @@ _GET = text(
 )
 
 
-async def get_job(session: AsyncSession, tenant_id: uuid.UUID, job_id: int) -> dict[str, Any] | None:
+async def get_job(
+    session: AsyncSession, tenant_id: uuid.UUID, job_id: int
+) -> dict[str, Any] | None:
     """One of a tenant's jobs."""
     row = (await session.execute(_GET, {"tenant_id": tenant_id, "id": job_id})).first()
     return dict(row._mapping) if row is not None else None

@@ -1,4 +1,4 @@
-"""The worker loop: claim, run, heartbeat, retry; woken by LISTEN/NOTIFY, with polling as fallback."""
+"""The worker loop: claim, run, heartbeat, retry; woken by LISTEN/NOTIFY, polling as fallback."""
 
 from __future__ import annotations
 

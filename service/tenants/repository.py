@@ -58,7 +58,9 @@ async def list_keys(session: AsyncSession, tenant_id: uuid.UUID) -> Sequence[Api
     return result.scalars().all()
 
 
-async def revoke_key(session: AsyncSession, tenant_id: uuid.UUID, key_id: uuid.UUID) -> ApiKey | None:
+async def revoke_key(
+    session: AsyncSession, tenant_id: uuid.UUID, key_id: uuid.UUID
+) -> ApiKey | None:
     """Mark a key revoked (idempotent); None if the tenant has no such key."""
     key = await session.get(ApiKey, (tenant_id, key_id))
     if key is None:
@@ -69,7 +71,9 @@ async def revoke_key(session: AsyncSession, tenant_id: uuid.UUID, key_id: uuid.U
     return key
 
 
-async def touch_keys(session: AsyncSession, used: dict[tuple[uuid.UUID, uuid.UUID], datetime]) -> None:
+async def touch_keys(
+    session: AsyncSession, used: dict[tuple[uuid.UUID, uuid.UUID], datetime]
+) -> None:
     """Record when keys were last used (batched, not once per request)."""
     for (tenant_id, key_id), when in used.items():
         await session.execute(

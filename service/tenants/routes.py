@@ -31,20 +31,26 @@ class AdminController(Controller):
 
     path = "/admin/tenants"
     tags = ["admin"]
-    dependencies = {  # noqa: RUF012
+    dependencies = {
         "admin": Provide(provide_admin),
         "session": Provide(provide_system_session),
     }
 
     @post("/", status_code=201)
     async def create_tenant(
-        self, request: Request[Any, Any, Any], admin: None, session: AsyncSession, data: TenantCreate
+        self,
+        request: Request[Any, Any, Any],
+        admin: None,
+        session: AsyncSession,
+        data: TenantCreate,
     ) -> CreatedTenant:
         """Create a tenant; the answer holds its id and a first API key (shown once)."""
         tenant, key = await service.create_tenant(
             session, data.name, data.settings, runtime(request).settings
         )
-        return CreatedTenant(tenant_id=tenant.id, api_key=key, **service.tenant_info(tenant).model_dump())
+        return CreatedTenant(
+            tenant_id=tenant.id, api_key=key, **service.tenant_info(tenant).model_dump()
+        )
 
     @get("/")
     async def list_tenants(self, admin: None, session: AsyncSession) -> list[TenantInfo]:
@@ -52,7 +58,9 @@ class AdminController(Controller):
         return [service.tenant_info(t) for t in await repository.list_tenants(session)]
 
     @get("/{tenant_id:uuid}")
-    async def get_tenant(self, admin: None, session: AsyncSession, tenant_id: uuid.UUID) -> TenantInfo:
+    async def get_tenant(
+        self, admin: None, session: AsyncSession, tenant_id: uuid.UUID
+    ) -> TenantInfo:
         """One tenant."""
         tenant = await repository.get_tenant(session, tenant_id)
         if tenant is None:
@@ -82,13 +90,19 @@ class AdminController(Controller):
 
     @post("/{tenant_id:uuid}/keys", status_code=201)
     async def create_key(
-        self, admin: None, session: AsyncSession, tenant_id: uuid.UUID, data: KeyCreate | None = None
+        self,
+        admin: None,
+        session: AsyncSession,
+        tenant_id: uuid.UUID,
+        data: KeyCreate | None = None,
     ) -> CreatedKey:
         """A new key for the tenant (shown once)."""
         return await service.create_key(session, tenant_id, data.name if data else "")
 
     @get("/{tenant_id:uuid}/keys")
-    async def list_keys(self, admin: None, session: AsyncSession, tenant_id: uuid.UUID) -> list[KeyInfo]:
+    async def list_keys(
+        self, admin: None, session: AsyncSession, tenant_id: uuid.UUID
+    ) -> list[KeyInfo]:
         """The tenant's keys, without secrets."""
         if await repository.get_tenant(session, tenant_id) is None:
             raise NotFound("no such tenant")

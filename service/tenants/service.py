@@ -69,7 +69,9 @@ def validate_overrides(overrides: dict[str, Any], defaults: Settings) -> dict[st
     cognitive = overrides.get("cognitive")
     if cognitive is not None:
         if not isinstance(cognitive, dict) or set(cognitive) - {"enabled"}:
-            raise Invalid("only cognitive.enabled can be set per tenant", field="settings.cognitive")
+            raise Invalid(
+                "only cognitive.enabled can be set per tenant", field="settings.cognitive"
+            )
         if "enabled" in cognitive:
             if not isinstance(cognitive["enabled"], bool):
                 raise Invalid("must be true or false", field="settings.cognitive.enabled")
