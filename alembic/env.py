@@ -10,6 +10,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from alembic import context
+from service.db.types import compare_type
 from service.models import metadata
 
 config = context.config
@@ -35,7 +36,7 @@ def _run(connection: Connection) -> None:
     context.configure(
         connection=connection,
         target_metadata=metadata,
-        compare_type=True,
+        compare_type=compare_type,
         transaction_per_migration=True,
     )
     with context.begin_transaction():

@@ -10,8 +10,11 @@ from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import ScalarRenderPlugin, SwaggerRenderPlugin
 
+from service.ends.routes import EndController
+from service.events.routes import EventController
 from service.health.routes import healthz, readyz
 from service.http import error_response, provide_session, provide_tenant, request_id_middleware
+from service.messages.routes import MessageController
 from service.queue.routes import JobController
 from service.runtime import Runtime
 from service.settings import Settings, load_settings
@@ -41,7 +44,13 @@ def create_app(
 
     v1 = Router(
         path="/",
-        route_handlers=[TenantController, JobController],
+        route_handlers=[
+            TenantController,
+            JobController,
+            EndController,
+            EventController,
+            MessageController,
+        ],
         dependencies={
             "tenant": Provide(provide_tenant),
             "session": Provide(provide_session),

@@ -153,7 +153,7 @@ async def provide_session(
     request: Request[Any, Any, Any], tenant: TenantContext
 ) -> AsyncIterator[AsyncSession]:
     """The request's one transaction, confined to the caller's tenant; commits on success."""
-    async with runtime(request).db.tenant(tenant.tenant_id) as session:
+    async with runtime(request).db.tenant(tenant.tenant_id, durable=not tenant.fast_ack) as session:
         yield session
 
 

@@ -18,7 +18,7 @@ from service.db.migrate import (
 )
 from service.embedding import Embedder, build_embedder
 from service.llm import ChatModel, build_chat_model
-from service.queue.worker import JobHandler, Worker
+from service.queue.worker import JobHandler, Periodic, Worker
 from service.settings import Settings
 from service.tenants.service import Authenticator
 
@@ -78,6 +78,12 @@ class Runtime:
 
         return handlers(self)
 
+    def periodic_tasks(self) -> list[Periodic]:
+        """Timed work of the worker (the extraction pause trigger)."""
+        from service.jobs import periodic
+
+        return periodic(self)
+
     def start_worker(self) -> Worker:
         """Run a worker in this process's event loop."""
         self.worker = Worker(
@@ -85,6 +91,7 @@ class Runtime:
             self.job_handlers(),
             self.settings.cognitive.queue,
             poll_interval=self.settings.cognitive.historian.poll_interval_seconds,
+            periodic=self.periodic_tasks(),
         )
         self._worker_task = asyncio.create_task(self.worker.run(), name="worker")
         return self.worker

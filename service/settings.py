@@ -61,6 +61,13 @@ class ProfileSettings(_Section):
     revision_keep: int = Field(5, ge=1, le=1000)
 
 
+class MessageSettings(_Section):
+    """The raw message archive."""
+
+    batch_max: int = Field(500, ge=1, le=10_000)
+    text_max_chars: int = Field(20_000, ge=100)
+
+
 class QueueSettings(_Section):
     """The jobs table and its workers (``[cognitive.queue]``)."""
 
@@ -77,6 +84,30 @@ class QueueSettings(_Section):
     retry_cap_seconds: float = Field(300.0, gt=0)
 
 
+class ExtractionSettings(_Section):
+    """When the raw message stream is handed to an extraction job (seed 003 §5.1)."""
+
+    every_n_messages: int = Field(10, ge=1, le=10_000)
+    pause_minutes: float = Field(10.0, gt=0)
+    check_interval_seconds: float = Field(30.0, gt=0)
+    max_batch: int = Field(500, ge=1, le=10_000)
+    remember_keywords: list[str] = Field(
+        default_factory=lambda: [
+            "记住",
+            "记得",
+            "别忘了",
+            "不要忘了",
+            "记一下",
+            "帮我记",
+            "remember",
+            "don't forget",
+            "do not forget",
+            "note that",
+            "keep in mind",
+        ]
+    )
+
+
 class CognitiveSettings(_Section):
     """The cognitive memory switch and its sub-sections."""
 
@@ -85,6 +116,8 @@ class CognitiveSettings(_Section):
     historian: HistorianSettings = HistorianSettings()
     profile: ProfileSettings = ProfileSettings()
     queue: QueueSettings = QueueSettings()
+    extraction: ExtractionSettings = ExtractionSettings()
+    messages: MessageSettings = MessageSettings()
 
 
 class EmbeddingModelSettings(_Section):

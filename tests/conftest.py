@@ -217,3 +217,58 @@ async def new_tenant(client: httpx.AsyncClient, name: str = "acme") -> TenantHan
 
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+def llm_settings(llm: FakeLLM, **overrides: Any) -> dict[str, Any]:
+    """Settings values that point the historian at the scripted server."""
+    historian = {
+        "api_url": llm.base_url,
+        "api_key": "sk-test",
+        "model_name": "historian-test",
+        "max_retries": 0,
+        "retry_base_seconds": 0.01,
+        "timeout_seconds": 5.0,
+    }
+    historian.update(overrides)
+    return {"models": {"historian": historian}}
+
+
+FAST_QUEUE = {
+    "retry_base_seconds": 0.01,
+    "retry_cap_seconds": 0.05,
+    "lease_seconds": 5.0,
+    "heartbeat_seconds": 1.0,
+}
+
+
+async def wait_for(predicate: Any, timeout: float = 20.0, interval: float = 0.05) -> Any:
+    """Poll an async predicate until it returns something truthy."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        value = await predicate()
+        if value:
+            return value
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(interval)
+
+
+async def job_status(
+    client: httpx.AsyncClient, tenant: TenantHandle, job_id: int
+) -> dict[str, Any]:
+    """A job as its tenant sees it."""
+    response = await client.get(f"/v1/jobs/{job_id}", headers=tenant.headers)
+    assert response.status_code == 200, response.text
+    return dict(response.json())
+
+
+async def until_finished(
+    client: httpx.AsyncClient, tenant: TenantHandle, job_id: int
+) -> dict[str, Any]:
+    """Wait for a job to be done or failed."""
+
+    async def finished() -> dict[str, Any] | None:
+        job = await job_status(client, tenant, job_id)
+        return job if job["status"] in ("done", "failed") else None
+
+    return dict(await wait_for(finished))

@@ -10,6 +10,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from service.db.base import GLOBAL_TABLES
+from service.db.types import compare_type
 from service.models import metadata
 from tests.conftest import DatabaseFactory, plain_dsn
 
@@ -20,7 +21,7 @@ async def test_migrations_and_models_agree(db_url: str) -> None:
         async with engine.connect() as conn:
 
             def diff(sync_conn: object) -> list[object]:
-                context = MigrationContext.configure(sync_conn, opts={"compare_type": True})  # type: ignore[arg-type]
+                context = MigrationContext.configure(sync_conn, opts={"compare_type": compare_type})  # type: ignore[arg-type]
                 return list(compare_metadata(context, metadata))
 
             differences = await conn.run_sync(diff)

@@ -9,13 +9,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import event, text
 from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
@@ -34,8 +35,18 @@ APP_ROLE = "memoria_app"
 # One round trip: both settings are transaction-local (is_local = true), so they vanish at
 # COMMIT/ROLLBACK and a pooled connection never carries one tenant into the next request.
 _BIND_TENANT = text(
-    "SELECT set_config('role', :role, true), set_config('app.tenant_id', :tenant_id, true)"
+    "SELECT set_config('role', :role, true), set_config('app.tenant_id', :tenant_id, true),"
+    " set_config('synchronous_commit', :synchronous_commit, true)"
 )
+
+
+def _register_vector(dbapi_connection: Any, connection_record: Any) -> None:
+    """Binary vector I/O on every new connection (numpy arrays in, pgvector Vectors out)."""
+    from pgvector.asyncpg import register_vector
+
+    # Before the first migration the vector type does not exist yet; plain text I/O then.
+    with contextlib.suppress(ValueError):
+        dbapi_connection.run_async(register_vector)
 
 
 def normalize_url(url: str) -> str:
@@ -68,6 +79,7 @@ class Database:
             pool_recycle=1800,
         )
         self.sessions = async_sessionmaker(self.engine, expire_on_commit=False)
+        event.listen(self.engine.sync_engine, "connect", _register_vector)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Database:
@@ -79,10 +91,22 @@ class Database:
         )
 
     @asynccontextmanager
-    async def tenant(self, tenant_id: uuid.UUID) -> AsyncIterator[AsyncSession]:
-        """A transaction confined to one tenant by row-level security; commits on success."""
+    async def tenant(
+        self, tenant_id: uuid.UUID, *, durable: bool = True
+    ) -> AsyncIterator[AsyncSession]:
+        """A transaction confined to one tenant by row-level security; commits on success.
+
+        ``durable=False`` commits without waiting for the WAL flush (a tenant's opt-in fast
+        acknowledgement): a database crash may lose the last fraction of a second of such
+        commits, never corrupt anything.
+        """
         async with self._transaction() as session:
-            await session.execute(_BIND_TENANT, {"role": APP_ROLE, "tenant_id": str(tenant_id)})
+            params = {
+                "role": APP_ROLE,
+                "tenant_id": str(tenant_id),
+                "synchronous_commit": "on" if durable else "off",
+            }
+            await session.execute(_BIND_TENANT, params)
             yield session
 
     @asynccontextmanager

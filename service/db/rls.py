@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sqlalchemy as sa
+
 from alembic import op
 from service.db.engine import APP_ROLE
 
@@ -45,3 +47,12 @@ def protect_tenant_table(table: str, column: str = "tenant_id") -> None:
             WITH CHECK ({column} = memoria_current_tenant())
         """
     )
+
+
+def embedding_dim() -> int:
+    """The deployment's vector dimension, as recorded by the first migration."""
+    bind = op.get_bind()
+    value = bind.execute(
+        sa.text("SELECT value FROM memoria_meta WHERE key = 'embedding_dim'")
+    ).scalar_one()
+    return int(value)

@@ -70,6 +70,16 @@ class JobContext:
 JobHandler = Callable[[JobContext], Awaitable[dict[str, Any] | None]]
 
 
+@dataclass(frozen=True)
+class Periodic:
+    """Work a worker runs every ``interval`` seconds (several workers may run it; it must be
+    safe to run concurrently, e.g. by claiming rows with SKIP LOCKED)."""
+
+    name: str
+    interval: float
+    run: Callable[[], Awaitable[Any]]
+
+
 def retry_delay(attempt: int, base: float, cap: float) -> float:
     """Exponential backoff with jitter: about base·2^(attempt-1), never above cap."""
     ceiling = min(cap, base * 2 ** max(attempt - 1, 0))
@@ -93,6 +103,7 @@ class Worker:
         *,
         poll_interval: float = 1.0,
         name: str | None = None,
+        periodic: list[Periodic] | None = None,
     ) -> None:
         self.db = db
         self.handlers = dict(handlers)
@@ -103,6 +114,7 @@ class Worker:
         self._stopping = asyncio.Event()
         self._inflight: dict[int, tuple[ClaimedJob, asyncio.Task[None]]] = {}
         self._listener: asyncpg.Connection | None = None
+        self._periodic = list(periodic or [])
         self.processed = 0
 
     async def run(self) -> None:
@@ -111,6 +123,7 @@ class Worker:
         tasks = [
             asyncio.create_task(self._listen(), name="worker-listen"),
             asyncio.create_task(self._heartbeats(), name="worker-heartbeat"),
+            *(asyncio.create_task(self._every(p), name=f"worker-{p.name}") for p in self._periodic),
         ]
         loops = 0
         try:
@@ -265,6 +278,14 @@ class Worker:
                 if entry is not None:
                     log.warning("job %s was taken over by another worker; abandoning it", job_id)
                     entry[1].cancel()
+
+    async def _every(self, periodic: Periodic) -> None:
+        while True:
+            await asyncio.sleep(periodic.interval)
+            try:
+                await periodic.run()
+            except Exception as exc:
+                log.warning("worker %s: %s failed: %s", self.id, periodic.name, exc)
 
     async def _listen(self) -> None:
         """Keep a LISTEN connection open; reconnect when it drops. Polling covers the gaps."""

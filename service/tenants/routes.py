@@ -184,12 +184,18 @@ class TenantController(Controller):
         row = await repository.get_tenant(session, tenant.tenant_id)
         if row is None:
             raise NotFound("no such tenant")
-        overrides: dict[str, Any] = {k: dict(v) for k, v in (row.settings or {}).items()}
+        overrides: dict[str, Any] = dict(row.settings or {})
         if data.cognitive_enabled is not None:
             overrides["cognitive"] = {"enabled": data.cognitive_enabled}
         if data.query is not None:
             query = {**overrides.get("query", {}), **data.query}
             overrides["query"] = {k: v for k, v in query.items() if v is not None}
+        if data.timezone is not None:
+            overrides["timezone"] = data.timezone
+        if data.fast_ack is not None:
+            overrides["fast_ack"] = data.fast_ack
+        if data.bot is not None:
+            overrides["bot"] = data.bot
         settings = runtime(request).settings
         row.settings = service.validate_overrides(overrides, settings)
         await session.flush()
@@ -210,6 +216,8 @@ def _effective(tenant: TenantContext) -> EffectiveSettings:
     return EffectiveSettings(
         tenant_id=tenant.tenant_id,
         cognitive_enabled=tenant.cognitive_enabled,
+        timezone=tenant.timezone,
+        fast_ack=tenant.fast_ack,
         query=tenant.query.model_dump(),
         overrides=tenant.overrides,
     )

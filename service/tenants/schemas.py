@@ -76,6 +76,13 @@ class SettingsUpdate(BaseModel):
 
     cognitive_enabled: bool | None = None
     query: dict[str, Any] | None = None
+    timezone: str | None = Field(default=None, description="default IANA timezone of calls")
+    fast_ack: bool | None = Field(
+        default=None,
+        description="commit without waiting for the disk flush (may lose the last fraction of "
+        "a second of writes if the database server crashes; never corrupts)",
+    )
+    bot: dict[str, str] | None = Field(default=None, description='{"id": …, "name": …}')
 
 
 class EffectiveSettings(BaseModel):
@@ -83,5 +90,7 @@ class EffectiveSettings(BaseModel):
 
     tenant_id: uuid.UUID
     cognitive_enabled: bool
+    timezone: str
+    fast_ack: bool
     query: dict[str, Any]
     overrides: dict[str, Any]

@@ -11,10 +11,12 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.context import DEFAULT_TIMEZONE
 from service.db.engine import Database
 from service.errors import Invalid, NotFound, Unauthorized
 from service.settings import QuerySettings, Settings
@@ -61,7 +63,7 @@ def tenant_info(tenant: Tenant) -> TenantInfo:
 
 def validate_overrides(overrides: dict[str, Any], defaults: Settings) -> dict[str, Any]:
     """Check a tenant's settings overrides against the settings model; return them cleaned."""
-    unknown = set(overrides) - {"cognitive", "query"}
+    unknown = set(overrides) - {"cognitive", "query", "timezone", "fast_ack", "bot"}
     if unknown:
         name = sorted(unknown)[0]
         raise Invalid(f"unknown settings section {name!r}", field=f"settings.{name}")
@@ -76,6 +78,26 @@ def validate_overrides(overrides: dict[str, Any], defaults: Settings) -> dict[st
             if not isinstance(cognitive["enabled"], bool):
                 raise Invalid("must be true or false", field="settings.cognitive.enabled")
             cleaned["cognitive"] = {"enabled": cognitive["enabled"]}
+    if "timezone" in overrides:
+        zone = overrides["timezone"]
+        try:
+            ZoneInfo(str(zone))
+        except (ZoneInfoNotFoundError, ValueError):
+            raise Invalid(f"unknown IANA timezone {zone!r}", field="settings.timezone") from None
+        cleaned["timezone"] = str(zone)
+    if "fast_ack" in overrides:
+        if not isinstance(overrides["fast_ack"], bool):
+            raise Invalid("must be true or false", field="settings.fast_ack")
+        cleaned["fast_ack"] = overrides["fast_ack"]
+    if "bot" in overrides:
+        bot = overrides["bot"]
+        if (
+            not isinstance(bot, dict)
+            or set(bot) - {"id", "name"}
+            or not all(isinstance(v, str) and len(v) <= 200 for v in bot.values())
+        ):
+            raise Invalid("bot takes string id and name", field="settings.bot")
+        cleaned["bot"] = dict(bot)
     query = overrides.get("query")
     if query is not None:
         if not isinstance(query, dict):
@@ -107,6 +129,21 @@ class TenantContext:
         base = self.defaults.cognitive.query if self.defaults else QuerySettings()
         merged = {**base.model_dump(), **self.overrides.get("query", {})}
         return QuerySettings.model_validate(merged)
+
+    @property
+    def timezone(self) -> str:
+        """The tenant's default timezone for calls that name none."""
+        return str(self.overrides.get("timezone") or DEFAULT_TIMEZONE)
+
+    @property
+    def fast_ack(self) -> bool:
+        """Opt-in: commit this tenant's writes without waiting for the disk flush."""
+        return bool(self.overrides.get("fast_ack", False))
+
+    @property
+    def bot(self) -> dict[str, str]:
+        """The bot's default id and name, for calls that name none."""
+        return dict(self.overrides.get("bot") or {})
 
     @property
     def cognitive_enabled(self) -> bool:

@@ -1,0 +1,145 @@
+"""The conversation context every bot call carries: who, where, when."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, tzinfo
+from typing import Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from service.errors import Invalid
+
+DEFAULT_TIMEZONE = "Asia/Shanghai"
+ID_MAX = 128
+
+
+def _as_id(value: Any) -> Any:
+    """Ids are strings; bots often send QQ numbers as integers, which is accepted."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return value.strip()
+    return value
+
+
+Id = str
+
+
+class ConversationContext(BaseModel):
+    """Where a call comes from. A group call needs ``group_id``; a private one ``user_id``."""
+
+    model_config = ConfigDict(extra="ignore", str_max_length=100_000)
+
+    request_type: Literal["group", "private"] = Field(
+        description="group: a group chat (needs group_id); private: a one-to-one chat"
+    )
+    group_id: Id | None = Field(default=None, max_length=ID_MAX, description="the group chat")
+    group_name: str | None = Field(default=None, max_length=200)
+    user_id: Id | None = Field(
+        default=None, max_length=ID_MAX, description="the person the bot is serving"
+    )
+    sender_id: Id | None = Field(default=None, max_length=ID_MAX)
+    sender_name: str | None = Field(default=None, max_length=200)
+    bot_id: Id | None = Field(default=None, max_length=ID_MAX, description="the bot itself")
+    bot_name: str | None = Field(default=None, max_length=200)
+    message_ids: list[Id] = Field(default_factory=list, max_length=500)
+    timestamp: datetime | None = Field(
+        default=None, description="ISO 8601 with offset; default now"
+    )
+    timezone: str | None = Field(default=None, max_length=64, description="IANA name")
+    location_abs: str | None = Field(default=None, max_length=500)
+
+    @field_validator("group_id", "user_id", "sender_id", "bot_id", mode="before")
+    @classmethod
+    def _ids(cls, value: Any) -> Any:
+        value = _as_id(value)
+        return value or None
+
+    @field_validator("message_ids", mode="before")
+    @classmethod
+    def _message_ids(cls, value: Any) -> Any:
+        if value is None:
+            return []
+        if isinstance(value, str | int):
+            value = [value]
+        return [_as_id(v) for v in value] if isinstance(value, list) else value
+
+    @field_validator("message_ids")
+    @classmethod
+    def _message_id_length(cls, value: list[str]) -> list[str]:
+        for item in value:
+            if not item or len(item) > ID_MAX:
+                raise ValueError(f"each message id must be 1..{ID_MAX} characters")
+        return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _timezone(cls, value: str | None) -> str | None:
+        if value in (None, ""):
+            return None
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown IANA timezone {value!r}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ConversationContext:
+        if self.request_type == "group" and not self.group_id:
+            raise ValueError("group_id is required when request_type is 'group'")
+        if self.request_type == "private":
+            if not (self.user_id or self.sender_id):
+                raise ValueError("user_id is required when request_type is 'private'")
+            if self.group_id:
+                raise ValueError("group_id must be empty when request_type is 'private'")
+        return self
+
+    @property
+    def private_user(self) -> str:
+        """The person a private chat belongs to."""
+        return str(self.user_id or self.sender_id)
+
+    @property
+    def conversation_key(self) -> str:
+        """One conversation: a group, or one user's private chat."""
+        if self.request_type == "group":
+            return conversation_key("group", self.group_id, None)
+        return conversation_key("private", None, self.private_user)
+
+    def zone(self, default: str = DEFAULT_TIMEZONE) -> tzinfo:
+        """The timezone in force: the call's, else the tenant's default."""
+        return ZoneInfo(self.timezone or default)
+
+    def moment(self, default_zone: str = DEFAULT_TIMEZONE) -> datetime:
+        """The call's timestamp, aware, in its timezone (naive times are read in that zone)."""
+        zone = self.zone(default_zone)
+        if self.timestamp is None:
+            return datetime.now(UTC).astimezone(zone)
+        if self.timestamp.tzinfo is None:
+            return self.timestamp.replace(tzinfo=zone)
+        return self.timestamp.astimezone(zone)
+
+
+def conversation_key(request_type: str, group_id: str | None, user_id: str | None) -> str:
+    """``g:<group>`` or ``p:<user>``: the key every conversation-scoped row carries."""
+    if request_type == "group":
+        if not group_id:
+            raise Invalid("group_id is required for a group conversation", field="group_id")
+        return f"g:{group_id}"
+    if not user_id:
+        raise Invalid("user_id is required for a private conversation", field="user_id")
+    return f"p:{user_id}"
+
+
+def scope_of(group_id: str | None, user_id: str | None) -> str:
+    """The conversation named by exactly one of ``group_id`` / ``user_id`` (query parameters)."""
+    if group_id and user_id:
+        raise Invalid("give group_id or user_id, not both", field="group_id")
+    if group_id:
+        return conversation_key("group", group_id, None)
+    if user_id:
+        return conversation_key("private", None, user_id)
+    raise Invalid("group_id or user_id is required", field="group_id")

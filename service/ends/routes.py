@@ -1,0 +1,49 @@
+"""``POST /v1/end`` and the memo log."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Controller, Request, Response, get, post
+from litestar.params import Parameter
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from service.context import scope_of
+from service.ends import repository
+from service.ends.schemas import EndAccepted, EndRequest, MemoInfo
+from service.ends.service import accept_end
+from service.http import runtime
+from service.tenants.service import TenantContext
+
+
+class EndController(Controller):
+    """The bot's end-of-turn hand-over."""
+
+    path = "/v1"
+    tags = ["write"]
+
+    @post("/end", status_code=202)
+    async def end(
+        self,
+        request: Request[Any, Any, Any],
+        tenant: TenantContext,
+        session: AsyncSession,
+        data: EndRequest,
+    ) -> Response[EndAccepted]:
+        """Hand over the turn: 202 with the job and its event ids, or 200 when nothing to do."""
+        accepted = await accept_end(session, tenant, data, runtime(request).settings)
+        return Response(accepted, status_code=202 if accepted.enqueued else 200)
+
+    @get("/memos")
+    async def memos(
+        self,
+        tenant: TenantContext,
+        session: AsyncSession,
+        group_id: str | None = None,
+        user_id: str | None = None,
+        limit: int = Parameter(default=30, ge=1, le=500),
+    ) -> list[MemoInfo]:
+        """A conversation's memo log, newest first."""
+        key = scope_of(group_id, user_id)
+        rows = await repository.recent_memos(session, tenant.tenant_id, key, limit)
+        return [MemoInfo(**row) for row in rows]

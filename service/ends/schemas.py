@@ -1,0 +1,138 @@
+"""API shapes of ``POST /v1/end`` (with the older field names still accepted)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from service.context import ConversationContext
+
+MAX_OBSERVATIONS = 50
+MAX_ITEM_CHARS = 4000
+
+
+def loose_bool(value: Any) -> Any:
+    """Accept the booleans LLM tool calls produce: true, "TrUe", "1", "yes", 0, "off", …"""
+    if isinstance(value, bool) or value is None:
+        return bool(value)
+    if isinstance(value, int | float):
+        return value != 0
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("true", "1", "yes", "y", "on", "t"):
+            return True
+        if text in ("false", "0", "no", "n", "off", "f", ""):
+            return False
+    raise ValueError("must be a boolean (true/false)")
+
+
+class EndRequest(ConversationContext):
+    """The end of a bot turn: what the bot did (``memo``) and what it learned (``observations``)."""
+
+    request_id: str = Field(
+        default_factory=lambda: uuid.uuid4().hex,
+        min_length=1,
+        max_length=200,
+        description="the bot's id of this turn; with end_seq it makes the call idempotent",
+    )
+    end_seq: int = Field(default=1, ge=1, le=100_000)
+    memo: str = Field(default="", max_length=MAX_ITEM_CHARS, description="what the bot did")
+    observations: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_OBSERVATIONS,
+        description="new facts about people or the group, one per item",
+    )
+    force: bool = Field(default=False, description="store even if the gate still finds words")
+    source_message: str | None = Field(default=None, max_length=100_000)
+    recent_messages: list[Any] = Field(default_factory=list, max_length=500)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_names(cls, data: Any) -> Any:
+        """action_summary → memo; new_info → one observation; a lone summary → memo."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        action = data.pop("action_summary", None)
+        summary = data.pop("summary", None)
+        new_info = data.pop("new_info", None)
+        if not data.get("memo"):
+            data["memo"] = action or summary or ""
+        if new_info and isinstance(new_info, str) and new_info.strip():
+            observations = data.get("observations") or []
+            if isinstance(observations, str):
+                observations = [observations]
+            data["observations"] = [*observations, new_info]
+        return data
+
+    @field_validator("observations", mode="before")
+    @classmethod
+    def _observations(cls, value: Any) -> Any:
+        if value is None:
+            return []
+        if isinstance(value, str):
+            value = [value]
+        if isinstance(value, list):
+            cleaned = []
+            for item in value:
+                if not isinstance(item, str):
+                    raise ValueError("each observation must be a string")
+                if len(item) > MAX_ITEM_CHARS:
+                    raise ValueError(
+                        f"each observation must be at most {MAX_ITEM_CHARS} characters"
+                    )
+                if item.strip():
+                    cleaned.append(item.strip())
+            return cleaned
+        return value
+
+    @field_validator("memo", mode="before")
+    @classmethod
+    def _memo(cls, value: Any) -> Any:
+        return value.strip() if isinstance(value, str) else ("" if value is None else value)
+
+    @field_validator("force", mode="before")
+    @classmethod
+    def _force(cls, value: Any) -> Any:
+        return loose_bool(value)
+
+    @field_validator("recent_messages", mode="before")
+    @classmethod
+    def _recent(cls, value: Any) -> Any:
+        if value is None:
+            return []
+        if isinstance(value, str):
+            return [line for line in value.splitlines() if line.strip()]
+        return value
+
+    @field_validator("request_id", mode="before")
+    @classmethod
+    def _request_id(cls, value: Any) -> Any:
+        return str(value).strip() if isinstance(value, int | str) else value
+
+
+class EndAccepted(BaseModel):
+    """The answer to ``end``: what was recorded and which job will write which events."""
+
+    enqueued: bool
+    request_id: str | None = None
+    end_seq: int | None = None
+    memo_recorded: bool = False
+    job_id: int | None = None
+    event_ids: list[str] = Field(default_factory=list)
+    cognitive_enabled: bool = True
+    duplicate: bool = False
+
+
+class MemoInfo(BaseModel):
+    """One entry of the memo log."""
+
+    id: int
+    request_id: str
+    end_seq: int
+    memo: str
+    sender_id: str | None
+    said_at: datetime

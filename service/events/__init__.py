@@ -1,0 +1,1 @@
+"""Events: what happened, rewritten by the historian into absolute, searchable facts."""

@@ -1,0 +1,73 @@
+"""The events table."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    func,
+)
+from sqlalchemy import (
+    text as sql,
+)
+from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.orm import Mapped, mapped_column
+
+from service.db.base import Base, created_at_column
+from service.db.types import Embedding
+
+
+class Event(Base):
+    """One absolute fact of a conversation, with the seeds' metadata. Id: ``request_id:end_seq``."""
+
+    __tablename__ = "events"
+    __table_args__ = (
+        Index(
+            "ix_events_conversation_time", "tenant_id", "conversation_key", sql("occurred_at DESC")
+        ),
+    )
+
+    tenant_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+    )
+    id: Mapped[str] = mapped_column(String(300), primary_key=True)
+    conversation_key: Mapped[str] = mapped_column(String(200), nullable=False)
+    request_type: Mapped[str] = mapped_column(String(16), nullable=False)
+    group_id: Mapped[str | None] = mapped_column(String(128))
+    user_id: Mapped[str | None] = mapped_column(String(128))
+    sender_id: Mapped[str | None] = mapped_column(String(128))
+    request_id: Mapped[str] = mapped_column(String(200), nullable=False)
+    end_seq: Mapped[int] = mapped_column(Integer, nullable=False)
+    kind: Mapped[str] = mapped_column(String(16), nullable=False)  # observation | memo
+    perspective: Mapped[str] = mapped_column(String(16), nullable=False)
+    text: Mapped[str] = mapped_column(Text, nullable=False)
+    source_text: Mapped[str] = mapped_column(Text, nullable=False)
+    is_absolute: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    warnings: Mapped[list[Any]] = mapped_column(
+        JSONB, nullable=False, server_default=sql("'[]'::jsonb")
+    )
+    occurred_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    timezone: Mapped[str] = mapped_column(String(64), nullable=False)
+    location_abs: Mapped[str | None] = mapped_column(Text)
+    message_ids: Mapped[list[Any]] = mapped_column(
+        JSONB, nullable=False, server_default=sql("'[]'::jsonb")
+    )
+    meta: Mapped[dict[str, Any]] = mapped_column(
+        "metadata", JSONB, nullable=False, server_default=sql("'{}'::jsonb")
+    )
+    embedding: Mapped[Any] = mapped_column(Embedding(), nullable=True)
+    job_id: Mapped[int | None] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = created_at_column()
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), nullable=False, server_default=func.now()
+    )

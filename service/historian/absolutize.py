@@ -1,0 +1,389 @@
+"""The rule rewriter: relative times, pronouns and places made absolute, in Chinese and English.
+
+It always runs first (and is the whole historian when no LLM is configured). It only replaces
+what it can resolve without guessing: a day word against the event's local date, a
+first-person pronoun against the known speaker, "here" against a known place. Anything it
+cannot resolve (他, "she", "there") is left for the LLM and the gate.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta
+
+_CN_DIGITS = {
+    "零": 0,
+    "一": 1,
+    "二": 2,
+    "两": 2,
+    "三": 3,
+    "四": 4,
+    "五": 5,
+    "六": 6,
+    "七": 7,
+    "八": 8,
+    "九": 9,
+    "十": 10,
+}
+_CN_WEEKDAY = {"一": 0, "二": 1, "三": 2, "四": 3, "五": 4, "六": 5, "日": 6, "天": 6}
+_EN_WEEKDAY = {
+    name: i
+    for i, name in enumerate(
+        ["monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday"]
+    )
+}
+_CJK = re.compile(r"[\u3400-\u9fff]")
+
+
+@dataclass(frozen=True)
+class Person:
+    """Someone a pronoun can stand for."""
+
+    name: str | None
+    id: str | None
+
+    @property
+    def known(self) -> bool:
+        return bool(self.name or self.id)
+
+    def label(self) -> str:
+        """``张三(10001)`` / ``Alice (10001)`` / the one part that is known."""
+        if self.name and self.id and self.name != self.id:
+            sep = "" if _CJK.search(self.name) else " "
+            return f"{self.name}{sep}({self.id})"
+        return str(self.name or self.id)
+
+
+@dataclass(frozen=True)
+class Situation:
+    """What the rewriter knows about the moment of the event."""
+
+    moment: datetime  # aware, local time of the event
+    first_person: Person  # who "我"/"I" is (the speaker; for a memo, the bot)
+    second_person: Person  # who "你"/"you" is (the bot; for a memo, the user)
+    location: str | None = None
+
+
+def absolutize(text: str, situation: Situation) -> str:
+    """Rewrite what the rules can resolve; leave everything else as it is."""
+    out = _relative_times_cn(text, situation)
+    out = _relative_times_en(out, situation)
+    out = _pronouns_cn(out, situation)
+    out = _pronouns_en(out, situation)
+    out = _places(out, situation)
+    return _tidy(out)
+
+
+# ---------------------------------------------------------------- dates
+
+
+def iso(day: date) -> str:
+    return day.isoformat()
+
+
+def week_start(day: date) -> date:
+    """Weeks start on Monday (ISO 8601), as in China."""
+    return day - timedelta(days=day.weekday())
+
+
+def week_span(day: date) -> tuple[date, date]:
+    start = week_start(day)
+    return start, start + timedelta(days=6)
+
+
+def month_shift(day: date, months: int) -> tuple[int, int]:
+    index = day.year * 12 + (day.month - 1) + months
+    return index // 12, index % 12 + 1
+
+
+def looks_past(text: str) -> bool:
+    """A rough tense guess for a bare weekday: past if the sentence says so."""
+    return bool(
+        re.search(r"了|过|已经|刚", text)
+        or re.search(r"\b(was|were|did|went|met|had|ago|yesterday|last)\b|\w+ed\b", text, re.I)
+    )
+
+
+def bare_weekday(today: date, weekday: int, past: bool) -> date:
+    """The nearest such weekday: the coming one, or the last one for past events."""
+    delta = weekday - today.weekday()
+    if past:
+        return today + timedelta(days=delta if delta <= 0 else delta - 7)
+    return today + timedelta(days=delta if delta >= 0 else delta + 7)
+
+
+def cn_number(token: str) -> int | None:
+    """Arabic digits or small Chinese numerals (一 … 九十九)."""
+    if token.isdigit():
+        return int(token)
+    if not token or any(ch not in _CN_DIGITS for ch in token):
+        return None
+    if token == "十":  # noqa: S105 (a numeral, not a password)
+        return 10
+    if "十" in token:
+        tens, _, ones = token.partition("十")
+        return (_CN_DIGITS[tens] if tens else 1) * 10 + (_CN_DIGITS[ones] if ones else 0)
+    return _CN_DIGITS[token] if len(token) == 1 else None
+
+
+# ---------------------------------------------------------------- Chinese times
+
+
+def _relative_times_cn(text: str, s: Situation) -> str:
+    today = s.moment.date()
+    clock = s.moment.strftime("%H:%M")
+    past = looks_past(text)
+
+    def day(offset: int) -> str:
+        return f" {iso(today + timedelta(days=offset))} "
+
+    def span(start: date, end: date, suffix: str = "那一周") -> str:
+        return f" {iso(start)}至{iso(end)}{suffix} "
+
+    rules: list[tuple[str, Callable[[re.Match[str]], str]]] = [
+        (r"(大前天)", lambda m: day(-3)),
+        (r"(大后天)", lambda m: day(3)),
+        (r"(前天)", lambda m: day(-2)),
+        (r"(?<!然)(?<!之)(?<!以)(后天)(?!气|性|天)", lambda m: day(2)),
+        (r"(今早|今晨)", lambda m: day(0).rstrip() + "早上 "),
+        (r"(今晚|今夜)", lambda m: day(0).rstrip() + "晚上 "),
+        (r"(昨晚|昨夜)", lambda m: day(-1).rstrip() + "晚上 "),
+        (r"(明早)", lambda m: day(1).rstrip() + "早上 "),
+        (r"(明晚)", lambda m: day(1).rstrip() + "晚上 "),
+        (r"(今天|今日|今儿)", lambda m: day(0)),
+        (r"(昨天|昨日|昨儿)", lambda m: day(-1)),
+        (r"(明天|明日|明儿)", lambda m: day(1)),
+        (r"(刚才|刚刚)", lambda m: f" {iso(today)} {clock} "),
+        (r"(稍后|待会儿?|等会儿?|一会儿)", lambda m: f" {iso(today)} {clock}之后 "),
+        (r"(现在|目前|眼下)", lambda m: f" {iso(today)} {clock} "),
+        (r"(最近|近期|这几天|近来)", lambda m: f" 截至{iso(today)} "),
+        (r"(前几天)", lambda m: f" {iso(today)}之前几天 "),
+        (
+            r"([0-9]+|[一二两三四五六七八九十]+)(天|日)(前|后|之前|之后|以前|以后)",
+            lambda m: _cn_days(m, today),
+        ),
+        (
+            r"([0-9]+|[一二两三四五六七八九十]+)个?(周|星期|礼拜)(前|后|之前|之后|以前|以后)",
+            lambda m: _cn_weeks(m, today),
+        ),
+        (
+            r"(下下|上上|上|下|这|本)?个?(周|星期|礼拜)([一二三四五六日天末])",
+            lambda m: _cn_weekday(m, today, past),
+        ),
+        (
+            r"(上上|下下)(周|星期|礼拜)",
+            lambda m: span(*week_span(today + timedelta(weeks=-2 if m.group(1) == "上上" else 2))),
+        ),
+        (r"(上个?(?:周|星期|礼拜))", lambda m: span(*week_span(today - timedelta(weeks=1)))),
+        (r"(下个?(?:周|星期|礼拜))", lambda m: span(*week_span(today + timedelta(weeks=1)))),
+        (
+            r"((?:这|本)个?(?:周|星期|礼拜))(?![一二三四五六日天末])",
+            lambda m: span(*week_span(today)),
+        ),
+        (r"(上个?月)", lambda m: " {}年{}月 ".format(*month_shift(today, -1))),
+        (r"(下个?月)", lambda m: " {}年{}月 ".format(*month_shift(today, 1))),
+        (r"(这个月|本月)", lambda m: f" {today.year}年{today.month}月 "),
+        (r"(前年)", lambda m: f" {today.year - 2}年 "),
+        (r"(去年)", lambda m: f" {today.year - 1}年 "),
+        (r"(今年)", lambda m: f" {today.year}年 "),
+        (r"(明年)", lambda m: f" {today.year + 1}年 "),
+        (r"(?<!之)(?<!以)(?<!然)(后年)", lambda m: f" {today.year + 2}年 "),
+    ]
+    for pattern, replace in rules:
+        text = re.sub(pattern, replace, text)
+    return text
+
+
+def _cn_days(m: re.Match[str], today: date) -> str:
+    n = cn_number(m.group(1))
+    if n is None:
+        return m.group(0)
+    sign = -1 if m.group(3) in ("前", "之前", "以前") else 1
+    return f" {iso(today + timedelta(days=sign * n))} "
+
+
+def _cn_weeks(m: re.Match[str], today: date) -> str:
+    n = cn_number(m.group(1))
+    if n is None:
+        return m.group(0)
+    sign = -1 if m.group(3) in ("前", "之前", "以前") else 1
+    start, end = week_span(today + timedelta(weeks=sign * n))
+    return f" {iso(start)}至{iso(end)}那一周 "
+
+
+def _cn_weekday(m: re.Match[str], today: date, past: bool) -> str:
+    prefix, _, name = m.group(1), m.group(2), m.group(3)
+    weeks = {"上上": -2, "上": -1, "下": 1, "下下": 2, "这": 0, "本": 0}.get(prefix or "")
+    if name == "末":
+        base = week_start(today + timedelta(weeks=weeks or 0))
+        return f" {iso(base + timedelta(days=5))}至{iso(base + timedelta(days=6))}周末 "
+    weekday = _CN_WEEKDAY[name]
+    if weeks is None:
+        return f" {iso(bare_weekday(today, weekday, past))} "
+    return f" {iso(week_start(today + timedelta(weeks=weeks)) + timedelta(days=weekday))} "
+
+
+# ---------------------------------------------------------------- English times
+
+_PREPOSITIONS = r"\b(?:until|till|by|since|from|before|after|to|through|on|in|of)\s+$"
+
+
+def _relative_times_en(text: str, s: Situation) -> str:
+    today = s.moment.date()
+    clock = s.moment.strftime("%H:%M")
+    past = looks_past(text)
+
+    def lead(m: re.Match[str], word: str) -> str:
+        # "on 2026-02-22", but "until 2026-02-22": no second preposition after one.
+        return "" if re.search(_PREPOSITIONS, text[: m.start()], re.I) else word + " "
+
+    def on(day: date, part: str = "") -> Callable[[re.Match[str]], str]:
+        def replace(m: re.Match[str]) -> str:
+            if part:
+                return f"{lead(m, 'on')}the {part} of {iso(day)}"
+            return f"{lead(m, 'on')}{iso(day)}"
+
+        return replace
+
+    def week(offset: int) -> Callable[[re.Match[str]], str]:
+        start = week_start(today + timedelta(weeks=offset))
+        return lambda m: f"{lead(m, 'in')}the week of {iso(start)}"
+
+    def month(offset: int) -> Callable[[re.Match[str]], str]:
+        year, number = month_shift(today, offset)
+        return lambda m: f"{lead(m, 'in')}{datetime(year, number, 1):%B} {year}"
+
+    def ago(sign: int) -> Callable[[re.Match[str]], str]:
+        return lambda m: (
+            lead(m, "on" if m.group(2).lower() == "day" else "in") + _en_ago(m, today, sign)
+        )
+
+    d = timedelta(days=1)
+    rules: list[tuple[str, Callable[[re.Match[str]], str]]] = [
+        (r"\bthe day before yesterday\b", on(today - 2 * d)),
+        (r"\bthe day after tomorrow\b", on(today + 2 * d)),
+        (r"\b(?:last night|yesterday (?:evening|night))\b", on(today - d, "evening")),
+        (r"\byesterday (morning|afternoon)\b", lambda m: on(today - d, m.group(1).lower())(m)),
+        (
+            r"\btomorrow (morning|afternoon|evening|night)\b",
+            lambda m: on(today + d, m.group(1).lower())(m),
+        ),
+        (r"\bthis (morning|afternoon|evening)\b", lambda m: on(today, m.group(1).lower())(m)),
+        (r"\btonight\b", on(today, "evening")),
+        (r"\b(?:earlier|later) today\b", on(today)),
+        (r"\btoday\b", on(today)),
+        (r"\byesterday\b", on(today - d)),
+        (r"\btomorrow\b", on(today + d)),
+        (r"\b(?:just now|a moment ago|right now)\b", lambda m: f"at {iso(today)} {clock}"),
+        (r"\b(\d+) (day|week|month|year)s? ago\b", ago(-1)),
+        (r"\bin (\d+) (day|week|month|year)s?\b", ago(1)),
+        (
+            r"\b(next|last|this) (monday|tuesday|wednesday|thursday|friday|saturday|sunday)\b",
+            lambda m: _en_weekday(m, today),
+        ),
+        (
+            r"\b(?:on )?(monday|tuesday|wednesday|thursday|friday|saturday|sunday)\b",
+            lambda m: "on " + iso(bare_weekday(today, _EN_WEEKDAY[m.group(1).lower()], past)),
+        ),
+        (r"\blast week\b", week(-1)),
+        (r"\bnext week\b", week(1)),
+        (r"\bthis week\b", week(0)),
+        (r"\blast month\b", month(-1)),
+        (r"\bnext month\b", month(1)),
+        (r"\bthis month\b", month(0)),
+        (r"\blast year\b", lambda m: f"{lead(m, 'in')}{today.year - 1}"),
+        (r"\bnext year\b", lambda m: f"{lead(m, 'in')}{today.year + 1}"),
+        (r"\bthis year\b", lambda m: f"{lead(m, 'in')}{today.year}"),
+        (r"\b(?:recently|lately|these days)\b", lambda m: f"in the days before {iso(today)}"),
+    ]
+    for pattern, replace in rules:
+        text = re.sub(pattern, replace, text, flags=re.I)
+    # "now" last: "right now"/"just now" are handled above.
+    return re.sub(r"\bnow\b", f"as of {iso(today)}", text, flags=re.I)
+
+
+def _en_ago(m: re.Match[str], today: date, sign: int) -> str:
+    n, unit = int(m.group(1)), m.group(2).lower()
+    if unit == "day":
+        return iso(today + timedelta(days=sign * n))
+    if unit == "week":
+        return f"the week of {iso(week_start(today + timedelta(weeks=sign * n)))}"
+    if unit == "month":
+        year, month = month_shift(today, sign * n)
+        return f"{datetime(year, month, 1):%B} {year}"
+    return str(today.year + sign * n)
+
+
+def _en_weekday(m: re.Match[str], today: date) -> str:
+    weeks = {"next": 1, "last": -1, "this": 0}[m.group(1).lower()]
+    weekday = _EN_WEEKDAY[m.group(2).lower()]
+    return "on " + iso(week_start(today + timedelta(weeks=weeks)) + timedelta(days=weekday))
+
+
+# ---------------------------------------------------------------- pronouns
+
+
+def _pronouns_cn(text: str, s: Situation) -> str:
+    # 我/咱/俺 alone (not 我们/咱们): the first person. 你/您 alone: the second person.
+    if s.first_person.known:
+        first = s.first_person.label()
+        text = re.sub(r"(?:我|咱|俺)(?!们|国|方|司|校|院|军|党)", lambda m: first, text)
+    if s.second_person.known:
+        second = s.second_person.label()
+        text = re.sub(r"(?:你|您)(?!们|好)", lambda m: second, text)
+    return text
+
+
+_EN_FIRST = [
+    (r"\bI'm\b|\bI am\b", "{p} is"),
+    (r"\bI've\b|\bI have\b", "{p} has"),
+    (r"\bI'll\b", "{p} will"),
+    (r"\bI'd\b", "{p} would"),
+    (r"\bI was\b", "{p} was"),
+    (r"\bI\b", "{p}"),
+    (r"\bmyself\b", "{p}"),
+    (r"\b(?:my|mine)\b", "{p}'s"),
+    (r"\bme\b", "{p}"),
+]
+_EN_SECOND = [
+    (r"\byou're\b|\byou are\b", "{p} is"),
+    (r"\byou've\b|\byou have\b", "{p} has"),
+    (r"\byou'll\b", "{p} will"),
+    (r"\byou were\b", "{p} was"),
+    (r"\byourself\b", "{p}"),
+    (r"\byour(?:s)?\b", "{p}'s"),
+    (r"\byou\b", "{p}"),
+]
+
+
+def _pronouns_en(text: str, s: Situation) -> str:
+    for person, table in ((s.first_person, _EN_FIRST), (s.second_person, _EN_SECOND)):
+        if not person.known:
+            continue
+        label = person.label()
+        for pattern, template in table:
+            flags = 0 if pattern.startswith(r"\bI") else re.I
+            replacement = template.format(p=label)
+            text = re.sub(pattern, lambda m, r=replacement: r, text, flags=flags)
+    return text
+
+
+# ---------------------------------------------------------------- places
+
+
+def _places(text: str, s: Situation) -> str:
+    if not s.location:
+        return text
+    place = s.location
+    text = re.sub(r"(这里|这儿|这边|本地|当地|此地|此处)", lambda m: f" {place} ", text)
+    return re.sub(r"\b(?:right )?here\b", lambda m: f"in {place}", text, flags=re.I)
+
+
+def _tidy(text: str) -> str:
+    """Undo the padding spaces the replacements added where Chinese needs none."""
+    text = re.sub(r"[ \t]{2,}", " ", text)
+    text = re.sub(r" ([，。！？；：、）」』”,.!?;:)])", r"\1", text)
+    text = re.sub(r"([（「『“(]) ", r"\1", text)
+    return text.strip()

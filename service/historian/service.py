@@ -1,0 +1,236 @@
+"""The historian's ``end`` job: rules, the LLM, the gate, embeddings, events — never a drop."""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from service.context import ConversationContext
+from service.embedding import Embedder
+from service.events import repository as events
+from service.historian.absolutize import Person, Situation, absolutize
+from service.historian.rewrite import Item, Outcome, rewrite_with_llm, rule_outcome
+from service.historian.rewrite import Situation as PromptSituation
+from service.llm import ChatModel, LLMError
+from service.queue.worker import JobContext, PermanentJobError
+from service.settings import Settings
+
+log = logging.getLogger("service.historian")
+
+SCHEMA_VERSION = "final_v1"
+_CONTENT = re.compile(r"<content>(.*?)</content>", re.S)
+
+
+def message_content(text: str) -> str:
+    """The ``<content>`` of a bot message frame, or the text itself."""
+    match = _CONTENT.search(text)
+    return match.group(1).strip() if match else text.strip()
+
+
+def clip(text: str, limit: int) -> str:
+    """At most ``limit`` characters, marked when cut."""
+    return text if len(text) <= limit else text[: max(limit - 1, 0)] + "…"
+
+
+def recent_lines(messages: list[Any], keep: int, width: int) -> list[str]:
+    """The newest ``keep`` reference messages as short lines (time, name, id, text)."""
+    lines = []
+    for message in messages[-keep:] if keep else []:
+        if isinstance(message, dict):
+            who = message.get("sender_name") or message.get("sender") or ""
+            sid = message.get("sender_id") or ""
+            when = message.get("sent_at") or message.get("time") or ""
+            body = message_content(str(message.get("text") or message.get("content") or ""))
+            line = " ".join(p for p in (str(when), f"{who}({sid})" if sid else str(who)) if p)
+            lines.append(clip(f"{line}: {body}" if line else body, width))
+        else:
+            lines.append(clip(message_content(str(message)), width))
+    return lines
+
+
+@dataclass
+class Historian:
+    """Turns a job's memo and observations into stored, embedded, absolute events."""
+
+    embedder: Embedder
+    llm: ChatModel | None
+    settings: Settings
+
+    async def run_end(self, job: JobContext) -> dict[str, Any]:
+        """The ``historian.end`` job."""
+        payload = job.job.payload
+        try:
+            context = ConversationContext.model_validate(
+                {
+                    **payload["context"],
+                    "timestamp": payload["moment"],
+                    "timezone": payload["timezone"],
+                }
+            )
+            moment = datetime.fromisoformat(payload["moment"])
+            ids: list[str] = list(payload["event_ids"])
+        except (KeyError, ValueError, TypeError) as exc:
+            raise PermanentJobError(f"malformed end job payload: {exc}") from exc
+        items = self._items(context, moment, payload)
+        if len(items) != len(ids):
+            raise PermanentJobError("the job's event ids do not match its items")
+
+        outcomes, calls = await self._rewrite(job, context, moment, payload, items)
+        vectors = await self.embedder.passages([o.text for o in outcomes])
+        rows = [
+            self._event_row(job, context, moment, payload, item, outcome, event_id, vector)
+            for item, outcome, event_id, vector in zip(items, outcomes, ids, vectors, strict=True)
+        ]
+        async with job.finishing() as session:
+            await events.upsert_events(session, rows)
+            job.result = {
+                "event_ids": ids,
+                "absolute": sum(o.is_absolute for o in outcomes),
+                "degraded": sum(not o.is_absolute for o in outcomes),
+                "llm_calls": calls,
+            }
+        return job.result
+
+    def _items(
+        self, context: ConversationContext, moment: datetime, payload: dict[str, Any]
+    ) -> list[Item]:
+        speaker = Person(context.sender_name, context.sender_id)
+        if not speaker.known and context.request_type == "private":
+            speaker = Person(None, context.private_user)
+        bot = Person(context.bot_name, context.bot_id)
+        user = speaker if speaker.known else Person(None, context.user_id)
+        location = context.location_abs
+        items: list[Item] = []
+        for observation in payload.get("observations", []):
+            draft = absolutize(observation, Situation(moment, speaker, bot, location))
+            items.append(Item(len(items), "observation", observation, draft, speaker, bot))
+        memo = payload.get("memo") or ""
+        if memo:
+            draft = absolutize(memo, Situation(moment, bot, user, location))
+            items.append(Item(len(items), "memo", memo, draft, bot, user))
+        return items
+
+    async def _rewrite(
+        self,
+        job: JobContext,
+        context: ConversationContext,
+        moment: datetime,
+        payload: dict[str, Any],
+        items: list[Item],
+    ) -> tuple[list[Outcome], int]:
+        if self.llm is None:
+            return [rule_outcome(item) for item in items], 0
+        historian = self.settings.cognitive.historian
+        participants = []
+        for label, person in (
+            ("发送者 sender", Person(context.sender_name, context.sender_id)),
+            ("机器人 bot", Person(context.bot_name, context.bot_id)),
+            ("服务对象 user", Person(None, context.user_id)),
+        ):
+            if person.known:
+                participants.append(f"{label} {person.label()}")
+        source = payload.get("source_message")
+        situation = PromptSituation(
+            moment=moment,
+            timezone=str(payload["timezone"]),
+            location=context.location_abs,
+            participants=participants,
+            group=(f"{context.group_name or ''}({context.group_id})" if context.group_id else None),
+            source_message=(
+                clip(message_content(source), historian.source_message_max_len) if source else None
+            ),
+            recent_messages=recent_lines(
+                list(payload.get("recent_messages") or []),
+                historian.recent_messages_inject_k,
+                historian.recent_message_line_max_len,
+            ),
+        )
+        try:
+            return await rewrite_with_llm(
+                self.llm,
+                items,
+                situation,
+                max_retry=historian.rewrite_max_retry,
+                force=bool(payload.get("force")),
+            )
+        except LLMError as exc:
+            if job.job.attempts < job.job.max_attempts:
+                raise  # retried with backoff; the rules' draft is the last resort, not the first
+            log.warning(
+                "job %s: LLM failed on the last attempt (%s); storing rule rewrites",
+                job.job.id,
+                exc,
+            )
+            outcomes = [rule_outcome(item) for item in items]
+            for outcome in outcomes:
+                outcome.is_absolute = False
+                outcome.warnings.insert(0, f"llm unavailable: {exc}")
+            return outcomes, 0
+
+    def _event_row(
+        self,
+        job: JobContext,
+        context: ConversationContext,
+        moment: datetime,
+        payload: dict[str, Any],
+        item: Item,
+        outcome: Outcome,
+        event_id: str,
+        vector: Any,
+    ) -> dict[str, Any]:
+        if item.kind == "memo":
+            perspective = "bot"
+        else:
+            perspective = "group" if context.request_type == "group" else "sender"
+        user_id = context.user_id or (
+            context.private_user if context.request_type == "private" else None
+        )
+        utc = moment.astimezone(UTC)
+        metadata = {
+            "tenant_id": str(job.job.tenant_id),
+            "request_id": payload["request_id"],
+            "end_seq": payload["end_seq"],
+            "timestamp_utc": utc.isoformat(),
+            "timestamp_local": moment.isoformat(),
+            "timestamp_epoch": int(utc.timestamp()),
+            "timezone": payload["timezone"],
+            "location_abs": context.location_abs,
+            "request_type": context.request_type,
+            "user_id": user_id,
+            "group_id": context.group_id,
+            "sender_id": context.sender_id,
+            "message_ids": context.message_ids,
+            "perspective": perspective,
+            "is_absolute": outcome.is_absolute,
+            "has_new_info": item.kind == "observation",
+            "schema_version": SCHEMA_VERSION,
+        }
+        if outcome.warnings:
+            log.warning("event %s stored with is_absolute=false: %s", event_id, outcome.warnings)
+        return {
+            "tenant_id": job.job.tenant_id,
+            "id": event_id,
+            "conversation_key": context.conversation_key,
+            "request_type": context.request_type,
+            "group_id": context.group_id,
+            "user_id": user_id,
+            "sender_id": context.sender_id,
+            "request_id": payload["request_id"],
+            "end_seq": payload["end_seq"],
+            "kind": item.kind,
+            "perspective": perspective,
+            "text": outcome.text,
+            "source_text": item.original,
+            "is_absolute": outcome.is_absolute,
+            "warnings": outcome.warnings,
+            "occurred_at": moment,
+            "timezone": payload["timezone"],
+            "location_abs": context.location_abs,
+            "message_ids": context.message_ids,
+            "metadata": metadata,
+            "embedding": vector,
+            "job_id": job.job.id,
+        }

@@ -1,0 +1,1 @@
+"""The raw chat stream (archival memory), its embedding and its extraction triggers."""

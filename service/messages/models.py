@@ -1,0 +1,88 @@
+"""Raw chat messages, and the per-conversation bookkeeping of their extraction."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    DateTime,
+    ForeignKey,
+    Identity,
+    Index,
+    Integer,
+    String,
+    Text,
+    func,
+)
+from sqlalchemy import text as sql
+from sqlalchemy.dialects.postgresql import UUID
+from sqlalchemy.orm import Mapped, mapped_column
+
+from service.db.base import Base, created_at_column
+from service.db.types import Embedding
+
+
+class Message(Base):
+    """One chat message as the client sent it; ``message_id`` is unique per conversation."""
+
+    __tablename__ = "messages"
+    __table_args__ = (
+        Index("ix_messages_conversation_time", "tenant_id", "conversation_key", "sent_at"),
+        Index("ix_messages_conversation_seq", "tenant_id", "conversation_key", "seq"),
+        # The embedding job's work list: messages still without a vector.
+        Index(
+            "ix_messages_unembedded", "tenant_id", "seq", postgresql_where=sql("embedding IS NULL")
+        ),
+    )
+
+    tenant_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+    )
+    conversation_key: Mapped[str] = mapped_column(String(200), primary_key=True)
+    message_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger, Identity(always=True), nullable=False)
+    request_type: Mapped[str] = mapped_column(String(16), nullable=False)
+    group_id: Mapped[str | None] = mapped_column(String(128))
+    user_id: Mapped[str | None] = mapped_column(String(128))
+    sender_id: Mapped[str | None] = mapped_column(String(128))
+    sender_name: Mapped[str | None] = mapped_column(String(200))
+    text: Mapped[str] = mapped_column(Text, nullable=False)
+    sent_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    embedding: Mapped[Any] = mapped_column(Embedding(), nullable=True)
+    created_at: Mapped[datetime] = created_at_column()
+
+
+class Conversation(Base):
+    """A group chat or one user's private chat: counters and the extraction high-water mark."""
+
+    __tablename__ = "conversations"
+    __table_args__ = (
+        # The pause trigger: conversations with unprocessed messages, quiet longest first.
+        Index(
+            "ix_conversations_pending",
+            "updated_at",
+            postgresql_where=sql("pending_count > 0"),
+        ),
+    )
+
+    tenant_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+    )
+    conversation_key: Mapped[str] = mapped_column(String(200), primary_key=True)
+    request_type: Mapped[str] = mapped_column(String(16), nullable=False)
+    group_id: Mapped[str | None] = mapped_column(String(128))
+    user_id: Mapped[str | None] = mapped_column(String(128))
+    group_name: Mapped[str | None] = mapped_column(String(200))
+    message_count: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    last_message_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    last_seq: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    # Messages with seq <= extracted_seq have been handed to an extraction job.
+    extracted_seq: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    pending_count: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
+    created_at: Mapped[datetime] = created_at_column()
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), nullable=False, server_default=func.now()
+    )

@@ -1,0 +1,120 @@
+"""API shapes of the raw message archive."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from service.context import ID_MAX, _as_id
+
+_INHERITED = (
+    "request_type",
+    "group_id",
+    "group_name",
+    "user_id",
+    "sender_id",
+    "sender_name",
+    "timezone",
+)
+
+
+class MessageIn(BaseModel):
+    """One chat message; context fields missing here come from the batch's top level."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    message_id: str = Field(min_length=1, max_length=ID_MAX)
+    request_type: Literal["group", "private"]
+    group_id: str | None = Field(default=None, max_length=ID_MAX)
+    group_name: str | None = Field(default=None, max_length=200)
+    user_id: str | None = Field(default=None, max_length=ID_MAX)
+    sender_id: str | None = Field(default=None, max_length=ID_MAX)
+    sender_name: str | None = Field(default=None, max_length=200)
+    text: str = Field(max_length=1_000_000)
+    sent_at: datetime | None = None
+    timezone: str | None = Field(default=None, max_length=64)
+
+    @field_validator("message_id", "group_id", "user_id", "sender_id", mode="before")
+    @classmethod
+    def _ids(cls, value: Any) -> Any:
+        value = _as_id(value)
+        return value if value != "" else None
+
+    @model_validator(mode="after")
+    def _conversation(self) -> MessageIn:
+        if self.request_type == "group" and not self.group_id:
+            raise ValueError("group_id is required when request_type is 'group'")
+        if self.request_type == "private" and not (self.user_id or self.sender_id):
+            raise ValueError("user_id is required when request_type is 'private'")
+        return self
+
+
+class MessageBatch(BaseModel):
+    """``POST /v1/messages``: up to the configured batch size of messages."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    messages: list[MessageIn] = Field(min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _inherit(cls, data: Any) -> Any:
+        """Context given once at the top level applies to every message lacking it."""
+        if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
+            return data
+        shared = {k: data[k] for k in _INHERITED if data.get(k) not in (None, "")}
+        data = dict(data)
+        data["messages"] = [
+            {**shared, **{k: v for k, v in m.items() if v not in (None, "")}}
+            if isinstance(m, dict)
+            else m
+            for m in data["messages"]
+        ]
+        return data
+
+
+class MessagesStored(BaseModel):
+    """What ``POST /v1/messages`` did."""
+
+    stored: int
+    duplicates: int
+    extraction_job_ids: list[int] = Field(default_factory=list)
+    embed_job_id: int | None = None
+
+
+class MessageSearch(BaseModel):
+    """``POST /v1/messages/search``: the archive look-up of one conversation."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    query: str = Field(min_length=1, max_length=4000)
+    group_id: str | None = Field(default=None, max_length=ID_MAX)
+    user_id: str | None = Field(default=None, max_length=ID_MAX)
+    top_k: int = Field(default=12, ge=1, le=200)
+    time_from: datetime | None = None
+    time_to: datetime | None = None
+
+    @field_validator("group_id", "user_id", mode="before")
+    @classmethod
+    def _ids(cls, value: Any) -> Any:
+        return _as_id(value)
+
+
+class MessageHit(BaseModel):
+    """One archived message found by a search."""
+
+    message_id: str
+    text: str
+    sender_id: str | None
+    sender_name: str | None
+    sent_at: datetime
+    score: float
+
+
+class MessageSearchResult(BaseModel):
+    """The hits, best first, and any note about the query."""
+
+    messages: list[MessageHit]
+    warnings: list[str] = Field(default_factory=list)

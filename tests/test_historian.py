@@ -1,0 +1,262 @@
+"""The historian end to end: end call → job → rules/LLM/gate → embedded, absolute events."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+
+from service.app import create_app
+from tests.conftest import (
+    FAST_QUEUE,
+    AppClient,
+    TenantHandle,
+    llm_settings,
+    make_settings,
+    new_tenant,
+    plain_dsn,
+    serve_app,
+    until_finished,
+)
+from tests.fake_llm import FakeLLM, Reply, tool
+
+CONTEXT = {
+    "request_type": "group",
+    "group_id": "100200",
+    "group_name": "Python 群",
+    "user_id": "10001",
+    "sender_id": "10001",
+    "sender_name": "张三",
+    "bot_id": "20002",
+    "bot_name": "小助手",
+    "timestamp": "2026-02-21T23:30:00+08:00",
+    "timezone": "Asia/Shanghai",
+    "location_abs": "上海",
+    "message_ids": ["m-1"],
+}
+
+
+def rewrites(*texts: str) -> Reply:
+    return tool(
+        "submit_rewrite", {"rewrites": [{"index": i, "text": t} for i, t in enumerate(texts)]}
+    )
+
+
+async def started(settings: Any) -> AsyncIterator[tuple[AppClient, TenantHandle]]:
+    app = create_app(settings, migrate=False, run_worker=True)
+    async with serve_app(app) as client:
+        yield client, await new_tenant(client)
+
+
+@pytest.fixture
+async def offline(db_url: str) -> AsyncIterator[tuple[AppClient, TenantHandle]]:
+    settings = make_settings(db_url, cognitive={"queue": FAST_QUEUE})
+    async for pair in started(settings):
+        yield pair
+
+
+@pytest.fixture
+async def online(db_url: str, llm: FakeLLM) -> AsyncIterator[tuple[AppClient, TenantHandle]]:
+    settings = make_settings(
+        db_url,
+        cognitive={"queue": {**FAST_QUEUE, "job_max_retries": 1}},
+        **llm_settings(llm),
+    )
+    async for pair in started(settings):
+        yield pair
+
+
+async def hand_over(client: AppClient, tenant: TenantHandle, **body: Any) -> dict[str, Any]:
+    response = await client.post("/v1/end", json={**CONTEXT, **body}, headers=tenant.headers)
+    assert response.status_code == 202, response.text
+    accepted = response.json()
+    job = await until_finished(client, tenant, accepted["job_id"])
+    return {**accepted, "job": job}
+
+
+async def event(client: AppClient, tenant: TenantHandle, event_id: str) -> dict[str, Any]:
+    response = await client.get(f"/v1/events/{event_id}", headers=tenant.headers)
+    assert response.status_code == 200, response.text
+    return dict(response.json())
+
+
+async def test_offline_rules_make_absolute_events(offline: tuple[AppClient, TenantHandle]) -> None:
+    client, tenant = offline
+    done = await hand_over(
+        client, tenant, request_id="r1", memo="我帮你查了天气", observations=["我明天去北京"]
+    )
+    assert done["job"]["status"] == "done"
+    assert done["job"]["result"]["llm_calls"] == 0
+    observation = await event(client, tenant, "r1:1")
+    assert observation["text"] == "张三(10001) 2026-02-22 去北京"
+    assert observation["is_absolute"] is True
+    assert observation["source_text"] == "我明天去北京"
+    memo = await event(client, tenant, "r1:1:memo")
+    assert memo["text"].startswith("小助手(20002)帮张三(10001)查了天气")
+    assert memo["perspective"] == "bot"
+    meta = observation["metadata"]
+    assert meta["timestamp_local"] == "2026-02-21T23:30:00+08:00"
+    assert meta["timestamp_utc"] == "2026-02-21T15:30:00+00:00"
+    assert meta["timestamp_epoch"] == 1771687800
+    assert meta["location_abs"] == "上海"
+    assert meta["group_id"] == "100200" and meta["sender_id"] == "10001"
+    assert meta["message_ids"] == ["m-1"]
+    assert meta["schema_version"] == "final_v1"
+    assert meta["is_absolute"] is True
+    # Listed newest first within the conversation, and nowhere else.
+    listed = (await client.get("/v1/events?group_id=100200", headers=tenant.headers)).json()
+    assert {e["id"] for e in listed["events"]} == {"r1:1", "r1:1:memo"}
+    other = (await client.get("/v1/events?group_id=999", headers=tenant.headers)).json()
+    assert other["events"] == []
+
+
+async def test_offline_unresolvable_words_are_stored_not_dropped(
+    offline: tuple[AppClient, TenantHandle],
+) -> None:
+    client, tenant = offline
+    await hand_over(client, tenant, request_id="r2", observations=["他说那边的店关门了"])
+    stored = await event(client, tenant, "r2:1")
+    assert stored["is_absolute"] is False
+    assert any("他" in w for w in stored["warnings"])
+    assert stored["text"] == "他说那边的店关门了"
+
+
+async def test_the_event_is_embedded(offline: tuple[AppClient, TenantHandle], db_url: str) -> None:
+    client, tenant = offline
+    await hand_over(client, tenant, request_id="r3", observations=["张三喜欢 Rust"])
+    conn = await asyncpg.connect(plain_dsn(db_url))
+    try:
+        dims = await conn.fetchval("SELECT vector_dims(embedding) FROM events WHERE id = 'r3:1'")
+    finally:
+        await conn.close()
+    assert dims == 384
+
+
+async def test_llm_rewrite_passing_the_gate_takes_one_call(
+    online: tuple[AppClient, TenantHandle], llm: FakeLLM
+) -> None:
+    client, tenant = online
+    llm.script(
+        rewrites(
+            "张三(10001)计划 2026-02-22 去北京出差", "小助手(20002)为张三(10001)查询了北京天气"
+        )
+    )
+    done = await hand_over(
+        client,
+        tenant,
+        request_id="l1",
+        memo="帮他查了天气",
+        observations=["我明天去北京出差"],
+        source_message="<message><content>我明天去北京出差</content></message>",
+        recent_messages=[{"sender_name": "李四", "sender_id": "10003", "text": "北京冷吗"}],
+    )
+    assert done["job"]["result"]["llm_calls"] == 1
+    stored = await event(client, tenant, "l1:1")
+    assert stored["text"] == "张三(10001)计划 2026-02-22 去北京出差"
+    assert stored["is_absolute"] is True
+    prompt = llm.chat_requests[0]["messages"][1]["content"]
+    assert "2026-02-21 23:30" in prompt and "Asia/Shanghai" in prompt
+    assert "张三(10001)" in prompt and "小助手(20002)" in prompt
+    assert "我明天去北京出差" in prompt  # the source message, its <content> only
+    assert "<message>" not in prompt
+    assert "李四(10003): 北京冷吗" in prompt
+    assert llm.chat_requests[0]["tool_choice"]["function"]["name"] == "submit_rewrite"
+
+
+async def test_gate_hit_is_fed_back_and_fixed(
+    online: tuple[AppClient, TenantHandle], llm: FakeLLM
+) -> None:
+    client, tenant = online
+    llm.script(rewrites("他 2026-02-22 去北京"), rewrites("张三(10001) 2026-02-22 去北京"))
+    done = await hand_over(client, tenant, request_id="l2", observations=["我明天去北京"])
+    assert done["job"]["result"]["llm_calls"] == 2
+    feedback = llm.chat_requests[1]["messages"][-1]["content"]
+    assert "他" in feedback and "代词" in feedback
+    stored = await event(client, tenant, "l2:1")
+    assert stored["text"] == "张三(10001) 2026-02-22 去北京"
+    assert stored["is_absolute"] is True
+
+
+async def test_gate_failing_every_retry_degrades(
+    online: tuple[AppClient, TenantHandle], llm: FakeLLM
+) -> None:
+    client, tenant = online
+    llm.script(*(rewrites("他明天去北京") for _ in range(3)))
+    done = await hand_over(client, tenant, request_id="l3", observations=["我明天去北京"])
+    assert done["job"]["status"] == "done"
+    assert done["job"]["result"]["llm_calls"] == 3  # the first try and rewrite_max_retry = 2
+    stored = await event(client, tenant, "l3:1")
+    assert stored["is_absolute"] is False
+    assert stored["warnings"]
+
+
+async def test_force_stores_at_once(online: tuple[AppClient, TenantHandle], llm: FakeLLM) -> None:
+    client, tenant = online
+    llm.script(rewrites("他 2026-02-22 去北京"))
+    done = await hand_over(
+        client, tenant, request_id="l4", observations=["他明天去北京"], force=True
+    )
+    assert done["job"]["result"]["llm_calls"] == 1
+    stored = await event(client, tenant, "l4:1")
+    assert stored["text"] == "他 2026-02-22 去北京"
+    assert stored["is_absolute"] is False
+    assert "forced past the gate" in stored["warnings"]
+
+
+async def test_id_drift_is_never_accepted_even_with_force(
+    online: tuple[AppClient, TenantHandle], llm: FakeLLM
+) -> None:
+    client, tenant = online
+    llm.script(*(rewrites("某用户 2026-02-22 去北京") for _ in range(3)))
+    await hand_over(
+        client, tenant, request_id="l5", observations=["QQ 12345678 的用户明天去北京"], force=True
+    )
+    assert len(llm.chat_requests) == 3
+    assert "12345678" in llm.chat_requests[1]["messages"][-1]["content"]
+    stored = await event(client, tenant, "l5:1")
+    assert "12345678" in stored["text"]  # the rules' draft, which kept the id
+    assert "2026-02-22" in stored["text"]
+
+
+async def test_llm_outage_retries_the_job_then_stores_the_rules_draft(
+    online: tuple[AppClient, TenantHandle], llm: FakeLLM
+) -> None:
+    client, tenant = online
+    llm.script(Reply(status=500), Reply(status=503, headers={"Retry-After": "0"}))
+    done = await hand_over(client, tenant, request_id="l6", observations=["我明天去北京"])
+    job = done["job"]
+    assert job["status"] == "done" and job["attempts"] == 2  # job_max_retries = 1
+    stored = await event(client, tenant, "l6:1")
+    assert stored["text"] == "张三(10001) 2026-02-22 去北京"
+    assert stored["is_absolute"] is False
+    assert any("llm unavailable" in w for w in stored["warnings"])
+
+
+async def test_malformed_tool_arguments_retry_the_job(
+    online: tuple[AppClient, TenantHandle], llm: FakeLLM
+) -> None:
+    client, tenant = online
+    llm.script(
+        tool("submit_rewrite", '{"rewrites": [{"index": 0, "text": "unterminated'),
+        rewrites("张三(10001) 2026-02-22 去北京"),
+    )
+    done = await hand_over(client, tenant, request_id="l7", observations=["我明天去北京"])
+    assert done["job"]["attempts"] == 2
+    assert (await event(client, tenant, "l7:1"))["is_absolute"] is True
+
+
+async def test_a_rerun_job_rewrites_the_same_rows(
+    offline: tuple[AppClient, TenantHandle], db_url: str
+) -> None:
+    client, tenant = offline
+    done = await hand_over(client, tenant, request_id="r9", observations=["a", "b"])
+    conn = await asyncpg.connect(plain_dsn(db_url))
+    try:
+        await conn.execute("UPDATE jobs SET status = 'queued' WHERE id = $1", done["job_id"])
+        await until_finished(client, tenant, done["job_id"])
+        count = await conn.fetchval("SELECT count(*) FROM events WHERE request_id = 'r9'")
+    finally:
+        await conn.close()
+    assert count == 2
