@@ -132,6 +132,7 @@ class EmbeddingModelSettings(_Section):
     max_retries: int = Field(3, ge=0, le=10)
     batch_size: int = Field(64, ge=1, le=2048)
     query_cache_size: int = Field(2048, ge=0)
+    threads: int = Field(0, ge=0, le=256, description="local model threads; 0 = all cores")
 
 
 class ChatModelSettings(_Section):

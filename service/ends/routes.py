@@ -24,14 +24,11 @@ class EndController(Controller):
 
     @post("/end", status_code=202)
     async def end(
-        self,
-        request: Request[Any, Any, Any],
-        tenant: TenantContext,
-        session: AsyncSession,
-        data: EndRequest,
+        self, request: Request[Any, Any, Any], tenant: TenantContext, data: EndRequest
     ) -> Response[EndAccepted]:
         """Hand over the turn: 202 with the job and its event ids, or 200 when nothing to do."""
-        accepted = await accept_end(session, tenant, data, runtime(request).settings)
+        rt = runtime(request)
+        accepted = await accept_end(rt.db, tenant, data, rt.settings)
         return Response(accepted, status_code=202 if accepted.enqueued else 200)
 
     @get("/memos")

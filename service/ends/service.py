@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from sqlalchemy.ext.asyncio import AsyncSession
+import json
 
 from service.context import ConversationContext
+from service.db.engine import Database
 from service.ends import repository
 from service.ends.schemas import EndAccepted, EndRequest
-from service.queue import repository as jobs
 from service.settings import Settings
 from service.tenants.service import TenantContext
 
@@ -24,39 +24,13 @@ def event_ids(request_id: str, end_seq: int, observations: int, memo: bool) -> l
 
 
 async def accept_end(
-    session: AsyncSession, tenant: TenantContext, request: EndRequest, settings: Settings
+    db: Database, tenant: TenantContext, request: EndRequest, settings: Settings
 ) -> EndAccepted:
     """Record the memo and enqueue the historian; idempotent by (request_id, end_seq)."""
     if not request.memo and not request.observations:
         return EndAccepted(enqueued=False, cognitive_enabled=tenant.cognitive_enabled)
     moment = request.moment(tenant.timezone)
-    memo_recorded = False
-    if request.memo:
-        memo_recorded = True
-        await repository.insert_memo(
-            session,
-            {
-                "tenant_id": tenant.tenant_id,
-                "conversation_key": request.conversation_key,
-                "request_type": request.request_type,
-                "group_id": request.group_id,
-                "user_id": request.user_id
-                or (request.private_user if request.request_type == "private" else None),
-                "sender_id": request.sender_id,
-                "request_id": request.request_id,
-                "end_seq": request.end_seq,
-                "memo": request.memo,
-                "said_at": moment,
-            },
-        )
-    base = {
-        "request_id": request.request_id,
-        "end_seq": request.end_seq,
-        "memo_recorded": memo_recorded,
-    }
-    if not tenant.cognitive_enabled:
-        # Switched off: the memo log still works; no historian job is made (seed 002, 回退方式).
-        return EndAccepted(enqueued=False, cognitive_enabled=False, **base)
+    enqueue = tenant.cognitive_enabled
     ids = event_ids(
         request.request_id, request.end_seq, len(request.observations), bool(request.memo)
     )
@@ -77,15 +51,44 @@ async def accept_end(
         "recent_messages": request.recent_messages,
         "event_ids": ids,
     }
-    job_id, created = await jobs.enqueue(
-        session,
-        tenant.tenant_id,
-        END_JOB,
-        payload,
-        max_attempts=settings.cognitive.queue.job_max_retries + 1,
-        dedupe_key=f"end:{request.request_id}:{request.end_seq}",
+    private = request.request_type == "private"
+    async with db.tenant_connection(tenant.tenant_id, durable=not tenant.fast_ack) as conn:
+        row = await conn.fetchrow(
+            repository.ACCEPT_END,
+            tenant.tenant_id,
+            request.conversation_key,
+            request.request_type,
+            request.group_id,
+            request.user_id or (request.private_user if private else None),
+            request.sender_id,
+            request.request_id,
+            request.end_seq,
+            request.memo,
+            moment,
+            END_JOB,
+            json.dumps(payload, ensure_ascii=False),
+            settings.cognitive.queue.job_max_retries + 1,
+            f"end:{request.request_id}:{request.end_seq}",
+            enqueue,
+        )
+    base = {
+        "request_id": request.request_id,
+        "end_seq": request.end_seq,
+        "memo_recorded": bool(request.memo),
+    }
+    if not enqueue:
+        # Switched off: the memo log still works; no historian job is made (seed 002, 回退方式).
+        return EndAccepted(enqueued=False, cognitive_enabled=False, **base)
+    assert row is not None
+    if row["created"] is not None:
+        return EndAccepted(enqueued=True, job_id=row["created"], event_ids=ids, **base)
+    existing_ids = row["existing_event_ids"]
+    if isinstance(existing_ids, str):
+        existing_ids = json.loads(existing_ids)
+    return EndAccepted(
+        enqueued=True,
+        job_id=row["existing"],
+        event_ids=list(existing_ids or ids),
+        duplicate=True,
+        **base,
     )
-    if not created:
-        existing = await jobs.get_payload(session, tenant.tenant_id, job_id)
-        ids = list((existing or {}).get("event_ids", ids))
-    return EndAccepted(enqueued=True, job_id=job_id, event_ids=ids, duplicate=not created, **base)

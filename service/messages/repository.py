@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 import numpy as np
+from pgvector import Vector
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -52,7 +53,7 @@ _TOUCH = text(
                                     group_name, message_count, last_message_at, last_seq,
                                     pending_count)
     VALUES (:tenant_id, :conversation_key, :request_type, :group_id, :user_id, :group_name,
-            :count, :last_at, :last_seq, :count)
+            CAST(:count AS bigint), :last_at, :last_seq, CAST(:count AS integer))
     ON CONFLICT (tenant_id, conversation_key) DO UPDATE SET
         message_count = c.message_count + EXCLUDED.message_count,
         last_message_at = GREATEST(c.last_message_at, EXCLUDED.last_message_at),
@@ -211,7 +212,8 @@ async def set_embeddings(
             "tenant_id": tenant_id,
             "keys": [r.conversation_key for r in rows],
             "ids": [r.message_id for r in rows],
-            "vectors": vectors,
+            # pgvector's Vector, not bare arrays: asyncpg would read an array as a dimension.
+            "vectors": [Vector(v) for v in vectors],
         },
     )
 

@@ -1,0 +1,231 @@
+"""The raw message archive: batches, duplicates, triggers, background embedding, search."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+
+from service.app import create_app
+from tests.conftest import (
+    FAST_QUEUE,
+    AppClient,
+    TenantHandle,
+    make_settings,
+    new_tenant,
+    plain_dsn,
+    serve_app,
+    until_finished,
+    wait_for,
+)
+
+GROUP = {"request_type": "group", "group_id": "g1", "group_name": "旅行群"}
+
+
+@pytest.fixture
+async def running(db_url: str) -> AsyncIterator[tuple[AppClient, TenantHandle]]:
+    settings = make_settings(
+        db_url,
+        cognitive={
+            "queue": FAST_QUEUE,
+            "extraction": {
+                "every_n_messages": 5,
+                "pause_minutes": 0.01,
+                "check_interval_seconds": 0.2,
+            },
+        },
+    )
+    async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
+        yield client, await new_tenant(client)
+
+
+def chat(n: int, start: int = 0, **extra: Any) -> list[dict[str, Any]]:
+    lines = [
+        "周末大家想去哪里玩？",
+        "我想去杭州西湖划船",
+        "上次去黄山爬山累坏了",
+        "听说苏州园林很漂亮",
+        "我最近在学做红烧肉",
+        "有人推荐好看的科幻电影吗",
+        "星际穿越很好看",
+        "下周要交季度报告，好忙",
+    ]
+    return [
+        {
+            "message_id": f"m{i}",
+            "sender_id": f"u{i % 3}",
+            "sender_name": ["阿明", "小红", "老王"][i % 3],
+            "text": lines[i % len(lines)],
+            "sent_at": f"2026-03-01T10:{i:02d}:00+08:00",
+            **extra,
+        }
+        for i in range(start, start + n)
+    ]
+
+
+async def all_embedded(db_url: str) -> bool:
+    conn = await asyncpg.connect(plain_dsn(db_url))
+    try:
+        return bool(
+            await conn.fetchval("SELECT count(*) = 0 FROM messages WHERE embedding IS NULL")
+        )
+    finally:
+        await conn.close()
+
+
+async def test_batches_are_stored_and_duplicates_ignored(
+    running: tuple[AppClient, TenantHandle], db_url: str
+) -> None:
+    client, tenant = running
+    first = await client.post(
+        "/v1/messages", json={**GROUP, "messages": chat(3)}, headers=tenant.headers
+    )
+    assert first.status_code == 202, first.text
+    assert first.json()["stored"] == 3 and first.json()["duplicates"] == 0
+    again = await client.post(
+        "/v1/messages", json={**GROUP, "messages": chat(4)}, headers=tenant.headers
+    )
+    assert again.json()["stored"] == 1 and again.json()["duplicates"] == 3
+    # The same message id in another conversation is another message.
+    other = await client.post(
+        "/v1/messages",
+        json={"request_type": "private", "user_id": "u0", "messages": chat(1)},
+        headers=tenant.headers,
+    )
+    assert other.json()["stored"] == 1
+    conn = await asyncpg.connect(plain_dsn(db_url))
+    try:
+        rows = await conn.fetch(
+            "SELECT conversation_key, count(*) FROM messages GROUP BY 1 ORDER BY 1"
+        )
+    finally:
+        await conn.close()
+    assert [(r[0], r[1]) for r in rows] == [("g:g1", 4), ("p:u0", 1)]
+
+
+async def test_bad_messages_are_refused_naming_the_field(
+    running: tuple[AppClient, TenantHandle], db_url: str
+) -> None:
+    client, tenant = running
+    cases = [
+        ({"messages": chat(1)}, "request_type"),  # no context anywhere
+        ({"request_type": "group", "messages": chat(1)}, "group_id"),
+        ({**GROUP, "messages": [{"text": "no id"}]}, "message_id"),
+        ({**GROUP, "messages": []}, "messages"),
+        ({**GROUP, "messages": [{**chat(1)[0], "sent_at": "soon"}]}, "sent_at"),
+        ({**GROUP, "messages": [{**chat(1)[0], "text": "a\x00b"}]}, "messages.0.text"),
+    ]
+    for body, field in cases:
+        response = await client.post("/v1/messages", json=body, headers=tenant.headers)
+        assert response.status_code == 422, (body, response.text)
+        assert field in response.text, (field, response.text)
+    too_many = await client.post(
+        "/v1/messages", json={**GROUP, "messages": chat(501)}, headers=tenant.headers
+    )
+    assert too_many.status_code == 422
+    conn = await asyncpg.connect(plain_dsn(db_url))
+    try:
+        assert await conn.fetchval("SELECT count(*) FROM messages") == 0
+    finally:
+        await conn.close()
+
+
+async def test_every_n_messages_triggers_extraction(
+    running: tuple[AppClient, TenantHandle], db_url: str
+) -> None:
+    client, tenant = running
+    below = await client.post(
+        "/v1/messages", json={**GROUP, "messages": chat(4)}, headers=tenant.headers
+    )
+    assert below.json()["extraction_job_ids"] == []
+    reach = await client.post(
+        "/v1/messages", json={**GROUP, "messages": chat(2, start=4)}, headers=tenant.headers
+    )
+    [job_id] = reach.json()["extraction_job_ids"]
+    job = await until_finished(client, tenant, job_id)
+    assert job["status"] == "done"
+    assert job["result"]["messages"] == 6 and job["result"]["reason"] == "count"
+    conn = await asyncpg.connect(plain_dsn(db_url))
+    try:
+        row = await conn.fetchrow(
+            "SELECT extracted_seq, last_seq, pending_count FROM conversations"
+        )
+    finally:
+        await conn.close()
+    assert row["extracted_seq"] == row["last_seq"] and row["pending_count"] == 0
+
+
+async def test_remember_triggers_at_once(running: tuple[AppClient, TenantHandle]) -> None:
+    client, tenant = running
+    message = {**chat(1)[0], "text": "记住：我对花生过敏"}
+    response = await client.post(
+        "/v1/messages", json={**GROUP, "messages": [message]}, headers=tenant.headers
+    )
+    [job_id] = response.json()["extraction_job_ids"]
+    job = await until_finished(client, tenant, job_id)
+    assert job["result"]["reason"] == "remember" and job["result"]["messages"] == 1
+    english = {**chat(1, start=1)[0], "text": "Please remember that I moved to Berlin"}
+    response = await client.post(
+        "/v1/messages", json={**GROUP, "messages": [english]}, headers=tenant.headers
+    )
+    assert len(response.json()["extraction_job_ids"]) == 1
+
+
+async def test_a_pause_triggers_extraction(running: tuple[AppClient, TenantHandle]) -> None:
+    client, tenant = running
+    await client.post("/v1/messages", json={**GROUP, "messages": chat(2)}, headers=tenant.headers)
+
+    async def extraction_done() -> dict[str, Any] | None:
+        jobs = (await client.get("/v1/jobs?status=done", headers=tenant.headers)).json()["jobs"]
+        return next((j for j in jobs if j["kind"] == "messages.extract"), None)
+
+    job = await wait_for(extraction_done)
+    assert job["result"]["reason"] == "pause" and job["result"]["messages"] == 2
+
+
+async def test_messages_are_embedded_in_the_background_and_searchable(
+    running: tuple[AppClient, TenantHandle], db_url: str
+) -> None:
+    client, tenant = running
+    await client.post("/v1/messages", json={**GROUP, "messages": chat(8)}, headers=tenant.headers)
+    other_group = {**GROUP, "group_id": "g2"}
+    leak = [{**chat(1)[0], "message_id": "secret", "text": "我想去杭州西湖划船（另一个群）"}]
+    await client.post(
+        "/v1/messages", json={**other_group, "messages": leak}, headers=tenant.headers
+    )
+    await wait_for(lambda: all_embedded(db_url))
+
+    found = await client.post(
+        "/v1/messages/search",
+        json={"query": "谁想去西湖？", "group_id": "g1", "top_k": 3},
+        headers=tenant.headers,
+    )
+    assert found.status_code == 200, found.text
+    hits = found.json()["messages"]
+    assert hits[0]["message_id"] == "m1"
+    assert hits[0]["sender_name"] == "小红"
+    assert all(h["message_id"] != "secret" for h in hits)
+    assert hits == sorted(hits, key=lambda h: -h["score"])
+
+    ranged = await client.post(
+        "/v1/messages/search",
+        json={
+            "query": "电影",
+            "group_id": "g1",
+            "time_from": "2026-03-01T10:06:00+08:00",
+            "time_to": "2026-03-01T10:03:00+08:00",
+        },
+        headers=tenant.headers,
+    )
+    body = ranged.json()
+    assert {h["message_id"] for h in body["messages"]} == {"m3", "m4", "m5", "m6"}
+    assert body["warnings"] and "swapped" in body["warnings"][0]
+
+    # Another tenant sees nothing of this archive.
+    stranger = await new_tenant(client, "stranger")
+    empty = await client.post(
+        "/v1/messages/search", json={"query": "西湖", "group_id": "g1"}, headers=stranger.headers
+    )
+    assert empty.json()["messages"] == []
