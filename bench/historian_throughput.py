@@ -38,7 +38,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def echo_drafts(request: dict[str, Any]) -> Reply:
-    """Answer submit_rewrite with each item's rule draft (absolute already, so it passes)."""
+    """Answer submit_rewrite with each item's rule draft (absolute already, so it passes);
+    answer the profile step with "no change" (no tool call)."""
+    if request["tools"][0]["function"]["name"] != "submit_rewrite":
+        return Reply(content="no change")
     prompt = request["messages"][1]["content"]
     items = [json.loads(line) for line in prompt.splitlines() if line.startswith('{"index"')]
     return tool(
@@ -83,16 +86,16 @@ async def wait_done(db: Database, count: int) -> float:
         await asyncio.sleep(0.05)
 
 
-async def llm_calls(db: Database) -> float:
+async def llm_calls(db: Database) -> tuple[float, float]:
     from sqlalchemy import text
 
+    query = text(
+        "SELECT avg((result->>'llm_calls')::int), avg((result->>'profile_llm_calls')::int)"
+        " FROM jobs WHERE status = 'done'"
+    )
     async with db.system() as session:
-        value = (
-            await session.execute(
-                text("SELECT avg((result->>'llm_calls')::int) FROM jobs WHERE status = 'done'")
-            )
-        ).scalar_one()
-    return float(value or 0)
+        rewrite, profile = (await session.execute(query)).one()
+    return float(rewrite or 0), float(profile or 0)
 
 
 async def run(workers: int, jobs: int, concurrency: int, llm: FakeLLM) -> None:
@@ -141,7 +144,8 @@ async def run(workers: int, jobs: int, concurrency: int, llm: FakeLLM) -> None:
         shutil.rmtree(data_dir, ignore_errors=True)
     print(
         f"{workers} worker process(es), concurrency {concurrency}: {jobs} end jobs in {elapsed:5.1f} s"
-        f" → {jobs / elapsed:6.1f} jobs/s; LLM calls per job {calls:.2f}"
+        f" → {jobs / elapsed:6.1f} jobs/s; LLM calls per job: rewrite {calls[0]:.2f},"
+        f" profile step {calls[1]:.2f}"
     )
 
 

@@ -15,6 +15,7 @@ from service.events.routes import EventController
 from service.health.routes import healthz, readyz
 from service.http import error_response, provide_session, provide_tenant, request_id_middleware
 from service.messages.routes import MessageController
+from service.profiles.routes import ProfileController
 from service.queue.routes import JobController
 from service.runtime import Runtime
 from service.settings import Settings, load_settings
@@ -50,6 +51,7 @@ def create_app(
             EndController,
             EventController,
             MessageController,
+            ProfileController,
         ],
         dependencies={
             "tenant": Provide(provide_tenant),

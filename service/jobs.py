@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 def handlers(runtime: Runtime) -> dict[str, JobHandler]:
     """Job kind → handler, bound to this process's runtime."""
     historian = Historian(runtime.embedder, runtime.llm, runtime.settings)
-    archivist = Archivist(runtime.db, runtime.embedder, runtime.settings)
+    archivist = Archivist(runtime.db, runtime.embedder, runtime.settings, runtime.llm)
     return {
         END_JOB: historian.run_end,
         EMBED_JOB: archivist.run_embed,

@@ -7,6 +7,7 @@ from service.db.meta import MemoriaMeta
 from service.ends.models import Memo
 from service.events.models import Event
 from service.messages.models import Conversation, Message
+from service.profiles.models import ProfileRevision, ProfileRow
 from service.queue.models import Job
 from service.tenants.models import ApiKey, Tenant
 
@@ -20,6 +21,8 @@ __all__ = [
     "Memo",
     "MemoriaMeta",
     "Message",
+    "ProfileRevision",
+    "ProfileRow",
     "Tenant",
     "metadata",
 ]

@@ -44,6 +44,7 @@ async def test_sigkilled_worker_job_is_reclaimed_and_written_once(
         tenant = await new_tenant(client)
         # The first rewrite hangs: the worker will be inside the job, waiting on the LLM.
         llm.script(Reply(content="never", delay=60))
+        llm.default = lambda request: Reply(content="no profile change")
         first = start_worker(db_url, llm)
         try:
             response = await client.post(

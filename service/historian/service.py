@@ -12,9 +12,13 @@ from service.context import ConversationContext
 from service.embedding import Embedder
 from service.events import repository as events
 from service.historian.absolutize import Person, Situation, absolutize
+from service.historian.profiles import ProfileMerger, Staged, Target, end_targets
 from service.historian.rewrite import Item, Outcome, rewrite_with_llm, rule_outcome
 from service.historian.rewrite import Situation as PromptSituation
 from service.llm import ChatModel, LLMError
+from service.profiles import repository as profile_rows
+from service.profiles.document import ProfileKey
+from service.profiles.service import Fact
 from service.queue.worker import JobContext, PermanentJobError
 from service.settings import Settings
 
@@ -59,6 +63,11 @@ class Historian:
     llm: ChatModel | None
     settings: Settings
 
+    @property
+    def profiles(self) -> ProfileMerger:
+        """The profile step, with the same providers."""
+        return ProfileMerger(self.embedder, self.llm, self.settings)
+
     async def run_end(self, job: JobContext) -> dict[str, Any]:
         """The ``historian.end`` job."""
         payload = job.job.payload
@@ -84,15 +93,51 @@ class Historian:
             self._event_row(job, context, moment, payload, item, outcome, event_id, vector)
             for item, outcome, event_id, vector in zip(items, outcomes, ids, vectors, strict=True)
         ]
+        facts = [
+            Fact(outcome.text, moment.date().isoformat(), event_id)
+            for item, outcome, event_id in zip(items, outcomes, ids, strict=True)
+            if item.kind == "observation"
+        ]
+        targets = end_targets(context, facts, llm=self.llm is not None)
+        staged, notes, profile_calls = await self._prepare_profiles(job, targets, moment)
+        model_decided = profile_calls > 0
         async with job.finishing() as session:
             await events.upsert_events(session, rows)
+            versions = await self.profiles.write(
+                session,
+                job.job.tenant_id,
+                targets,
+                staged,
+                moment,
+                {"by": "job", "job_id": job.job.id, "event_id": ids[0] if ids else None},
+                model_decided=model_decided,
+            )
             job.result = {
                 "event_ids": ids,
                 "absolute": sum(o.is_absolute for o in outcomes),
                 "degraded": sum(not o.is_absolute for o in outcomes),
                 "llm_calls": calls,
+                "profile_llm_calls": profile_calls,
+                "profiles": versions,
+                "notes": notes,
             }
         return job.result
+
+    async def _prepare_profiles(
+        self, job: JobContext, targets: list[Target], moment: datetime
+    ) -> tuple[dict[str, Staged], list[str], int]:
+        async def read(key: ProfileKey) -> dict[str, Any] | None:
+            async with job.transaction() as session:
+                return await profile_rows.get(session, job.job.tenant_id, key)
+
+        try:
+            return await self.profiles.prepare(read, targets, moment)
+        except LLMError as exc:
+            if job.job.attempts < job.job.max_attempts:
+                raise
+            note = f"profile merge without the LLM (it failed on the last attempt: {exc})"
+            log.warning("job %s: %s", job.job.id, note)
+            return {}, [note], 0
 
     def _items(
         self, context: ConversationContext, moment: datetime, payload: dict[str, Any]

@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.context import conversation_key, scope_of
+from service.context import DEFAULT_TIMEZONE, conversation_key, scope_of
 from service.db.engine import Database
 from service.embedding import Embedder
 from service.errors import Invalid
+from service.historian.absolutize import Person, Situation, absolutize
+from service.historian.profiles import ProfileMerger, Target, about_the_group
+from service.historian.service import clip
+from service.llm import ChatModel
 from service.messages import repository
 from service.messages.schemas import (
     MessageBatch,
@@ -23,6 +29,9 @@ from service.messages.schemas import (
     MessageSearchResult,
     MessagesStored,
 )
+from service.profiles import repository as profile_rows
+from service.profiles.document import ProfileKey
+from service.profiles.service import Fact
 from service.queue import repository as jobs
 from service.queue.worker import JobContext
 from service.settings import Settings
@@ -167,13 +176,91 @@ async def search(
     return MessageSearchResult(messages=[MessageHit(**row) for row in rows], warnings=warnings)
 
 
+_REMEMBER = re.compile(
+    r"\s*(?:请|帮我|麻烦)?(?:记住|记得|别忘了|不要忘了|记一下)了?[：:，,\s]*"
+    r"|\s*(?:please\s+)?(?:remember|don't forget|do not forget|note|keep in mind)"
+    r"\s*(?:that\s+)?[:,]?\s*",
+    re.I,
+)
+MAX_SPEAKER_TARGETS = 5
+
+
+async def _tenant_zone(session: AsyncSession, tenant_id: Any) -> ZoneInfo:
+    row = (
+        await session.execute(
+            text("SELECT settings FROM tenants WHERE id = :id"), {"id": tenant_id}
+        )
+    ).first()
+    name = (row.settings or {}).get("timezone") if row is not None else None
+    return ZoneInfo(name or DEFAULT_TIMEZONE)
+
+
+def extraction_targets(key: str, unread: list[Any], zone: ZoneInfo, *, llm: bool) -> list[Target]:
+    """Profiles the unread messages concern, with their facts.
+
+    With an LLM, every message is material and the model decides; without one, only the
+    messages that ask to be remembered become facts (rule-absolutized, prefix removed).
+    """
+    kind, _, ident = key.partition(":")
+    speakers: dict[str, str | None] = {}
+    for message in unread:
+        if message.sender_id:
+            speakers.setdefault(message.sender_id, message.sender_name)
+    facts_by_sender: dict[str, list[Fact]] = {}
+    group_facts: list[Fact] = []
+    for message in unread:
+        local = message.sent_at.astimezone(zone)
+        who = Person(message.sender_name, message.sender_id)
+        if llm:
+            line = f"{who.label() if who.known else '?'} ({local:%Y-%m-%d %H:%M}): {message.text}"
+            fact = Fact(clip(line, 500), local.date().isoformat())
+        else:
+            if not _REMEMBER.search(message.text):
+                continue
+            stripped = _REMEMBER.sub("", message.text, count=1).strip(" ，,。.!！")
+            text_ = absolutize(stripped, Situation(local, who, Person(None, None), None))
+            fact = Fact(text_, local.date().isoformat())
+        group_facts.append(fact)
+        if message.sender_id:
+            facts_by_sender.setdefault(message.sender_id, []).append(fact)
+    targets: list[Target] = []
+    if kind == "p":
+        facts = group_facts
+        if facts:
+            targets.append(Target(ProfileKey("user", ident), speakers.get(ident), facts))
+        return targets
+    busiest = sorted(facts_by_sender, key=lambda s: -len(facts_by_sender[s]))[:MAX_SPEAKER_TARGETS]
+    for sender in busiest:
+        facts = group_facts if llm else facts_by_sender[sender]
+        targets.append(
+            Target(
+                ProfileKey("member", sender, ident),
+                speakers.get(sender),
+                facts,
+                "这个人在本群中的形象 how this group knows the person",
+            )
+        )
+    group_only = group_facts if llm else [f for f in group_facts if about_the_group(f.text)]
+    if group_only:
+        targets.append(
+            Target(
+                ProfileKey("group", ident),
+                None,
+                group_only,
+                "群的主题、规则、文化 the group's topics, rules and culture",
+            )
+        )
+    return targets
+
+
 @dataclass
 class Archivist:
-    """The message stream's background jobs: embedding, extraction bookkeeping, the pause."""
+    """The message stream's background jobs: embedding, extraction, the pause trigger."""
 
     db: Database
     embedder: Embedder
     settings: Settings
+    llm: ChatModel | None = None
 
     async def run_embed(self, job: JobContext) -> dict[str, Any]:
         """Embed the tenant's messages that have no vector yet, a batch per transaction."""
@@ -190,25 +277,43 @@ class Archivist:
         return {"embedded": done}
 
     async def run_extract(self, job: JobContext) -> dict[str, Any]:
-        """Hand the conversation's unread messages to extraction and advance the mark.
-
-        What extraction derives from them (memories, profiles) is added by later parts;
-        this job owns the bookkeeping: which messages have been processed.
-        """
+        """Read the conversation's unread messages, merge what they say into profiles, and
+        advance the mark (which messages have been processed)."""
         payload = job.job.payload
         key, upto = str(payload["conversation_key"]), int(payload["upto_seq"])
         limit = self.settings.cognitive.extraction.max_batch
+        tenant_id = job.job.tenant_id
+        async with job.transaction() as session:
+            mark, unread = await repository.unread_messages(session, tenant_id, key, upto, limit)
+            zone = await _tenant_zone(session, tenant_id)
+        targets = extraction_targets(key, unread, zone, llm=self.llm is not None)
+
+        async def read(profile: ProfileKey) -> dict[str, Any] | None:
+            async with job.transaction() as session:
+                return await profile_rows.get(session, tenant_id, profile)
+
+        moment = datetime.now(UTC).astimezone(zone)
+        merger = ProfileMerger(self.embedder, self.llm, self.settings)
+        staged, notes, calls = await merger.prepare(read, targets, moment)
         async with job.finishing() as session:
-            mark, unread = await repository.unread_messages(
-                session, job.job.tenant_id, key, upto, limit
-            )
-            if unread:
+            again, _ = await repository.unread_messages(session, tenant_id, key, upto, limit)
+            versions: dict[str, int] = {}
+            if unread and again == mark:  # nobody processed these meanwhile
+                versions = await merger.write(
+                    session,
+                    tenant_id,
+                    targets,
+                    staged,
+                    moment,
+                    {"by": "job", "job_id": job.job.id, "messages": [mark + 1, unread[-1].seq]},
+                    model_decided=calls > 0,
+                )
                 last = unread[-1].seq
-                await repository.advance_extracted(session, job.job.tenant_id, key, last)
+                await repository.advance_extracted(session, tenant_id, key, last)
                 if last < upto:
                     # More than one batch: the rest goes to a follow-up job.
                     await _enqueue_extraction(
-                        session, job.job.tenant_id, key, upto, "continuation", self.settings
+                        session, tenant_id, key, upto, "continuation", self.settings
                     )
             job.result = {
                 "conversation_key": key,
@@ -216,6 +321,9 @@ class Archivist:
                 "to_seq": unread[-1].seq if unread else mark,
                 "messages": len(unread),
                 "reason": payload.get("reason"),
+                "profiles": versions,
+                "profile_llm_calls": calls,
+                "notes": notes,
             }
         return job.result
 

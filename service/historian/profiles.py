@@ -1,0 +1,321 @@
+"""The historian's profile step: new facts merged into the profiles they concern.
+
+With an LLM, a bounded tool loop (``read_profile``, ``update_profile``) like seed 002's
+``historian_profile_merge``; every update is validated and refused back to the model with the
+reason. Without one, the deterministic merge (a dated list, duplicates skipped).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from service.embedding import Embedder
+from service.errors import Invalid
+from service.llm import ChatModel
+from service.profiles import service as profiles
+from service.profiles.document import Profile, ProfileKey, parse, render
+from service.profiles.service import Fact
+from service.settings import Settings
+
+log = logging.getLogger("service.historian")
+
+# Words that make a fact about the group itself rather than one member (offline routing).
+_GROUP_WORDS = re.compile(
+    r"群|本群|群规|群里|大家|所有人|全体|\b(?:group|everyone|all members|chat rules)\b", re.I
+)
+
+
+def about_the_group(text: str) -> bool:
+    """Whether a fact concerns the group as a whole (rules, topics, everyone)."""
+    return bool(_GROUP_WORDS.search(text))
+
+
+Reader = Callable[[ProfileKey], Awaitable[dict[str, Any] | None]]
+
+
+@dataclass
+class Staged:
+    """A document the model submitted, and the version it was written against."""
+
+    profile: Profile
+    base_version: int | None
+
+
+@dataclass
+class Target:
+    """A profile this job may write, with the facts for it and the name seen in context."""
+
+    key: ProfileKey
+    name: str | None
+    facts: list[Fact] = field(default_factory=list)
+    guidance: str = ""
+
+
+_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read_profile",
+            "description": "Read the current Markdown profile of a target (读取侧写).",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "entity_type": {"type": "string", "enum": ["user", "group", "member"]},
+                    "entity_id": {"type": "string"},
+                    "group_id": {"type": "string", "description": "members only"},
+                },
+                "required": ["entity_type", "entity_id"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "update_profile",
+            "description": (
+                "Replace a target's profile with a complete Markdown document with YAML front "
+                "matter (entity_type, entity_id, group_id for members, name, tags, updated_at)."
+            ),
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "entity_type": {"type": "string", "enum": ["user", "group", "member"]},
+                    "entity_id": {"type": "string"},
+                    "group_id": {"type": "string"},
+                    "document": {"type": "string"},
+                },
+                "required": ["entity_type", "entity_id", "document"],
+            },
+        },
+    },
+]
+
+_SYSTEM = """你是侧写维护员：把新事实合并进目标实体的侧写（Markdown + YAML front matter）。
+You maintain profiles: merge the new facts into each target's profile.
+
+规则 Rules:
+1. 只保留稳定的特征、身份、偏好、约束和长期目标；一次性事件不写入侧写。
+   Keep stable traits, identity, preferences, constraints and long-running goals;
+   drop one-off events.
+2. 新旧冲突时以较新的事实为准。Newer facts win conflicts.
+3. 只能更新列出的目标实体。Update only the listed targets; never invent facts.
+4. tags 是身份标签（职业、角色、语言），不是话题，最多 20 个短词。
+5. 先用 read_profile 读取，再用 update_profile 提交完整文档；
+   没有值得写的内容就不调用 update_profile。
+   Read with read_profile, then submit the complete document with update_profile, or do nothing."""
+
+
+def _facts_block(target: Target) -> str:
+    return "\n".join(f"- {f.day}: {f.text}" for f in target.facts) or "(none)"
+
+
+@dataclass
+class ProfileMerger:
+    """Runs the profile step of one job for its targets."""
+
+    embedder: Embedder
+    llm: ChatModel | None
+    settings: Settings
+
+    async def prepare(
+        self, read: Reader, targets: list[Target], moment: datetime
+    ) -> tuple[dict[str, Staged], list[str], int]:
+        """The LLM's new documents for the targets, before anything is written.
+
+        Returns the staged documents by key, notes about refused tool calls, and LLM calls.
+        Without an LLM nothing is staged: ``write`` merges offline.
+        """
+        if self.llm is None or not any(t.facts for t in targets):
+            return {}, [], 0
+        by_key = {t.key.key: t for t in targets}
+        staged: dict[str, Staged] = {}
+        notes: list[str] = []
+        lines = [f"当前时间 Now: {moment:%Y-%m-%d %H:%M %z}", "目标 Targets:"]
+        for t in targets:
+            ident = {"entity_type": t.key.entity_type, "entity_id": t.key.entity_id}
+            if t.key.group_id:
+                ident["group_id"] = t.key.group_id
+            lines.append(json.dumps({**ident, "name": t.name}, ensure_ascii=False))
+            if t.guidance:
+                lines.append(f"  ({t.guidance})")
+            lines.append("  新事实 New facts:\n" + _facts_block(t))
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": _SYSTEM},
+            {"role": "user", "content": "\n".join(lines)},
+        ]
+        calls = 0
+        for _ in range(self.settings.cognitive.historian.profile_merge_max_turns):
+            result = await self.llm.chat(
+                messages, tools=_TOOLS, tool_choice="auto", purpose="historian_profile_merge"
+            )
+            calls += 1
+            if not result.tool_calls:
+                break
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": result.content or "",
+                    "tool_calls": [
+                        {
+                            "id": c.id,
+                            "type": "function",
+                            "function": {"name": c.name, "arguments": c.raw_arguments},
+                        }
+                        for c in result.tool_calls
+                    ],
+                }
+            )
+            for call in result.tool_calls:
+                reply = await self._tool(read, call.name, call.arguments, by_key, staged, moment)
+                if reply.startswith("refused"):
+                    notes.append(f"{call.name}: {reply}")
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": reply})
+        return staged, notes, calls
+
+    async def _tool(
+        self,
+        read: Reader,
+        name: str,
+        arguments: dict[str, Any] | None,
+        targets: dict[str, Target],
+        staged: dict[str, Staged],
+        moment: datetime,
+    ) -> str:
+        if arguments is None:
+            return "refused: the arguments are not valid JSON"
+        entity_type = str(arguments.get("entity_type", ""))
+        entity_id = str(arguments.get("entity_id", ""))
+        group_id = arguments.get("group_id")
+        key = ProfileKey(
+            entity_type, entity_id, str(group_id) if entity_type == "member" and group_id else None
+        )
+        target = targets.get(key.key)
+        if target is None:
+            return (
+                f"refused: {key.describe()} is not a target of this job; targets: {sorted(targets)}"
+            )
+        if name == "read_profile":
+            if key.key in staged:
+                return render(staged[key.key].profile)
+            row = await read(key)
+            if row is not None:
+                return str(row["document"])
+            template = Profile(key, target.name or key.entity_id, [], moment, None, "(empty)")
+            return "no profile yet; start from this template:\n" + render(template)
+        if name != "update_profile":
+            return f"refused: unknown tool {name}"
+        try:
+            profile = parse(str(arguments.get("document", "")), expected=key)
+        except Invalid as exc:
+            return f"refused: {exc.message}; fix it and call update_profile again"
+        # System-owned fields: when, from which event, and the display name seen in context.
+        profile.updated_at = moment
+        profile.source_event_id = next((f.event_id for f in target.facts if f.event_id), None)
+        if target.name:
+            profile.name = target.name
+        row = await read(key)
+        staged[key.key] = Staged(profile, row["version"] if row else None)
+        return "ok: staged; it will be saved when the job finishes"
+
+    async def write(
+        self,
+        session: AsyncSession,
+        tenant_id: Any,
+        targets: list[Target],
+        staged: dict[str, Staged],
+        moment: datetime,
+        cause: dict[str, Any],
+        *,
+        model_decided: bool,
+    ) -> dict[str, int]:
+        """Write every target's change with compare-and-swap (re-merging on a lost race).
+
+        ``model_decided``: the LLM saw these targets; one it did not update stays as it is.
+        """
+        keep = self.settings.cognitive.profile.revision_keep
+        versions: dict[str, int] = {}
+        for target in targets:
+            chosen = staged.get(target.key.key)
+
+            async def merge(
+                current: Profile | None,
+                version: int | None,
+                t: Target = target,
+                chosen: Staged | None = chosen,
+            ) -> Profile | None:
+                if chosen is not None and chosen.base_version == version:
+                    return chosen.profile
+                if chosen is None and model_decided and t.facts:
+                    return _renamed(current, t, moment)  # the model looked and kept it
+                # Offline, or the model wrote against a text that changed since: this job's
+                # facts are merged into the newer text the deterministic way.
+                merged = profiles.merge_facts(
+                    current, t.key, t.name or t.key.entity_id, t.facts, moment
+                )
+                if merged is None:
+                    return _renamed(current, t, moment)
+                if t.name:
+                    merged.name = t.name
+                return merged
+
+            version = await profiles.apply_merge(
+                session, tenant_id, target.key, merge, self.embedder, cause=cause, keep=keep
+            )
+            if version is not None:
+                versions[target.key.key] = version
+        return versions
+
+
+def _renamed(current: Profile | None, target: Target, moment: datetime) -> Profile | None:
+    if current is None or not target.name:
+        return None
+    return profiles.renamed(current, target.name, moment)
+
+
+def end_targets(context: Any, facts: list[Fact], llm: bool) -> list[Target]:
+    """The profiles an end job concerns: the speaker (user or member) and the group."""
+    sender = context.sender_id or (
+        context.private_user if context.request_type == "private" else None
+    )
+    targets: list[Target] = []
+    if context.request_type == "private":
+        if sender:
+            targets.append(Target(ProfileKey("user", sender), context.sender_name, list(facts)))
+        return targets
+    if sender:
+        targets.append(
+            Target(
+                ProfileKey("member", sender, context.group_id),
+                context.sender_name,
+                list(facts),
+                "这个人在本群中的形象 how this group knows the person",
+            )
+        )
+    group_facts = facts if llm else [f for f in facts if about_the_group(f.text)]
+    targets.append(
+        Target(
+            ProfileKey("group", context.group_id),
+            context.group_name,
+            list(group_facts),
+            "群的主题、规则、文化 the group's topics, rules and culture",
+        )
+    )
+    if llm and sender:
+        targets.append(
+            Target(
+                ProfileKey("user", sender),
+                context.sender_name,
+                list(facts),
+                "只写跨群稳定且不敏感的特征；群内信息留在成员侧写 "
+                "only stable, non-sensitive traits true everywhere",
+            )
+        )
+    return targets

@@ -1,0 +1,177 @@
+"""SQL of profiles: compare-and-swap writes that keep the replaced text as a revision."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import numpy as np
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from service.profiles.document import Profile, ProfileKey
+
+_COLUMNS = """profile_key, entity_type, entity_id, group_id, name, tags, document, body,
+              source_event_id, version, updated_at, created_at, modified_at"""
+
+_GET = text(f"SELECT {_COLUMNS} FROM profiles WHERE tenant_id = :tenant_id AND profile_key = :key")
+
+
+async def get(
+    session: AsyncSession, tenant_id: uuid.UUID, key: ProfileKey
+) -> dict[str, Any] | None:
+    """The current profile row, or None."""
+    row = (await session.execute(_GET, {"tenant_id": tenant_id, "key": key.key})).first()
+    return dict(row._mapping) if row is not None else None
+
+
+_INSERT = text(
+    """
+    INSERT INTO profiles (tenant_id, profile_key, entity_type, entity_id, group_id, name, tags,
+                          document, body, source_event_id, version, embedding, updated_at)
+    VALUES (:tenant_id, :key, :entity_type, :entity_id, :group_id, :name, CAST(:tags AS jsonb),
+            :document, :body, :source_event_id, 1, :embedding, :updated_at)
+    ON CONFLICT (tenant_id, profile_key) DO NOTHING
+    RETURNING version
+    """
+)
+
+# Compare-and-swap: lock the row only if it is still at :expected (else someone else won).
+_LOCK = text(
+    """
+    SELECT document FROM profiles
+    WHERE tenant_id = :tenant_id AND profile_key = :key AND version = :expected
+    FOR UPDATE
+    """
+)
+
+# The replaced text becomes a revision in the same transaction as the change.
+_KEEP = text(
+    """
+    INSERT INTO profile_revisions (tenant_id, profile_key, version, document, replaced_by)
+    VALUES (:tenant_id, :key, :expected, :old_document, CAST(:replaced_by AS jsonb))
+    """
+)
+
+_SWAP = text(
+    """
+    UPDATE profiles SET name = :name, tags = CAST(:tags AS jsonb), document = :document,
+                        body = :body, source_event_id = :source_event_id,
+                        version = version + 1, embedding = :embedding,
+                        updated_at = :updated_at, modified_at = now()
+    WHERE tenant_id = :tenant_id AND profile_key = :key AND version = :expected
+    RETURNING version
+    """
+)
+
+# Keep the newest :keep revisions of a profile.
+_PRUNE = text(
+    """
+    DELETE FROM profile_revisions
+    WHERE tenant_id = :tenant_id AND profile_key = :key AND version NOT IN (
+        SELECT version FROM profile_revisions
+        WHERE tenant_id = :tenant_id AND profile_key = :key
+        ORDER BY version DESC LIMIT :keep
+    )
+    """
+)
+
+
+def _params(
+    tenant_id: uuid.UUID, profile: Profile, document: str, embedding: np.ndarray[Any, Any] | None
+) -> dict[str, Any]:
+    return {
+        "tenant_id": tenant_id,
+        "key": profile.key.key,
+        "entity_type": profile.key.entity_type,
+        "entity_id": profile.key.entity_id,
+        "group_id": profile.key.group_id,
+        "name": profile.name[:200],
+        "tags": json.dumps(profile.tags, ensure_ascii=False),
+        "document": document,
+        "body": profile.body,
+        "source_event_id": profile.source_event_id,
+        "embedding": embedding,
+        "updated_at": profile.updated_at,
+    }
+
+
+async def write(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    profile: Profile,
+    document: str,
+    embedding: np.ndarray[Any, Any] | None,
+    *,
+    expected: int | None,
+    replaced_by: dict[str, Any],
+    keep: int,
+) -> int | None:
+    """Create (expected None) or swap (expected = current version); the new version, or None
+    when someone else got there first."""
+    params = _params(tenant_id, profile, document, embedding)
+    if expected is None:
+        created = (await session.execute(_INSERT, params)).scalar_one_or_none()
+        return int(created) if created is not None else None
+    key = {"tenant_id": tenant_id, "key": profile.key.key, "expected": expected}
+    old = (await session.execute(_LOCK, key)).scalar_one_or_none()
+    if old is None:
+        return None
+    await session.execute(
+        _KEEP,
+        {**key, "old_document": old, "replaced_by": json.dumps(replaced_by, ensure_ascii=False)},
+    )
+    version = (await session.execute(_SWAP, {**params, "expected": expected})).scalar_one()
+    await session.execute(_PRUNE, {"tenant_id": tenant_id, "key": profile.key.key, "keep": keep})
+    return int(version)
+
+
+_REVISIONS = text(
+    """
+    SELECT version, document, replaced_by, created_at FROM profile_revisions
+    WHERE tenant_id = :tenant_id AND profile_key = :key
+    ORDER BY version DESC
+    """
+)
+
+
+async def revisions(
+    session: AsyncSession, tenant_id: uuid.UUID, key: ProfileKey
+) -> list[dict[str, Any]]:
+    """The kept previous texts, newest first."""
+    rows = await session.execute(_REVISIONS, {"tenant_id": tenant_id, "key": key.key})
+    return [dict(r._mapping) for r in rows]
+
+
+_SEARCH = text(
+    f"""
+    SELECT {_COLUMNS}, 1 - (embedding <=> :query) AS score FROM profiles
+    WHERE tenant_id = :tenant_id AND embedding IS NOT NULL
+      AND (CAST(:entity_type AS text) IS NULL OR entity_type = :entity_type)
+      AND (entity_type <> 'member' OR group_id = :group_id)
+      AND (CAST(:group_id AS text) IS NULL OR entity_type = 'user' OR group_id = :group_id
+           OR (entity_type = 'group' AND entity_id = :group_id))
+    ORDER BY embedding <=> :query
+    LIMIT :limit
+    """
+)
+
+
+async def search(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    query: np.ndarray[Any, Any],
+    entity_type: str | None,
+    group_id: str | None,
+    limit: int,
+) -> list[dict[str, Any]]:
+    """Profiles nearest in meaning; member profiles only of the given group."""
+    params = {
+        "tenant_id": tenant_id,
+        "query": query,
+        "entity_type": entity_type,
+        "group_id": group_id,
+        "limit": limit,
+    }
+    return [dict(r._mapping) for r in await session.execute(_SEARCH, params)]
