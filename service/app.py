@@ -14,12 +14,14 @@ from service.ends.routes import EndController
 from service.events.routes import EventController
 from service.health.routes import healthz, readyz
 from service.http import error_response, provide_session, provide_tenant, request_id_middleware
+from service.memories.routes import MemoryController
 from service.messages.routes import MessageController
 from service.profiles.routes import ProfileController
 from service.queue.routes import JobController
 from service.runtime import Runtime
 from service.settings import Settings, load_settings
 from service.tenants.routes import AdminController, TenantController
+from service.todos.routes import TodoController
 
 log = logging.getLogger("service")
 
@@ -52,6 +54,8 @@ def create_app(
             EventController,
             MessageController,
             ProfileController,
+            MemoryController,
+            TodoController,
         ],
         dependencies={
             "tenant": Provide(provide_tenant),

@@ -6,8 +6,10 @@ from typing import TYPE_CHECKING
 
 from service.ends.service import END_JOB
 from service.historian.service import Historian
+from service.memories.upkeep import CONSOLIDATE_JOB, MAINTAIN_JOB, Upkeep
 from service.messages.service import EMBED_JOB, EXTRACT_JOB, Archivist
 from service.queue.worker import JobHandler, Periodic
+from service.todos.service import DELIVER_JOB, Courier
 
 if TYPE_CHECKING:
     from service.runtime import Runtime
@@ -17,15 +19,27 @@ def handlers(runtime: Runtime) -> dict[str, JobHandler]:
     """Job kind → handler, bound to this process's runtime."""
     historian = Historian(runtime.embedder, runtime.llm, runtime.settings)
     archivist = Archivist(runtime.db, runtime.embedder, runtime.settings, runtime.llm)
+    upkeep = Upkeep(runtime.db, runtime.settings)
+    courier = Courier(runtime.db, runtime.settings)
     return {
         END_JOB: historian.run_end,
         EMBED_JOB: archivist.run_embed,
         EXTRACT_JOB: archivist.run_extract,
+        MAINTAIN_JOB: upkeep.run_maintain,
+        CONSOLIDATE_JOB: upkeep.run_consolidate,
+        DELIVER_JOB: courier.run_deliver,
     }
 
 
 def periodic(runtime: Runtime) -> list[Periodic]:
     """Work a worker does on a timer rather than from the queue."""
     archivist = Archivist(runtime.db, runtime.embedder, runtime.settings)
-    interval = runtime.settings.cognitive.extraction.check_interval_seconds
-    return [Periodic("pause-trigger", interval, archivist.trigger_quiet_conversations)]
+    upkeep = Upkeep(runtime.db, runtime.settings)
+    courier = Courier(runtime.db, runtime.settings)
+    check = runtime.settings.cognitive.extraction.check_interval_seconds
+    maintenance = runtime.settings.cognitive.memory.maintenance_interval_minutes * 60
+    return [
+        Periodic("pause-trigger", check, archivist.trigger_quiet_conversations),
+        Periodic("todo-delivery", check, courier.enqueue_due),
+        Periodic("maintenance", min(maintenance, 300.0), upkeep.schedule_maintenance),
+    ]

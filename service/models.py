@@ -6,10 +6,12 @@ from service.db.base import Base
 from service.db.meta import MemoriaMeta
 from service.ends.models import Memo
 from service.events.models import Event
+from service.memories.models import Memory, MemoryHistory
 from service.messages.models import Conversation, Message
 from service.profiles.models import ProfileRevision, ProfileRow
 from service.queue.models import Job
 from service.tenants.models import ApiKey, Tenant
+from service.todos.models import Todo
 
 metadata = Base.metadata
 
@@ -20,9 +22,12 @@ __all__ = [
     "Job",
     "Memo",
     "MemoriaMeta",
+    "Memory",
+    "MemoryHistory",
     "Message",
     "ProfileRevision",
     "ProfileRow",
     "Tenant",
+    "Todo",
     "metadata",
 ]

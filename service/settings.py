@@ -108,6 +108,23 @@ class ExtractionSettings(_Section):
     )
 
 
+class MemorySettings(_Section):
+    """Scoped memories: retrieval for the historian, duplicates, forgetting, todos."""
+
+    retrieve_top_k: int = Field(8, ge=1, le=100)
+    duplicate_threshold: float = Field(0.92, ge=0.5, le=1.0)
+    consolidate_threshold: float = Field(0.9, ge=0.5, le=1.0)
+    max_tool_turns: int = Field(3, ge=1, le=10)
+    decay_after_days: float = Field(30.0, gt=0)
+    decay_factor: float = Field(0.9, gt=0, le=1)
+    forget_below_importance: float = Field(0.1, ge=0, le=1)
+    forget_after_days: float = Field(90.0, gt=0)
+    maintenance_interval_minutes: float = Field(60.0, gt=0)
+    todo_default_hour: int = Field(9, ge=0, le=23)
+    todo_expire_after_days: float = Field(7.0, gt=0)
+    webhook_timeout_seconds: float = Field(10.0, gt=0)
+
+
 class CognitiveSettings(_Section):
     """The cognitive memory switch and its sub-sections."""
 
@@ -118,6 +135,7 @@ class CognitiveSettings(_Section):
     queue: QueueSettings = QueueSettings()
     extraction: ExtractionSettings = ExtractionSettings()
     messages: MessageSettings = MessageSettings()
+    memory: MemorySettings = MemorySettings()
 
 
 class EmbeddingModelSettings(_Section):

@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import asyncpg
+from pgvector import Vector
 from sqlalchemy import event, text
 from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import (
@@ -41,13 +42,30 @@ _BIND_TENANT = text(
 )
 
 
+def _encode_vector(value: Any) -> bytes:
+    # Arrays from raw SQL, and the text form SQLAlchemy's Vector type renders in ORM queries.
+    if isinstance(value, str):
+        value = Vector.from_text(value)
+    elif not isinstance(value, Vector):
+        value = Vector(value)
+    return bytes(value.to_binary())
+
+
+async def _vector_codec(connection: asyncpg.Connection) -> None:
+    await connection.set_type_codec(
+        "vector",
+        schema="public",
+        encoder=_encode_vector,
+        decoder=Vector.from_binary,
+        format="binary",
+    )
+
+
 def _register_vector(dbapi_connection: Any, connection_record: Any) -> None:
     """Binary vector I/O on every new connection (numpy arrays in, pgvector Vectors out)."""
-    from pgvector.asyncpg import register_vector
-
     # Before the first migration the vector type does not exist yet; plain text I/O then.
     with contextlib.suppress(ValueError):
-        dbapi_connection.run_async(register_vector)
+        dbapi_connection.run_async(_vector_codec)
 
 
 def normalize_url(url: str) -> str:

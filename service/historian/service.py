@@ -12,6 +12,7 @@ from service.context import ConversationContext
 from service.embedding import Embedder
 from service.events import repository as events
 from service.historian.absolutize import Person, Situation, absolutize
+from service.historian.memories import Conversation, MemoryKeeper, Plan
 from service.historian.profiles import ProfileMerger, Staged, Target, end_targets
 from service.historian.rewrite import Item, Outcome, rewrite_with_llm, rule_outcome
 from service.historian.rewrite import Situation as PromptSituation
@@ -55,6 +56,24 @@ def recent_lines(messages: list[Any], keep: int, width: int) -> list[str]:
     return lines
 
 
+def end_conversation(context: ConversationContext, moment: datetime) -> Conversation:
+    """The memory step's view of an end call's conversation."""
+    speaker = context.sender_id or (
+        context.private_user if context.request_type == "private" else None
+    )
+    participants = {speaker: context.sender_name} if speaker else {}
+    return Conversation(
+        key=context.conversation_key,
+        request_type=context.request_type,
+        group_id=context.group_id,
+        group_name=context.group_name,
+        speaker_id=speaker,
+        speaker_name=context.sender_name,
+        participants=participants,
+        moment=moment,
+    )
+
+
 @dataclass
 class Historian:
     """Turns a job's memo and observations into stored, embedded, absolute events."""
@@ -67,6 +86,11 @@ class Historian:
     def profiles(self) -> ProfileMerger:
         """The profile step, with the same providers."""
         return ProfileMerger(self.embedder, self.llm, self.settings)
+
+    @property
+    def memories(self) -> MemoryKeeper:
+        """The Retrieve-Compare-Act step, with the same providers."""
+        return MemoryKeeper(self.embedder, self.llm, self.settings)
 
     async def run_end(self, job: JobContext) -> dict[str, Any]:
         """The ``historian.end`` job."""
@@ -101,6 +125,14 @@ class Historian:
         targets = end_targets(context, facts, llm=self.llm is not None)
         staged, notes, profile_calls = await self._prepare_profiles(job, targets, moment)
         model_decided = profile_calls > 0
+        conversation = end_conversation(context, moment)
+        observed = [
+            (item, outcome, vector)
+            for item, outcome, vector in zip(items, outcomes, vectors, strict=True)
+            if item.kind == "observation"
+        ]
+        plan = await self._plan_memories(job, conversation, observed)
+        notes += plan.notes
         async with job.finishing() as session:
             await events.upsert_events(session, rows)
             versions = await self.profiles.write(
@@ -112,6 +144,14 @@ class Historian:
                 {"by": "job", "job_id": job.job.id, "event_id": ids[0] if ids else None},
                 model_decided=model_decided,
             )
+            memory_changes = await self.memories.apply(
+                session,
+                job.job.tenant_id,
+                conversation,
+                plan,
+                {"by": "job", "job_id": job.job.id},
+                {"event_ids": ids, "message_ids": context.message_ids},
+            )
             job.result = {
                 "event_ids": ids,
                 "absolute": sum(o.is_absolute for o in outcomes),
@@ -119,9 +159,34 @@ class Historian:
                 "llm_calls": calls,
                 "profile_llm_calls": profile_calls,
                 "profiles": versions,
+                "memory": memory_changes,
+                "memory_llm_calls": plan.calls,
                 "notes": notes,
             }
         return job.result
+
+    async def _plan_memories(
+        self,
+        job: JobContext,
+        conversation: Conversation,
+        observed: list[tuple[Item, Outcome, Any]],
+    ) -> Plan:
+        if not observed:
+            return Plan()
+        async with job.transaction() as session:
+            known, pending = await self.memories.retrieve(
+                session, job.job.tenant_id, conversation, [vector for _, _, vector in observed]
+            )
+        items = [(outcome.text, item.original) for item, outcome, _ in observed]
+        try:
+            return await self.memories.decide(conversation, items, known, pending)
+        except LLMError as exc:
+            if job.job.attempts < job.job.max_attempts:
+                raise
+            plan = MemoryKeeper(self.embedder, None, self.settings).decide
+            fallback = await plan(conversation, items, known, pending)
+            fallback.notes.insert(0, f"memories without the LLM (it failed: {exc})")
+            return fallback
 
     async def _prepare_profiles(
         self, job: JobContext, targets: list[Target], moment: datetime

@@ -252,3 +252,31 @@ async def search_messages(
         "time_to": time_to,
     }
     return [dict(r._mapping) for r in await session.execute(_SEARCH, params)]
+
+
+_DAY = text(
+    """
+    SELECT text FROM messages
+    WHERE tenant_id = :tenant_id AND conversation_key = :conversation_key
+      AND sent_at >= :start AND sent_at < :end
+    ORDER BY sent_at
+    LIMIT 5000
+    """
+)
+
+
+async def texts_of_day(
+    session: AsyncSession, tenant_id: uuid.UUID, conversation_key: str, day: Any, zone: Any
+) -> list[str]:
+    """The texts of a conversation's messages on one local day."""
+    from datetime import datetime as dt
+    from datetime import time, timedelta
+
+    start = dt.combine(day, time(0), zone)
+    params = {
+        "tenant_id": tenant_id,
+        "conversation_key": conversation_key,
+        "start": start,
+        "end": start + timedelta(days=1),
+    }
+    return [r.text for r in await session.execute(_DAY, params)]

@@ -6,7 +6,7 @@ import logging
 import re
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -18,9 +18,11 @@ from service.db.engine import Database
 from service.embedding import Embedder
 from service.errors import Invalid
 from service.historian.absolutize import Person, Situation, absolutize
+from service.historian.memories import Conversation, MemoryKeeper, Plan, day_summary
 from service.historian.profiles import ProfileMerger, Target, about_the_group
 from service.historian.service import clip
 from service.llm import ChatModel
+from service.memories import service as memories
 from service.messages import repository
 from service.messages.schemas import (
     MessageBatch,
@@ -253,6 +255,50 @@ def extraction_targets(key: str, unread: list[Any], zone: ZoneInfo, *, llm: bool
     return targets
 
 
+def extraction_material(
+    key: str, unread: list[Any], zone: ZoneInfo, moment: datetime, *, llm: bool
+) -> tuple[Conversation, list[tuple[str, str]], set[date]]:
+    """The memory step's view of a batch of messages: conversation, items, days touched.
+
+    With an LLM every message is material; without one, only what asks to be remembered.
+    """
+    kind, _, ident = key.partition(":")
+    participants: dict[str, str | None] = {}
+    items: list[tuple[str, str]] = []
+    days: set[date] = set()
+    group_name = None
+    for message in unread:
+        local = message.sent_at.astimezone(zone)
+        days.add(local.date())
+        if message.sender_id:
+            participants.setdefault(message.sender_id, message.sender_name)
+        who = Person(message.sender_name, message.sender_id)
+        if llm:
+            label = who.label() if who.known else "?"
+            items.append(
+                (f"{label} ({local:%Y-%m-%d %H:%M}): {clip(message.text, 500)}", message.text)
+            )
+        elif _REMEMBER.search(message.text):
+            stripped = _REMEMBER.sub("", message.text, count=1).strip(" ，,。.!！")
+            items.append(
+                (absolutize(stripped, Situation(local, who, Person(None, None), None)), stripped)
+            )
+    speaker = (
+        ident if kind == "p" else (next(iter(participants)) if len(participants) == 1 else None)
+    )
+    conversation = Conversation(
+        key=key,
+        request_type="private" if kind == "p" else "group",
+        group_id=ident if kind == "g" else None,
+        group_name=group_name,
+        speaker_id=speaker,
+        speaker_name=participants.get(speaker) if speaker else None,
+        participants=participants or ({ident: None} if kind == "p" else {}),
+        moment=moment,
+    )
+    return conversation, items, days
+
+
 @dataclass
 class Archivist:
     """The message stream's background jobs: embedding, extraction, the pause trigger."""
@@ -295,9 +341,23 @@ class Archivist:
         moment = datetime.now(UTC).astimezone(zone)
         merger = ProfileMerger(self.embedder, self.llm, self.settings)
         staged, notes, calls = await merger.prepare(read, targets, moment)
+        conversation, items, days = extraction_material(
+            key, unread, zone, moment, llm=self.llm is not None
+        )
+        keeper = MemoryKeeper(self.embedder, self.llm, self.settings)
+        plan = Plan()
+        if items:
+            vectors = await self.embedder.passages([text for text, _ in items][:50])
+            async with job.transaction() as session:
+                known, pending = await keeper.retrieve(session, tenant_id, conversation, vectors)
+            plan = await keeper.decide(
+                conversation, items, known, pending, summaries=conversation.group_id is not None
+            )
+        notes += plan.notes
         async with job.finishing() as session:
             again, _ = await repository.unread_messages(session, tenant_id, key, upto, limit)
             versions: dict[str, int] = {}
+            memory_changes: dict[str, int] = {}
             if unread and again == mark:  # nobody processed these meanwhile
                 versions = await merger.write(
                     session,
@@ -308,6 +368,20 @@ class Archivist:
                     {"by": "job", "job_id": job.job.id, "messages": [mark + 1, unread[-1].seq]},
                     model_decided=calls > 0,
                 )
+                memory_changes = await keeper.apply(
+                    session,
+                    tenant_id,
+                    conversation,
+                    plan,
+                    {"by": "job", "job_id": job.job.id},
+                    {"message_ids": [m.message_id for m in unread][:200]},
+                )
+                if conversation.group_id and not any(
+                    op.tool == "write_summary" for op in plan.operations
+                ):
+                    memory_changes["summaries"] = await self._day_summaries(
+                        session, tenant_id, key, conversation, days, zone, job.job.id
+                    )
                 last = unread[-1].seq
                 await repository.advance_extracted(session, tenant_id, key, last)
                 if last < upto:
@@ -323,9 +397,42 @@ class Archivist:
                 "reason": payload.get("reason"),
                 "profiles": versions,
                 "profile_llm_calls": calls,
+                "memory": memory_changes,
+                "memory_llm_calls": plan.calls,
                 "notes": notes,
             }
         return job.result
+
+    async def _day_summaries(
+        self,
+        session: AsyncSession,
+        tenant_id: Any,
+        key: str,
+        conversation: Conversation,
+        days: set[date],
+        zone: ZoneInfo,
+        job_id: int,
+    ) -> int:
+        """The rolling SUMMARY of each day the new messages touched (offline wording)."""
+        assert conversation.group_id is not None
+        written = 0
+        for day in sorted(days):
+            texts = await repository.texts_of_day(session, tenant_id, key, day, zone)
+            content = day_summary(day, texts, conversation.group_name)
+            if content is None:
+                continue
+            [vector] = await self.embedder.passages([content])
+            await memories.set_day_summary(
+                session,
+                tenant_id,
+                conversation.group_id,
+                day,
+                content,
+                vector,
+                {"by": "job", "job_id": job_id},
+            )
+            written += 1
+        return written
 
     async def trigger_quiet_conversations(self) -> int:
         """The pause trigger: extraction for conversations quiet for ``pause_minutes``."""

@@ -196,6 +196,8 @@ class TenantController(Controller):
             overrides["fast_ack"] = data.fast_ack
         if data.bot is not None:
             overrides["bot"] = data.bot
+        if data.webhook_url is not None:
+            overrides["webhook_url"] = data.webhook_url
         settings = runtime(request).settings
         row.settings = service.validate_overrides(overrides, settings)
         await session.flush()

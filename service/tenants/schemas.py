@@ -83,6 +83,9 @@ class SettingsUpdate(BaseModel):
         "a second of writes if the database server crashes; never corrupts)",
     )
     bot: dict[str, str] | None = Field(default=None, description='{"id": …, "name": …}')
+    webhook_url: str | None = Field(
+        default=None, description="receives due todos (POST, retried); empty string: off"
+    )
 
 
 class EffectiveSettings(BaseModel):

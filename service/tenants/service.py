@@ -63,7 +63,7 @@ def tenant_info(tenant: Tenant) -> TenantInfo:
 
 def validate_overrides(overrides: dict[str, Any], defaults: Settings) -> dict[str, Any]:
     """Check a tenant's settings overrides against the settings model; return them cleaned."""
-    unknown = set(overrides) - {"cognitive", "query", "timezone", "fast_ack", "bot"}
+    unknown = set(overrides) - {"cognitive", "query", "timezone", "fast_ack", "bot", "webhook_url"}
     if unknown:
         name = sorted(unknown)[0]
         raise Invalid(f"unknown settings section {name!r}", field=f"settings.{name}")
@@ -89,6 +89,13 @@ def validate_overrides(overrides: dict[str, Any], defaults: Settings) -> dict[st
         if not isinstance(overrides["fast_ack"], bool):
             raise Invalid("must be true or false", field="settings.fast_ack")
         cleaned["fast_ack"] = overrides["fast_ack"]
+    if "webhook_url" in overrides:
+        url = overrides["webhook_url"]
+        if url not in (None, "") and (
+            not isinstance(url, str) or not re.match(r"^https?://[^\s]+$", url) or len(url) > 2000
+        ):
+            raise Invalid("an http(s) URL, or empty to switch it off", field="settings.webhook_url")
+        cleaned["webhook_url"] = url or ""
     if "bot" in overrides:
         bot = overrides["bot"]
         if (

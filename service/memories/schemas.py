@@ -1,0 +1,125 @@
+"""API shapes of memories."""
+
+from __future__ import annotations
+
+from datetime import date, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Scope = Literal["GLOBAL", "GROUP", "MEMBER_IN_GROUP"]
+Category = Literal["PROFILE", "PREFERENCE", "FACT", "SUMMARY"]
+
+
+class MemoryInfo(BaseModel):
+    """A memory as the API shows it."""
+
+    id: int
+    scope: str
+    user_id: str | None
+    group_id: str | None
+    category: str
+    content: str
+    confidence: float
+    importance: float
+    valid_from: datetime | None
+    valid_to: datetime | None
+    is_active: bool
+    last_used_at: datetime | None
+    summary_day: date | None
+    evidence: dict[str, Any]
+    created_at: datetime
+    updated_at: datetime
+
+
+class MemoryHit(MemoryInfo):
+    """A memory found by meaning."""
+
+    score: float
+
+
+class MemoryCreate(BaseModel):
+    """``POST /v1/memories``: an operator or a bot adds a memory directly."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    scope: Scope
+    user_id: str | None = Field(default=None, max_length=128)
+    group_id: str | None = Field(default=None, max_length=128)
+    category: Category = "FACT"
+    content: str = Field(min_length=1, max_length=2000)
+    confidence: float = Field(default=0.8, ge=0, le=1)
+    importance: float = Field(default=0.5, ge=0, le=1)
+    valid_from: datetime | None = None
+    valid_to: datetime | None = None
+    reason: str | None = Field(default=None, max_length=500)
+
+
+class MemoryCreated(MemoryInfo):
+    """The memory added, or the active one it duplicates."""
+
+    duplicate: bool
+
+
+class MemoryPatch(BaseModel):
+    """``PATCH /v1/memories/{id}``: change content or fields; every change is in the history."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    content: str | None = Field(default=None, min_length=1, max_length=2000)
+    category: Category | None = None
+    confidence: float | None = Field(default=None, ge=0, le=1)
+    importance: float | None = Field(default=None, ge=0, le=1)
+    valid_to: datetime | None = None
+    is_active: bool | None = None
+    reason: str | None = Field(default=None, max_length=500)
+
+
+class HistoryEntry(BaseModel):
+    """One change of a memory."""
+
+    id: int
+    memory_id: int
+    action: str
+    old_content: str | None
+    new_content: str | None
+    reason: str | None
+    cause: dict[str, Any]
+    created_at: datetime
+
+
+class MemorySearch(BaseModel):
+    """``POST /v1/memories/search``: by meaning, within the scopes of a conversation."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    query: str = Field(min_length=1, max_length=4000)
+    group_id: str | None = Field(default=None, max_length=128)
+    user_id: str | None = Field(default=None, max_length=128)
+    scopes: list[Scope] | None = None
+    categories: list[Category] | None = None
+    include_inactive: bool = False
+    top_k: int = Field(default=12, ge=1, le=200)
+
+
+class ForgetRequest(BaseModel):
+    """``POST /v1/memories/forget``: by ids, by category, or by query, within scope filters."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ids: list[int] | None = Field(default=None, max_length=1000)
+    category: Category | None = None
+    query: str | None = Field(default=None, min_length=1, max_length=4000)
+    min_score: float = Field(default=0.8, ge=0, le=1)
+    group_id: str | None = Field(default=None, max_length=128)
+    user_id: str | None = Field(default=None, max_length=128)
+    scopes: list[Scope] | None = None
+    mode: Literal["deactivate", "delete"] = "deactivate"
+    reason: str | None = Field(default=None, max_length=500)
+
+
+class ForgetResult(BaseModel):
+    """What a forget request changed."""
+
+    mode: str
+    changed: list[int]

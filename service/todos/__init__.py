@@ -1,0 +1,1 @@
+"""Todos and intentions: things to do or remind at a time, with a lifecycle."""

@@ -1,0 +1,131 @@
+"""SQL of todos."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
+
+_COLUMNS = """id, conversation_key, group_id, user_id, creator_id, assignee_id, description,
+              trigger_time, status, evidence, delivered_at, created_at, updated_at, completed_at"""
+
+
+async def insert(session: AsyncSession, tenant_id: uuid.UUID, row: dict[str, Any]) -> int:
+    """A new pending todo."""
+    result = await session.execute(
+        text(
+            """
+            INSERT INTO todos (tenant_id, conversation_key, group_id, user_id, creator_id,
+                               assignee_id, description, trigger_time, evidence)
+            VALUES (:tenant_id, :conversation_key, :group_id, :user_id, :creator_id,
+                    :assignee_id, :description, :trigger_time, CAST(:evidence AS jsonb))
+            RETURNING id
+            """
+        ),
+        {
+            "tenant_id": tenant_id,
+            "assignee_id": None,
+            "trigger_time": None,
+            **row,
+            "evidence": json.dumps(row.get("evidence") or {}, ensure_ascii=False),
+        },
+    )
+    return int(result.scalar_one())
+
+
+async def get(session: AsyncSession, tenant_id: uuid.UUID, todo_id: int) -> dict[str, Any] | None:
+    """One todo."""
+    row = (
+        await session.execute(
+            text(
+                f"SELECT {_COLUMNS} FROM todos WHERE tenant_id = :tenant_id AND id = :id FOR UPDATE"
+            ),
+            {"tenant_id": tenant_id, "id": todo_id},
+        )
+    ).first()
+    return dict(row._mapping) if row is not None else None
+
+
+async def update(
+    session: AsyncSession, tenant_id: uuid.UUID, todo_id: int, values: dict[str, Any]
+) -> None:
+    """Change a todo's fields (``completed_at`` follows a finishing status)."""
+    sets = ", ".join(f"{column} = :{column}" for column in values)
+    await session.execute(
+        text(
+            f"""
+            UPDATE todos SET {sets}, updated_at = now(),
+                completed_at = CASE WHEN status IN ('COMPLETED', 'CANCELLED', 'EXPIRED')
+                                    THEN COALESCE(completed_at, now()) ELSE NULL END
+            WHERE tenant_id = :tenant_id AND id = :id
+            """
+        ),
+        {**values, "tenant_id": tenant_id, "id": todo_id},
+    )
+
+
+async def listing(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    *,
+    status: str | None,
+    conversation_key: str | None,
+    due_before: datetime | None,
+    limit: int,
+) -> list[dict[str, Any]]:
+    """Todos by filters, soonest trigger first (untimed last), then newest."""
+    rows = await session.execute(
+        text(
+            f"""
+            SELECT {_COLUMNS} FROM todos
+            WHERE tenant_id = :tenant_id
+              AND (CAST(:status AS text) IS NULL OR status = :status)
+              AND (CAST(:conversation_key AS text) IS NULL OR conversation_key = :conversation_key)
+              AND (CAST(:due_before AS timestamptz) IS NULL OR trigger_time <= :due_before)
+            ORDER BY trigger_time NULLS LAST, id DESC
+            LIMIT :limit
+            """
+        ),
+        {
+            "tenant_id": tenant_id,
+            "status": status,
+            "conversation_key": conversation_key,
+            "due_before": due_before,
+            "limit": limit,
+        },
+    )
+    return [dict(r._mapping) for r in rows]
+
+
+_EXPIRE = text(
+    """
+    UPDATE todos SET status = 'EXPIRED', completed_at = now(), updated_at = now()
+    WHERE tenant_id = :tenant_id AND status = 'PENDING' AND trigger_time < :before
+    RETURNING id
+    """
+)
+
+
+async def expire_overdue(session: AsyncSession, tenant_id: uuid.UUID, before: datetime) -> int:
+    """Pending todos whose time is long past become EXPIRED."""
+    return len((await session.execute(_EXPIRE, {"tenant_id": tenant_id, "before": before})).all())
+
+
+# Due todos of tenants with a webhook, not yet delivered (runs as the owner, across tenants).
+_UNDELIVERED = text(
+    """
+    SELECT t.tenant_id, t.id FROM todos AS t JOIN tenants AS n ON n.id = t.tenant_id
+    WHERE t.status = 'PENDING' AND t.trigger_time <= now() AND t.delivered_at IS NULL
+      AND COALESCE(n.settings ->> 'webhook_url', '') <> ''
+    LIMIT :limit
+    """
+)
+
+
+async def undelivered(session: AsyncSession, limit: int) -> list[Any]:
+    """Due todos waiting for their webhook delivery."""
+    return list(await session.execute(_UNDELIVERED, {"limit": limit}))

@@ -1,0 +1,78 @@
+"""``/v1/todos``: list, due (for bots that poll), change."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from litestar import Controller, get, patch
+from litestar.params import Parameter
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from service.context import scope_of
+from service.tenants.service import TenantContext
+from service.todos import repository, service
+from service.todos.schemas import TodoInfo, TodoPatch
+
+
+def _info(row: dict[str, object]) -> TodoInfo:
+    return TodoInfo(**{k: row[k] for k in TodoInfo.model_fields})
+
+
+class TodoController(Controller):
+    """Todos and intentions."""
+
+    path = "/v1/todos"
+    tags = ["todos"]
+
+    @get("/")
+    async def list_todos(
+        self,
+        tenant: TenantContext,
+        session: AsyncSession,
+        status: str | None = Parameter(
+            default=None, pattern="^(PENDING|COMPLETED|CANCELLED|EXPIRED)$"
+        ),
+        group_id: str | None = None,
+        user_id: str | None = None,
+        due_before: datetime | None = None,
+        limit: int = Parameter(default=100, ge=1, le=1000),
+    ) -> list[TodoInfo]:
+        """Todos by status, conversation and due time."""
+        key = scope_of(group_id, user_id) if (group_id or user_id) else None
+        rows = await repository.listing(
+            session,
+            tenant.tenant_id,
+            status=status,
+            conversation_key=key,
+            due_before=due_before,
+            limit=limit,
+        )
+        return [_info(r) for r in rows]
+
+    @get("/due")
+    async def due(
+        self,
+        tenant: TenantContext,
+        session: AsyncSession,
+        group_id: str | None = None,
+        user_id: str | None = None,
+    ) -> list[TodoInfo]:
+        """Pending todos whose time has come (bots poll this, then PATCH them done)."""
+        key = scope_of(group_id, user_id) if (group_id or user_id) else None
+        rows = await repository.listing(
+            session,
+            tenant.tenant_id,
+            status="PENDING",
+            conversation_key=key,
+            due_before=datetime.now(UTC),
+            limit=1000,
+        )
+        return [_info(r) for r in rows]
+
+    @patch("/{todo_id:int}")
+    async def change(
+        self, tenant: TenantContext, session: AsyncSession, todo_id: int, data: TodoPatch
+    ) -> TodoInfo:
+        """Complete, cancel, reopen, reschedule or reassign a todo."""
+        values = data.model_dump(exclude_unset=True)
+        return _info(await service.patch(session, tenant.tenant_id, todo_id, values))

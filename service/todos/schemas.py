@@ -1,0 +1,39 @@
+"""API shapes of todos."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Status = Literal["PENDING", "COMPLETED", "CANCELLED", "EXPIRED"]
+
+
+class TodoInfo(BaseModel):
+    """A todo."""
+
+    id: int
+    group_id: str | None
+    user_id: str | None
+    creator_id: str | None
+    assignee_id: str | None
+    description: str
+    trigger_time: datetime | None
+    status: str
+    evidence: dict[str, Any]
+    delivered_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+    completed_at: datetime | None
+
+
+class TodoPatch(BaseModel):
+    """``PATCH /v1/todos/{id}``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    status: Status | None = None
+    description: str | None = Field(default=None, min_length=1, max_length=2000)
+    trigger_time: datetime | None = None
+    assignee_id: str | None = Field(default=None, max_length=128)

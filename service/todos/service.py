@@ -1,0 +1,115 @@
+"""Todo rules: the lifecycle, due lists, expiry, and webhook delivery of due todos."""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+
+from service.db.engine import Database
+from service.errors import Invalid, NotFound
+from service.queue import repository as jobs
+from service.queue.worker import JobContext, PermanentJobError
+from service.settings import Settings
+from service.todos import repository
+
+log = logging.getLogger("service.todos")
+
+DELIVER_JOB = "todos.deliver"
+# From a state, the states a todo may move to.
+TRANSITIONS = {
+    "PENDING": {"COMPLETED", "CANCELLED", "EXPIRED"},
+    "COMPLETED": {"PENDING"},
+    "CANCELLED": {"PENDING"},
+    "EXPIRED": {"PENDING", "COMPLETED", "CANCELLED"},
+}
+
+
+async def patch(
+    session: Any, tenant_id: uuid.UUID, todo_id: int, values: dict[str, Any]
+) -> dict[str, Any]:
+    """Change a todo; status moves only along the lifecycle."""
+    current = await repository.get(session, tenant_id, todo_id)
+    if current is None:
+        raise NotFound("no such todo")
+    status = values.get("status")
+    if status and status != current["status"] and status not in TRANSITIONS[current["status"]]:
+        raise Invalid(f"a {current['status']} todo cannot become {status}", field="status")
+    if "trigger_time" in values or (status == "PENDING" and current["status"] != "PENDING"):
+        values["delivered_at"] = None  # a new time (or a reopened todo) is delivered again
+    if values:
+        await repository.update(session, tenant_id, todo_id, values)
+    updated = await repository.get(session, tenant_id, todo_id)
+    assert updated is not None
+    return updated
+
+
+@dataclass
+class Courier:
+    """Delivers due todos to a tenant's webhook, through the jobs queue (with its retries)."""
+
+    db: Database
+    settings: Settings
+
+    async def enqueue_due(self) -> int:
+        """Periodic: one delivery job per due, undelivered todo of a tenant with a webhook."""
+        async with self.db.system() as session:
+            rows = await repository.undelivered(session, limit=500)
+            for row in rows:
+                await jobs.enqueue(
+                    session,
+                    row.tenant_id,
+                    DELIVER_JOB,
+                    {"todo_id": row.id},
+                    max_attempts=self.settings.cognitive.queue.job_max_retries + 1,
+                    dedupe_key=f"deliver:{row.id}",
+                )
+        return len(rows)
+
+    async def run_deliver(self, job: JobContext) -> dict[str, Any]:
+        """POST the todo to the webhook; a non-2xx answer fails the attempt (retried)."""
+        todo_id = int(job.job.payload["todo_id"])
+        async with job.transaction() as session:
+            todo = await repository.get(session, job.job.tenant_id, todo_id)
+            settings = (await _tenant_settings(session, job.job.tenant_id)) or {}
+        url = settings.get("webhook_url")
+        if todo is None or todo["status"] != "PENDING" or todo["delivered_at"] is not None:
+            return {"skipped": True}
+        if not url:
+            raise PermanentJobError("the tenant has no webhook_url")
+        body = {
+            "event": "todo.due",
+            "tenant_id": str(job.job.tenant_id),
+            "todo": json.loads(json.dumps(todo, default=str)),
+        }
+        timeout = self.settings.cognitive.memory.webhook_timeout_seconds
+        async with httpx.AsyncClient(timeout=timeout) as client:
+            response = await client.post(url, json=body, headers={"User-Agent": "memoria"})
+        if response.status_code >= 300:
+            raise RuntimeError(f"webhook answered {response.status_code}")
+        async with job.finishing() as session:
+            await repository.update(
+                session, job.job.tenant_id, todo_id, {"delivered_at": datetime.now(UTC)}
+            )
+        return {"delivered": todo_id, "status": response.status_code}
+
+
+async def _tenant_settings(session: Any, tenant_id: uuid.UUID) -> dict[str, Any] | None:
+    from sqlalchemy import text
+
+    row = (
+        await session.execute(
+            text("SELECT settings FROM tenants WHERE id = :id"), {"id": tenant_id}
+        )
+    ).first()
+    return dict(row.settings or {}) if row is not None else None
+
+
+def overdue_before(now: datetime, settings: Settings) -> datetime:
+    """Pending todos triggered before this are expired by maintenance."""
+    return now - timedelta(days=settings.cognitive.memory.todo_expire_after_days)
