@@ -112,8 +112,9 @@ class MemorySettings(_Section):
     """Scoped memories: retrieval for the historian, duplicates, forgetting, todos."""
 
     retrieve_top_k: int = Field(8, ge=1, le=100)
-    duplicate_threshold: float = Field(0.92, ge=0.5, le=1.0)
-    consolidate_threshold: float = Field(0.9, ge=0.5, le=1.0)
+    # Cosine AND wording must both be close (see memories.service.near_duplicate).
+    duplicate_threshold: float = Field(0.985, ge=0.5, le=1.0)
+    consolidate_threshold: float = Field(0.985, ge=0.5, le=1.0)
     max_tool_turns: int = Field(3, ge=1, le=10)
     decay_after_days: float = Field(30.0, gt=0)
     decay_factor: float = Field(0.9, gt=0, le=1)

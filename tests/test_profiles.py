@@ -475,7 +475,9 @@ def test_render_keeps_extra_front_matter_keys() -> None:
 async def test_another_tenant_cannot_see_or_change_a_profile(client: AppClient) -> None:
     a = await new_tenant(client, "a")
     b = await new_tenant(client, "b")
-    await client.put("/v1/profiles/user/10001", json={"document": doc("B 的秘密")}, headers=b.headers)
+    await client.put(
+        "/v1/profiles/user/10001", json={"document": doc("B 的秘密")}, headers=b.headers
+    )
     assert (await client.get("/v1/profiles/user/10001", headers=a.headers)).status_code == 404
     revisions = await client.get("/v1/profiles/user/10001/revisions", headers=a.headers)
     assert revisions.status_code == 404

@@ -261,7 +261,7 @@ class MemoryKeeper:
     def _offline(self, conversation: Conversation, items: list[tuple[str, str]]) -> Plan:
         plan = Plan()
         settings = self.settings.cognitive.memory
-        for text, original in items:
+        for index, (text, original) in enumerate(items):
             if gate(text):
                 plan.notes.append(f"not remembered (still relative): {text}")
                 continue
@@ -276,6 +276,7 @@ class MemoryKeeper:
                             "description": text,
                             "trigger_time": trigger.isoformat() if trigger else None,
                             "assignee_id": None,
+                            "item": index,
                         },
                     )
                 )
@@ -295,6 +296,7 @@ class MemoryKeeper:
                         "category": guess_category(original),
                         "confidence": 0.6,
                         "user_id": None,
+                        "item": index,
                     },
                 )
             )
@@ -450,8 +452,12 @@ class MemoryKeeper:
         plan: Plan,
         cause: dict[str, Any],
         evidence: dict[str, Any],
+        item_evidence: list[dict[str, Any]] | None = None,
     ) -> dict[str, int]:
-        """Apply the plan in the caller's transaction; each change with its history row."""
+        """Apply the plan in the caller's transaction; each change with its history row.
+
+        ``item_evidence``: where each item came from, for operations made from one item.
+        """
         settings = self.settings.cognitive.memory
         texts = [
             op.args.get("content") or op.args.get("new_content")
@@ -462,6 +468,9 @@ class MemoryKeeper:
         counts: Counter[str] = Counter()
         for op in plan.operations:
             args = op.args
+            source = evidence
+            if item_evidence is not None and isinstance(args.get("item"), int):
+                source = item_evidence[args["item"]]
             try:
                 if op.tool == "add_memory":
                     user_id, group_id = conversation.bind(args["scope"], args.get("user_id"))
@@ -478,7 +487,7 @@ class MemoryKeeper:
                         cause=cause,
                         confidence=float(args.get("confidence") or 0.5),
                         valid_from=conversation.moment,
-                        evidence=evidence,
+                        evidence=source,
                     )
                     counts["added" if created else "duplicates"] += 1
                 elif op.tool == "update_memory":
@@ -529,7 +538,7 @@ class MemoryKeeper:
                             "assignee_id": args.get("assignee_id"),
                             "description": args["description"],
                             "trigger_time": datetime.fromisoformat(when) if when else None,
-                            "evidence": evidence,
+                            "evidence": source,
                         },
                     )
                     counts["todos_added"] += 1

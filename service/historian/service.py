@@ -151,6 +151,11 @@ class Historian:
                 plan,
                 {"by": "job", "job_id": job.job.id},
                 {"event_ids": ids, "message_ids": context.message_ids},
+                [
+                    {"event_ids": [event_id], "message_ids": context.message_ids}
+                    for item, event_id in zip(items, ids, strict=True)
+                    if item.kind == "observation"
+                ],
             )
             job.result = {
                 "event_ids": ids,

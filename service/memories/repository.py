@@ -251,7 +251,14 @@ async def vectors(
 ) -> list[dict[str, Any]]:
     """Id, binding and vector of the memories matching ``where``, newest first."""
     query = (
-        select(Memory.id, Memory.scope, Memory.user_id, Memory.group_id, Memory.embedding)
+        select(
+            Memory.id,
+            Memory.scope,
+            Memory.user_id,
+            Memory.group_id,
+            Memory.content,
+            Memory.embedding,
+        )
         .where(Memory.tenant_id == tenant_id, Memory.embedding.is_not(None), where)
         .order_by(Memory.id.desc())
         .limit(5000)

@@ -58,7 +58,9 @@ class MemoryController(Controller):
         self,
         tenant: TenantContext,
         session: AsyncSession,
-        scope: str | None = Parameter(default=None, pattern="^(GLOBAL|GROUP|MEMBER_IN_GROUP)$"),
+        memory_scope: str | None = Parameter(
+            query="scope", default=None, pattern="^(GLOBAL|GROUP|MEMBER_IN_GROUP)$"
+        ),
         user_id: str | None = None,
         group_id: str | None = None,
         category: str | None = Parameter(
@@ -70,7 +72,7 @@ class MemoryController(Controller):
     ) -> list[MemoryInfo]:
         """Memories by exact filters, newest first (``before``: an id, for the next page)."""
         conditions = [
-            Memory.scope == scope if scope else true(),
+            Memory.scope == memory_scope if memory_scope else true(),
             Memory.user_id == user_id if user_id else true(),
             Memory.group_id == group_id if group_id else true(),
             Memory.category == category if category else true(),

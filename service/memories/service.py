@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 import uuid
 from datetime import UTC, date, datetime, timedelta
@@ -51,6 +52,20 @@ def check_category(category: str) -> str:
     return category
 
 
+def _normal(text: str) -> str:
+    return re.sub(r"[\s\W_]+", "", text.lower())
+
+
+def near_duplicate(a: str, b: str, cosine: float, threshold: float) -> bool:
+    """The same statement: equal once spacing and punctuation go, or very close in meaning
+    AND in wording. Meaning alone is not enough: small embedding models put "likes cats" and
+    "likes dogs" (or two cities) within a few hundredths of each other."""
+    left, right = _normal(a), _normal(b)
+    if left == right:
+        return True
+    return cosine >= threshold and difflib.SequenceMatcher(None, left, right).ratio() >= 0.9
+
+
 def same_binding(scope: str, user_id: str | None, group_id: str | None) -> Any:
     """SQL: memories bound exactly like this (the duplicate rule compares within a scope)."""
     return and_(
@@ -90,7 +105,9 @@ async def add(
     nearest = await repository.nearest(
         session, tenant_id, vector, where=same_binding(scope, user_id, group_id), limit=1
     )
-    if nearest and float(nearest[0]["score"]) >= settings.duplicate_threshold:
+    if nearest and near_duplicate(
+        content, nearest[0]["content"], float(nearest[0]["score"]), settings.duplicate_threshold
+    ):
         existing = nearest[0]
         await repository.add_history(
             session,
@@ -323,16 +340,23 @@ async def consolidate(
         tenant_id,
         where=and_(conversation.where(), Memory.is_active.is_(True), Memory.category != "SUMMARY"),
     )
-    survivors: dict[tuple[Any, ...], list[tuple[int, np.ndarray[Any, Any]]]] = {}
+    survivors: dict[tuple[Any, ...], list[tuple[int, str, np.ndarray[Any, Any]]]] = {}
     merged = 0
     for row in rows:  # newest first: the newest of a cluster survives
         vector = np.asarray(row["embedding"], dtype=np.float32)
         group = survivors.setdefault((row["scope"], row["user_id"], row["group_id"]), [])
         twin = next(
-            (sid for sid, v in group if float(v @ vector) >= settings.consolidate_threshold), None
+            (
+                sid
+                for sid, text, v in group
+                if near_duplicate(
+                    text, row["content"], float(v @ vector), settings.consolidate_threshold
+                )
+            ),
+            None,
         )
         if twin is None:
-            group.append((row["id"], vector))
+            group.append((row["id"], row["content"], vector))
             continue
         await deactivate(
             session,

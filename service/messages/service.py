@@ -23,6 +23,7 @@ from service.historian.profiles import ProfileMerger, Target, about_the_group
 from service.historian.service import clip
 from service.llm import ChatModel
 from service.memories import service as memories
+from service.memories.upkeep import enqueue_consolidation
 from service.messages import repository
 from service.messages.schemas import (
     MessageBatch,
@@ -449,6 +450,10 @@ class Archivist:
                     row.last_seq,
                     "pause",
                     self.settings,
+                )
+                # A quiet conversation is also the moment to consolidate its memories.
+                await enqueue_consolidation(
+                    session, row.tenant_id, row.conversation_key, self.settings, row.last_seq
                 )
         if quiet:
             log.info("extraction queued for %d quiet conversation(s)", len(quiet))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import text
@@ -54,15 +54,14 @@ async def update(
     session: AsyncSession, tenant_id: uuid.UUID, todo_id: int, values: dict[str, Any]
 ) -> None:
     """Change a todo's fields (``completed_at`` follows a finishing status)."""
+    values = dict(values)
+    if "status" in values:
+        finished = values["status"] in ("COMPLETED", "CANCELLED", "EXPIRED")
+        values["completed_at"] = datetime.now(UTC) if finished else None
     sets = ", ".join(f"{column} = :{column}" for column in values)
     await session.execute(
         text(
-            f"""
-            UPDATE todos SET {sets}, updated_at = now(),
-                completed_at = CASE WHEN status IN ('COMPLETED', 'CANCELLED', 'EXPIRED')
-                                    THEN COALESCE(completed_at, now()) ELSE NULL END
-            WHERE tenant_id = :tenant_id AND id = :id
-            """
+            f"UPDATE todos SET {sets}, updated_at = now() WHERE tenant_id = :tenant_id AND id = :id"
         ),
         {**values, "tenant_id": tenant_id, "id": todo_id},
     )

@@ -1,0 +1,572 @@
+"""Scoped memories: the historian's tools, history, validity, duplicates, todos, forgetting."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import asyncpg
+import pytest
+
+from service.app import create_app
+from tests.conftest import (
+    FAST_QUEUE,
+    AppClient,
+    TenantHandle,
+    llm_settings,
+    make_settings,
+    new_tenant,
+    plain_dsn,
+    serve_app,
+    until_finished,
+    wait_for,
+)
+from tests.fake_llm import FakeLLM, Reply, tool
+
+GROUP = {
+    "request_type": "group",
+    "group_id": "g1",
+    "group_name": "登山群",
+    "sender_id": "10001",
+    "sender_name": "用户A",
+    "bot_id": "20002",
+    "bot_name": "小助手",
+    "timestamp": "2026-02-21T23:30:00+08:00",
+}
+
+
+def quiet(request: dict[str, Any]) -> Reply:
+    """Default answers once the script runs out: rewrite echo, no profile or memory change."""
+    if request["tools"][0]["function"]["name"] == "submit_rewrite":
+        prompt = request["messages"][1]["content"]
+        items = [json.loads(x) for x in prompt.splitlines() if x.startswith('{"index"')]
+        return tool(
+            "submit_rewrite",
+            {"rewrites": [{"index": i["index"], "text": i["draft"]} for i in items]},
+        )
+    return Reply(content="nothing to change")
+
+
+@pytest.fixture
+async def offline(db_url: str) -> AsyncIterator[tuple[AppClient, TenantHandle]]:
+    settings = make_settings(db_url, cognitive={"queue": FAST_QUEUE})
+    async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
+        yield client, await new_tenant(client)
+
+
+@pytest.fixture
+async def online(db_url: str, llm: FakeLLM) -> AsyncIterator[tuple[AppClient, TenantHandle]]:
+    settings = make_settings(
+        db_url, cognitive={"queue": {**FAST_QUEUE, "job_max_retries": 0}}, **llm_settings(llm)
+    )
+    llm.default = quiet
+    async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
+        yield client, await new_tenant(client)
+
+
+async def hand_over(client: AppClient, tenant: TenantHandle, **body: Any) -> dict[str, Any]:
+    response = await client.post("/v1/end", json={**GROUP, **body}, headers=tenant.headers)
+    assert response.status_code == 202, response.text
+    return await until_finished(client, tenant, response.json()["job_id"])
+
+
+async def add(
+    client: AppClient, tenant: TenantHandle, content: str, **extra: Any
+) -> dict[str, Any]:
+    body = {
+        "scope": "MEMBER_IN_GROUP",
+        "group_id": "g1",
+        "user_id": "10001",
+        "category": "FACT",
+        "content": content,
+        **extra,
+    }
+    response = await client.post("/v1/memories", json=body, headers=tenant.headers)
+    assert response.status_code in (200, 201), response.text
+    return dict(response.json())
+
+
+async def history(client: AppClient, tenant: TenantHandle, memory_id: int) -> list[dict[str, Any]]:
+    return list(
+        (await client.get(f"/v1/memories/{memory_id}/history", headers=tenant.headers)).json()
+    )
+
+
+async def test_the_seed_example_updates_the_nickname_and_ends_the_plan(
+    online: tuple[AppClient, TenantHandle], llm: FakeLLM
+) -> None:
+    client, tenant = online
+    nickname = await add(client, tenant, "用户A(10001) 的昵称是小王", category="PREFERENCE")
+    hiking = await add(client, tenant, "用户A(10001) 计划 2026-02-23 那周去爬山")
+    message = "别再叫我小王了，叫我王总。另外，我下周不去爬山了。"
+    llm.script(
+        tool(
+            "submit_rewrite",
+            {
+                "rewrites": [
+                    {
+                        "index": 0,
+                        "text": "用户A(10001) 不再希望被叫小王，希望被称为王总；用户A(10001) 2026-02-23 那周不去爬山了",
+                    }
+                ]
+            },
+        ),
+        Reply(content="no profile change"),
+        Reply(
+            tool_calls=[
+                (
+                    "update_memory",
+                    {
+                        "memory_id": nickname["id"],
+                        "new_content": "用户A(10001) 希望被称为王总",
+                        "reason": "用户要求更改称呼",
+                    },
+                ),
+                ("delete_memory", {"memory_id": hiking["id"], "reason": "计划取消"}),
+            ]
+        ),
+    )
+    job = await hand_over(
+        client, tenant, request_id="seed3", observations=[message], source_message=message
+    )
+    assert job["status"] == "done", job
+    assert job["result"]["memory"] == {"updated": 1, "deactivated": 1}
+    prompt = llm.chat_requests[2]["messages"][1]["content"]
+    assert f"[ID: {nickname['id']}]" in prompt and f"[ID: {hiking['id']}]" in prompt
+
+    renamed = (await client.get(f"/v1/memories/{nickname['id']}", headers=tenant.headers)).json()
+    assert renamed["content"] == "用户A(10001) 希望被称为王总" and renamed["is_active"]
+    ended = (await client.get(f"/v1/memories/{hiking['id']}", headers=tenant.headers)).json()
+    assert ended["is_active"] is False
+    assert ended["valid_to"] is not None and ended["content"] == hiking["content"]
+    changes = await history(client, tenant, nickname["id"])
+    assert [c["action"] for c in changes] == ["add", "update"]
+    assert changes[1]["old_content"] == "用户A(10001) 的昵称是小王"
+    assert changes[1]["reason"] == "用户要求更改称呼"
+    assert changes[1]["cause"]["by"] == "job"
+    assert [c["action"] for c in await history(client, tenant, hiking["id"])] == [
+        "add",
+        "deactivate",
+    ]
+
+
+async def test_made_up_ids_and_other_groups_are_refused(
+    online: tuple[AppClient, TenantHandle], llm: FakeLLM
+) -> None:
+    client, tenant = online
+    other = await add(client, tenant, "群 g2 的规矩", scope="GROUP", group_id="g2", user_id=None)
+    llm.script(
+        tool("submit_rewrite", {"rewrites": [{"index": 0, "text": "用户A(10001) 喜欢攀岩"}]}),
+        Reply(content="no profile change"),
+        Reply(
+            tool_calls=[
+                ("update_memory", {"memory_id": 999999, "new_content": "x", "reason": "made up"}),
+                ("delete_memory", {"memory_id": other["id"], "reason": "not shown to me"}),
+                (
+                    "add_memory",
+                    {
+                        "content": "群 g2 禁止广告",
+                        "scope": "GROUP",
+                        "category": "FACT",
+                        "group_id": "g2",
+                    },
+                ),
+                (
+                    "add_memory",
+                    {
+                        "content": "用户A(10001) 明天去攀岩",
+                        "scope": "MEMBER_IN_GROUP",
+                        "category": "FACT",
+                    },
+                ),
+            ]
+        ),
+        tool(
+            "add_memory",
+            {
+                "content": "用户A(10001) 喜欢攀岩",
+                "scope": "MEMBER_IN_GROUP",
+                "category": "PREFERENCE",
+            },
+        ),
+    )
+    job = await hand_over(client, tenant, request_id="refuse", observations=["我喜欢攀岩"])
+    notes = " | ".join(job["result"]["notes"])
+    assert "999999 is not among" in notes
+    assert f"{other['id']} is not among" in notes
+    assert "cannot write memories of group g2" in notes
+    assert "must be absolute" in notes and "明天" in notes
+    # The refusals went back to the model, which then made one valid call.
+    feedback = [m["content"] for m in llm.chat_requests[3]["messages"] if m["role"] == "tool"]
+    assert all(f.startswith("refused") for f in feedback)
+    assert job["result"]["memory"] == {"added": 1}
+    listed = (await client.get("/v1/memories?group_id=g1", headers=tenant.headers)).json()
+    assert [m["content"] for m in listed] == ["用户A(10001) 喜欢攀岩"]
+    assert (await client.get(f"/v1/memories/{other['id']}", headers=tenant.headers)).json()[
+        "is_active"
+    ]
+
+
+async def test_offline_every_observation_becomes_an_add_without_duplicates(
+    offline: tuple[AppClient, TenantHandle],
+) -> None:
+    client, tenant = offline
+    await hand_over(
+        client, tenant, request_id="o1", observations=["我喜欢吃辣", "群规：禁止发广告"]
+    )
+    await hand_over(client, tenant, request_id="o2", observations=["我喜欢吃辣"])
+    memories = (await client.get("/v1/memories?group_id=g1", headers=tenant.headers)).json()
+    by_content = {m["content"]: m for m in memories}
+    assert set(by_content) == {"用户A(10001)喜欢吃辣", "群规：禁止发广告"}
+    spicy = by_content["用户A(10001)喜欢吃辣"]
+    assert (spicy["scope"], spicy["user_id"], spicy["category"]) == (
+        "MEMBER_IN_GROUP",
+        "10001",
+        "PREFERENCE",
+    )
+    rules = by_content["群规：禁止发广告"]
+    assert (rules["scope"], rules["user_id"]) == ("GROUP", None)
+    assert spicy["evidence"]["event_ids"] == ["o1:1:1"]
+    assert [h["action"] for h in await history(client, tenant, spicy["id"])] == [
+        "add",
+        "noop_duplicate",
+    ]
+    # A private chat writes the user's GLOBAL memories.
+    private = {
+        "request_type": "private",
+        "user_id": "10001",
+        "sender_id": "10001",
+        "sender_name": "用户A",
+    }
+    response = await client.post(
+        "/v1/end",
+        json={**private, "request_id": "p1", "observations": ["我是一名护士"]},
+        headers=tenant.headers,
+    )
+    await until_finished(client, tenant, response.json()["job_id"])
+    mine = (
+        await client.get("/v1/memories?scope=GLOBAL&user_id=10001", headers=tenant.headers)
+    ).json()
+    assert [(m["content"], m["category"]) for m in mine] == [("用户A(10001)是一名护士", "PROFILE")]
+
+
+async def test_api_changes_are_all_in_the_history_and_delete_is_real(
+    client: AppClient, db_url: str
+) -> None:
+    tenant = await new_tenant(client)
+    memory = await add(client, tenant, "用户A(10001) 住在杭州")
+    patched = await client.patch(
+        f"/v1/memories/{memory['id']}",
+        json={"content": "用户A(10001) 住在上海", "reason": "搬家了", "importance": 0.9},
+        headers=tenant.headers,
+    )
+    assert (
+        patched.json()["content"] == "用户A(10001) 住在上海" and patched.json()["importance"] == 0.9
+    )
+    off = await client.patch(
+        f"/v1/memories/{memory['id']}", json={"is_active": False}, headers=tenant.headers
+    )
+    assert off.json()["is_active"] is False and off.json()["valid_to"] is not None
+    on = await client.patch(
+        f"/v1/memories/{memory['id']}", json={"is_active": True}, headers=tenant.headers
+    )
+    assert on.json()["is_active"] is True and on.json()["valid_to"] is None
+    actions = [h["action"] for h in await history(client, tenant, memory["id"])]
+    assert actions == ["add", "update", "deactivate", "restore"]
+
+    deleted = await client.delete(f"/v1/memories/{memory['id']}", headers=tenant.headers)
+    assert deleted.status_code == 200
+    assert (
+        await client.get(f"/v1/memories/{memory['id']}", headers=tenant.headers)
+    ).status_code == 404
+    after = await history(client, tenant, memory["id"])
+    assert [h["action"] for h in after] == [*actions, "delete"]
+    assert all(h["old_content"] is None and h["new_content"] is None for h in after)
+    conn = await asyncpg.connect(plain_dsn(db_url))
+    try:
+        leftovers = await conn.fetchval(
+            "SELECT count(*) FROM memory_history WHERE old_content LIKE '%杭州%' OR new_content LIKE '%上海%'"
+        )
+    finally:
+        await conn.close()
+    assert leftovers == 0
+
+
+async def test_api_add_suppresses_near_duplicates_within_a_scope(client: AppClient) -> None:
+    tenant = await new_tenant(client)
+    first = await add(client, tenant, "用户A(10001) 对花生过敏")
+    again = await client.post(
+        "/v1/memories",
+        json={
+            "scope": "MEMBER_IN_GROUP",
+            "group_id": "g1",
+            "user_id": "10001",
+            "content": "用户A(10001)对花生过敏。",
+        },
+        headers=tenant.headers,
+    )
+    assert again.status_code == 200 and again.json()["duplicate"] is True
+    assert again.json()["id"] == first["id"]
+    elsewhere = await client.post(
+        "/v1/memories",
+        json={
+            "scope": "MEMBER_IN_GROUP",
+            "group_id": "g2",
+            "user_id": "10001",
+            "content": "用户A(10001) 对花生过敏",
+        },
+        headers=tenant.headers,
+    )
+    assert elsewhere.status_code == 201  # another group is another scope
+    bad = await client.post(
+        "/v1/memories",
+        json={"scope": "GROUP", "user_id": "10001", "content": "x"},
+        headers=tenant.headers,
+    )
+    assert bad.status_code == 422 and bad.json()["field"] == "group_id"
+
+
+async def test_search_is_hard_filtered_and_marks_use(client: AppClient) -> None:
+    tenant = await new_tenant(client)
+    mine = await add(client, tenant, "用户A(10001) 喜欢川菜和火锅")
+    await add(client, tenant, "用户B(10002) 喜欢川菜", user_id="10002")
+    await add(client, tenant, "群 g2 的人都爱吃火锅", scope="GROUP", group_id="g2", user_id=None)
+    await add(client, tenant, "用户A(10001) 是素食者", scope="GLOBAL", group_id=None)
+    hits = (
+        await client.post(
+            "/v1/memories/search",
+            json={"query": "爱吃什么", "group_id": "g1", "user_id": "10001"},
+            headers=tenant.headers,
+        )
+    ).json()
+    contents = {h["content"] for h in hits}
+    assert contents == {"用户A(10001) 喜欢川菜和火锅", "用户A(10001) 是素食者"}
+    used = (await client.get(f"/v1/memories/{mine['id']}", headers=tenant.headers)).json()
+    assert used["last_used_at"] is not None
+    missing = await client.post("/v1/memories/search", json={"query": "x"}, headers=tenant.headers)
+    assert missing.status_code == 422
+
+
+async def test_forget_by_id_category_and_query(client: AppClient) -> None:
+    tenant = await new_tenant(client)
+    a = await add(client, tenant, "用户A(10001) 喜欢猫", category="PREFERENCE")
+    b = await add(client, tenant, "用户A(10001) 喜欢狗", category="PREFERENCE")
+    c = await add(client, tenant, "用户A(10001) 在银行工作", category="PROFILE")
+    by_id = await client.post(
+        "/v1/memories/forget", json={"ids": [a["id"]]}, headers=tenant.headers
+    )
+    assert by_id.json() == {"mode": "deactivate", "changed": [a["id"]]}
+    by_category = await client.post(
+        "/v1/memories/forget",
+        json={"category": "PREFERENCE", "group_id": "g1", "mode": "delete"},
+        headers=tenant.headers,
+    )
+    assert sorted(by_category.json()["changed"]) == sorted([a["id"], b["id"]])
+    by_query = await client.post(
+        "/v1/memories/forget",
+        json={"query": "用户A在哪里上班", "group_id": "g1", "min_score": 0.8},
+        headers=tenant.headers,
+    )
+    assert by_query.json()["changed"] == [c["id"]]
+    assert (await client.get(f"/v1/memories/{c['id']}", headers=tenant.headers)).json()[
+        "is_active"
+    ] is False
+    nothing = await client.post(
+        "/v1/memories/forget", json={"mode": "delete"}, headers=tenant.headers
+    )
+    assert nothing.status_code == 422
+
+
+async def test_a_reminder_becomes_a_todo_with_an_absolute_time(
+    offline: tuple[AppClient, TenantHandle],
+) -> None:
+    client, tenant = offline
+    job = await hand_over(client, tenant, request_id="t1", observations=["明天提醒大家提交周报"])
+    assert job["result"]["memory"] == {"todos_added": 1}
+    [todo] = (await client.get("/v1/todos?group_id=g1", headers=tenant.headers)).json()
+    assert todo["status"] == "PENDING" and "周报" in todo["description"]
+    assert datetime.fromisoformat(todo["trigger_time"]) == datetime.fromisoformat(
+        "2026-02-22T09:00:00+08:00"
+    )
+    assert todo["creator_id"] == "10001"
+    due = (await client.get("/v1/todos/due", headers=tenant.headers)).json()
+    assert [t["id"] for t in due] == [todo["id"]]  # 2026-02-22 is in the past now
+    done = await client.patch(
+        f"/v1/todos/{todo['id']}", json={"status": "COMPLETED"}, headers=tenant.headers
+    )
+    assert done.json()["status"] == "COMPLETED" and done.json()["completed_at"] is not None
+    assert (await client.get("/v1/todos/due", headers=tenant.headers)).json() == []
+    back = await client.patch(
+        f"/v1/todos/{todo['id']}", json={"status": "EXPIRED"}, headers=tenant.headers
+    )
+    assert back.status_code == 422 and back.json()["field"] == "status"
+
+
+async def test_the_llm_completes_a_todo(
+    online: tuple[AppClient, TenantHandle], llm: FakeLLM
+) -> None:
+    client, tenant = online
+    llm.script(
+        tool("submit_rewrite", {"rewrites": [{"index": 0, "text": "2026-02-22 提醒大家提交周报"}]}),
+        Reply(content="no profile change"),
+        tool(
+            "add_todo",
+            {
+                "description": "提醒群 g1 的大家提交周报",
+                "trigger_time": "2026-02-22T18:00:00+08:00",
+            },
+        ),
+    )
+    await hand_over(client, tenant, request_id="lt1", observations=["明天提醒大家提交周报"])
+    [todo] = (await client.get("/v1/todos?status=PENDING", headers=tenant.headers)).json()
+    assert datetime.fromisoformat(todo["trigger_time"]) == datetime.fromisoformat(
+        "2026-02-22T18:00:00+08:00"
+    )
+    llm.script(
+        tool(
+            "submit_rewrite",
+            {"rewrites": [{"index": 0, "text": "用户A(10001) 2026-02-22 已提交周报"}]},
+        ),
+        Reply(content="no profile change"),
+        tool("complete_todo", {"todo_id": todo["id"]}),
+    )
+    job = await hand_over(client, tenant, request_id="lt2", observations=["周报我交了"])
+    assert job["result"]["memory"] == {"todos_completed": 1}
+    assert f"[TODO: {todo['id']}]" in llm.chat_requests[-1]["messages"][1]["content"]
+    assert (await client.get("/v1/todos?status=COMPLETED", headers=tenant.headers)).json()[0][
+        "id"
+    ] == todo["id"]
+
+
+async def test_maintenance_expires_forgets_and_expires_todos(db_url: str) -> None:
+    settings = make_settings(
+        db_url,
+        cognitive={
+            "queue": FAST_QUEUE,
+            "memory": {
+                "maintenance_interval_minutes": 0.01,
+                "decay_after_days": 1,
+                "forget_after_days": 1,
+            },
+        },
+    )
+    async with serve_app(create_app(settings, migrate=False, run_worker=False)) as client:
+        tenant = await new_tenant(client)
+        past = (datetime.now(UTC) - timedelta(days=1)).isoformat()
+        expired = await add(client, tenant, "用户A(10001) 本周在出差", valid_to=past)
+        faded = await add(client, tenant, "用户A(10001) 随口提过喜欢蓝色", importance=0.05)
+        kept = await add(client, tenant, "用户A(10001) 对花生过敏", importance=0.9)
+        conn = await asyncpg.connect(plain_dsn(db_url))
+        try:
+            await conn.execute("UPDATE memories SET created_at = now() - interval '10 days'")
+            await conn.execute(
+                "INSERT INTO todos (tenant_id, conversation_key, group_id, description, trigger_time)"
+                f" VALUES ('{tenant.id}', 'g:g1', 'g1', '很久以前的提醒', now() - interval '30 days')"
+            )
+        finally:
+            await conn.close()
+        client.app.state.runtime.start_worker()
+
+        async def maintained() -> dict[str, Any] | None:
+            jobs = (await client.get("/v1/jobs?status=done", headers=tenant.headers)).json()["jobs"]
+            return next((j for j in jobs if j["kind"] == "memories.maintain"), None)
+
+        job = await wait_for(maintained, timeout=30)
+        assert job["result"]["expired"] == 1 and job["result"]["forgotten"] == 1
+        assert job["result"]["todos_expired"] == 1
+        state = {
+            m["id"]: m["is_active"]
+            for m in (await client.get("/v1/memories?group_id=g1", headers=tenant.headers)).json()
+        }
+        assert state == {expired["id"]: False, faded["id"]: False, kept["id"]: True}
+        assert [h["action"] for h in await history(client, tenant, faded["id"])][-1] == "forget"
+        assert (await client.get("/v1/todos?status=EXPIRED", headers=tenant.headers)).json()
+
+
+async def test_consolidation_merges_near_duplicates(db_url: str) -> None:
+    settings = make_settings(
+        db_url,
+        cognitive={
+            "queue": FAST_QUEUE,
+            "extraction": {"pause_minutes": 0.005, "check_interval_seconds": 0.2},
+            # Adds keep both near-duplicates (only identical wording is a no-op); the
+            # quiet-time consolidation then merges them.
+            "memory": {"duplicate_threshold": 1.0, "consolidate_threshold": 0.97},
+        },
+    )
+    async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
+        tenant = await new_tenant(client)
+        older = await add(client, tenant, "用户A(10001) 喜欢喝美式咖啡")
+        newer = await add(client, tenant, "用户A(10001) 很喜欢喝美式咖啡")
+        other = await add(client, tenant, "用户A(10001) 周末常去爬山")
+        await client.post(
+            "/v1/messages",
+            json={
+                "request_type": "group",
+                "group_id": "g1",
+                "messages": [{"message_id": "1", "text": "hi"}],
+            },
+            headers=tenant.headers,
+        )
+
+        async def consolidated() -> dict[str, Any] | None:
+            jobs = (await client.get("/v1/jobs?status=done", headers=tenant.headers)).json()["jobs"]
+            return next((j for j in jobs if j["kind"] == "memories.consolidate"), None)
+
+        job = await wait_for(consolidated, timeout=30)
+        assert job["result"]["merged"] == 1
+        state = {
+            m["id"]: m["is_active"]
+            for m in (await client.get("/v1/memories?group_id=g1", headers=tenant.headers)).json()
+        }
+        mine = {k: v for k, v in state.items() if k in (older["id"], newer["id"], other["id"])}
+        assert mine == {older["id"]: False, newer["id"]: True, other["id"]: True}
+        last = (await history(client, tenant, older["id"]))[-1]
+        assert last["action"] == "consolidate" and last["cause"]["merged_into"] == newer["id"]
+
+
+async def test_due_todos_are_delivered_to_the_webhook(db_url: str) -> None:
+    received: list[dict[str, Any]] = []
+    attempts = 0
+
+    class Hook(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            nonlocal attempts
+            attempts += 1
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            status = 503 if attempts == 1 else 200  # the first delivery fails and is retried
+            if status == 200:
+                received.append(body)
+            self.send_response(status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    hook = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=hook.serve_forever, daemon=True).start()
+    settings = make_settings(
+        db_url, cognitive={"queue": FAST_QUEUE, "extraction": {"check_interval_seconds": 0.2}}
+    )
+    try:
+        async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
+            tenant = await new_tenant(client)
+            url = f"http://127.0.0.1:{hook.server_address[1]}/todos"
+            await client.patch("/v1/settings", json={"webhook_url": url}, headers=tenant.headers)
+            await hand_over(client, tenant, request_id="w1", observations=["明天提醒大家交周报"])
+
+            async def delivered() -> bool:
+                todos = (await client.get("/v1/todos", headers=tenant.headers)).json()
+                return bool(todos and todos[0]["delivered_at"])
+
+            await wait_for(delivered, timeout=30)
+    finally:
+        hook.shutdown()
+    assert attempts == 2
+    assert len(received) == 1 and received[0]["event"] == "todo.due"
+    assert "周报" in received[0]["todo"]["description"]
