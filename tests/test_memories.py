@@ -570,3 +570,60 @@ async def test_due_todos_are_delivered_to_the_webhook(db_url: str) -> None:
     assert attempts == 2
     assert len(received) == 1 and received[0]["event"] == "todo.due"
     assert "周报" in received[0]["todo"]["description"]
+
+
+async def test_extraction_keeps_a_rolling_summary_per_group_and_day(
+    offline: tuple[AppClient, TenantHandle],
+) -> None:
+    client, tenant = offline
+    lines = [
+        "周末去西湖划船吧",
+        "西湖划船要排队吗",
+        "西湖边上吃饭",
+        "划船的人多不多",
+        "我们下周也去西湖",
+    ]
+    messages = [
+        {
+            "message_id": str(n),
+            "sender_id": "1",
+            "text": t,
+            "sent_at": f"2026-03-01T10:0{n}:00+08:00",
+        }
+        for n, t in enumerate(lines)
+    ]
+    for batch in (messages[:3], messages[3:]):
+        response = await client.post(
+            "/v1/messages",
+            json={
+                "request_type": "group",
+                "group_id": "g9",
+                "group_name": "旅行群",
+                "messages": batch,
+            },
+            headers=tenant.headers,
+        )
+        await client.post(
+            "/v1/messages",
+            json={
+                "request_type": "group",
+                "group_id": "g9",
+                "messages": [{"message_id": f"r{len(batch)}", "text": "记住：集合地点在断桥"}],
+            },
+            headers=tenant.headers,
+        )
+        for job_id in response.json()["extraction_job_ids"]:
+            await until_finished(client, tenant, job_id)
+
+    async def summary() -> list[dict[str, Any]]:
+        rows = (
+            await client.get("/v1/memories?group_id=g9&category=SUMMARY", headers=tenant.headers)
+        ).json()
+        return [r for r in rows if "西湖" in r["content"]]
+
+    [day] = await wait_for(summary)
+    assert day["summary_day"] == "2026-03-01" and day["scope"] == "GROUP"
+    assert day["content"].startswith("2026-03-01 群「旅行群」主要讨论了")
+    assert "西湖" in day["content"]
+    # Rolling: the second extraction rewrote the same day's summary, with history.
+    assert [h["action"] for h in await history(client, tenant, day["id"])][0] == "add"

@@ -560,7 +560,18 @@ def day_summary(day: date, texts: list[str], group_name: str | None) -> str | No
             if term not in seen:
                 counts[term] += 1
                 seen.add(term)
-    top = [term for term, n in counts.most_common(12) if n >= 2][:5]
+    top: list[str] = []
+    for term, n in counts.most_common(20):
+        if n < 2 or len(top) == 5:
+            break
+        # "湖划" out of "西湖划船": the seam between two words already chosen is no word.
+        seam = (
+            len(term) == 2
+            and any(t.endswith(term[0]) for t in top)
+            and any(t.startswith(term[1]) for t in top)
+        )
+        if not seam:
+            top.append(term)
     where = f"群「{group_name}」" if group_name else "群里"
     if not top:
         return f"{day.isoformat()} {where}有 {len(texts)} 条消息，话题零散"

@@ -280,3 +280,19 @@ async def texts_of_day(
         "end": start + timedelta(days=1),
     }
     return [r.text for r in await session.execute(_DAY, params)]
+
+
+async def group_name(
+    session: AsyncSession, tenant_id: uuid.UUID, conversation_key: str
+) -> str | None:
+    """The last group name seen for a conversation."""
+    row = (
+        await session.execute(
+            text(
+                "SELECT group_name FROM conversations"
+                " WHERE tenant_id = :tenant_id AND conversation_key = :conversation_key"
+            ),
+            {"tenant_id": tenant_id, "conversation_key": conversation_key},
+        )
+    ).first()
+    return row.group_name if row is not None else None

@@ -333,6 +333,7 @@ class Archivist:
         async with job.transaction() as session:
             mark, unread = await repository.unread_messages(session, tenant_id, key, upto, limit)
             zone = await _tenant_zone(session, tenant_id)
+            group_name = await repository.group_name(session, tenant_id, key)
         targets = extraction_targets(key, unread, zone, llm=self.llm is not None)
 
         async def read(profile: ProfileKey) -> dict[str, Any] | None:
@@ -345,6 +346,7 @@ class Archivist:
         conversation, items, days = extraction_material(
             key, unread, zone, moment, llm=self.llm is not None
         )
+        conversation.group_name = group_name
         keeper = MemoryKeeper(self.embedder, self.llm, self.settings)
         plan = Plan()
         if items:
