@@ -592,8 +592,8 @@ async def test_extraction_keeps_a_rolling_summary_per_group_and_day(
         }
         for n, t in enumerate(lines)
     ]
-    for batch in (messages[:3], messages[3:]):
-        response = await client.post(
+    for n, batch in enumerate((messages[:3], messages[3:])):
+        await client.post(
             "/v1/messages",
             json={
                 "request_type": "group",
@@ -603,17 +603,19 @@ async def test_extraction_keeps_a_rolling_summary_per_group_and_day(
             },
             headers=tenant.headers,
         )
-        await client.post(
+        # A message asking to remember triggers the extraction over everything unread.
+        reminder = {
+            "message_id": f"r{n}",
+            "text": "记住：集合地点在断桥",
+            "sent_at": "2026-03-01T11:00:00+08:00",
+        }
+        response = await client.post(
             "/v1/messages",
-            json={
-                "request_type": "group",
-                "group_id": "g9",
-                "messages": [{"message_id": f"r{len(batch)}", "text": "记住：集合地点在断桥"}],
-            },
+            json={"request_type": "group", "group_id": "g9", "messages": [reminder]},
             headers=tenant.headers,
         )
-        for job_id in response.json()["extraction_job_ids"]:
-            await until_finished(client, tenant, job_id)
+        [job_id] = response.json()["extraction_job_ids"]
+        await until_finished(client, tenant, job_id)
 
     async def summary() -> list[dict[str, Any]]:
         rows = (
@@ -626,4 +628,4 @@ async def test_extraction_keeps_a_rolling_summary_per_group_and_day(
     assert day["content"].startswith("2026-03-01 群「旅行群」主要讨论了")
     assert "西湖" in day["content"]
     # Rolling: the second extraction rewrote the same day's summary, with history.
-    assert [h["action"] for h in await history(client, tenant, day["id"])][0] == "add"
+    assert [h["action"] for h in await history(client, tenant, day["id"])] == ["add", "update"]
