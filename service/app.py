@@ -18,6 +18,7 @@ from service.memories.routes import MemoryController
 from service.messages.routes import MessageController
 from service.profiles.routes import ProfileController
 from service.queue.routes import JobController
+from service.recall.routes import RecallController
 from service.runtime import Runtime
 from service.settings import Settings, load_settings
 from service.tenants.routes import AdminController, TenantController
@@ -56,6 +57,7 @@ def create_app(
             ProfileController,
             MemoryController,
             TodoController,
+            RecallController,
         ],
         dependencies={
             "tenant": Provide(provide_tenant),

@@ -88,3 +88,36 @@ async def get_event(
     """One event by id."""
     row = (await session.execute(_GET, {"tenant_id": tenant_id, "id": event_id})).first()
     return dict(row._mapping) if row is not None else None
+
+
+_NEAREST = text(
+    f"""
+    SELECT {_COLUMNS}, embedding <=> :query AS distance FROM events
+    WHERE tenant_id = :tenant_id AND conversation_key = ANY(:keys) AND embedding IS NOT NULL
+      AND (CAST(:time_from AS timestamptz) IS NULL OR occurred_at >= :time_from)
+      AND (CAST(:time_to AS timestamptz) IS NULL OR occurred_at <= :time_to)
+    ORDER BY embedding <=> :query
+    LIMIT :limit
+    """
+)
+
+
+async def nearest_events(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    conversation_keys: list[str],
+    query: Any,
+    limit: int,
+    time_from: datetime | None = None,
+    time_to: datetime | None = None,
+) -> list[dict[str, Any]]:
+    """The exact top-``limit`` events of the conversations by cosine distance, nearest first."""
+    params = {
+        "tenant_id": tenant_id,
+        "keys": conversation_keys,
+        "query": query,
+        "limit": limit,
+        "time_from": time_from,
+        "time_to": time_to,
+    }
+    return [dict(r._mapping) for r in await session.execute(_NEAREST, params)]

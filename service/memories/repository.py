@@ -94,6 +94,8 @@ async def insert(session: AsyncSession, tenant_id: uuid.UUID, row: dict[str, Any
         ),
         {
             "tenant_id": tenant_id,
+            "confidence": 0.5,
+            "importance": 0.5,
             "valid_from": None,
             "valid_to": None,
             "summary_day": None,

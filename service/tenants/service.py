@@ -63,7 +63,8 @@ def tenant_info(tenant: Tenant) -> TenantInfo:
 
 def validate_overrides(overrides: dict[str, Any], defaults: Settings) -> dict[str, Any]:
     """Check a tenant's settings overrides against the settings model; return them cleaned."""
-    unknown = set(overrides) - {"cognitive", "query", "timezone", "fast_ack", "bot", "webhook_url"}
+    allowed = {"cognitive", "query", "timezone", "fast_ack", "bot", "webhook_url", "persona"}
+    unknown = set(overrides) - allowed
     if unknown:
         name = sorted(unknown)[0]
         raise Invalid(f"unknown settings section {name!r}", field=f"settings.{name}")
@@ -89,6 +90,13 @@ def validate_overrides(overrides: dict[str, Any], defaults: Settings) -> dict[st
         if not isinstance(overrides["fast_ack"], bool):
             raise Invalid("must be true or false", field="settings.fast_ack")
         cleaned["fast_ack"] = overrides["fast_ack"]
+    if "persona" in overrides:
+        persona = overrides["persona"]
+        if not isinstance(persona, str) or len(persona) > 20_000:
+            raise Invalid(
+                "the persona is a text of at most 20000 characters", field="settings.persona"
+            )
+        cleaned["persona"] = persona
     if "webhook_url" in overrides:
         url = overrides["webhook_url"]
         if url not in (None, "") and (

@@ -1,0 +1,269 @@
+"""The bot's memory tools as OpenAI function definitions, and their execution.
+
+A bot hands its LLM these definitions and forwards whatever the LLM calls to
+``POST /v1/tools/call``; no glue code is needed on the bot's side.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import and_
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from service.context import ConversationContext
+from service.db.engine import Database
+from service.embedding import Embedder
+from service.ends.schemas import EndRequest
+from service.ends.service import accept_end
+from service.errors import Forbidden, Invalid, NotFound
+from service.memories import repository as memories
+from service.memories.models import Memory
+from service.profiles import repository as profiles
+from service.profiles.service import key_of
+from service.recall.schemas import EventSearch
+from service.recall.service import Reader, conversation_scope
+from service.settings import Settings
+from service.tenants.service import TenantContext
+
+
+def _function(
+    name: str, zh: str, en: str, properties: dict[str, Any], required: list[str]
+) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": f"{zh} / {en}",
+            "parameters": {"type": "object", "properties": properties, "required": required},
+        },
+    }
+
+
+def _p(kind: str, zh: str, en: str, **extra: Any) -> dict[str, Any]:
+    return {"type": kind, "description": f"{zh} / {en}", **extra}
+
+
+DEFINITIONS = [
+    _function(
+        "cognitive_search_events",
+        "搜索历史事件记忆，用于回忆之前发生过的事情（支持时间范围硬过滤 + 时间衰减加权排序）",
+        "Search past events to recall what happened (hard time-range filter, recency-weighted)",
+        {
+            "query": _p("string", "搜索关键词或语义描述", "keywords or a description"),
+            "target_user_id": _p("string", "限定用户 ID", "only events of this user"),
+            "target_group_id": _p("string", "限定群 ID", "only events of this group"),
+            "top_k": _p("integer", "返回条数", "how many results", minimum=1, maximum=200),
+            "time_from": _p("string", "起始时间（ISO 格式）", "start time, ISO 8601"),
+            "time_to": _p("string", "截止时间（ISO 格式）", "end time, ISO 8601"),
+        },
+        ["query"],
+    ),
+    _function(
+        "cognitive_get_profile",
+        "获取指定用户、群聊或群成员的侧写",
+        "Get the profile of a user, a group, or a member of the current group",
+        {
+            "entity_type": _p(
+                "string",
+                "user、group 或 member",
+                "user, group or member",
+                enum=["user", "group", "member"],
+            ),
+            "entity_id": _p("string", "用户 ID 或群 ID", "user id or group id"),
+        },
+        ["entity_type", "entity_id"],
+    ),
+    _function(
+        "cognitive_search_profiles",
+        "语义搜索用户/群聊侧写，用于查找具有特定特征的用户或群",
+        "Search profiles by meaning, to find people or groups with some trait",
+        {
+            "query": _p("string", "搜索关键词", "what to look for"),
+            "entity_type": _p(
+                "string", "限定类型", "only this kind", enum=["user", "group", "member"]
+            ),
+            "top_k": _p(
+                "integer",
+                "返回条数（默认 8）",
+                "how many results (default 8)",
+                minimum=1,
+                maximum=200,
+            ),
+        },
+        ["query"],
+    ),
+    _function(
+        "cognitive_search_memories",
+        "搜索当前会话可见的长期记忆（偏好、事实、画像、摘要）",
+        "Search the long-term memories visible in this conversation",
+        {
+            "query": _p("string", "搜索内容", "what to look for"),
+            "categories": {
+                "type": "array",
+                "items": {"type": "string", "enum": ["PROFILE", "PREFERENCE", "FACT", "SUMMARY"]},
+                "description": "限定类别 / only these categories",
+            },
+            "top_k": _p("integer", "返回条数", "how many results", minimum=1, maximum=200),
+        },
+        ["query"],
+    ),
+    _function(
+        "end",
+        "结束本轮对话并交给记忆系统：memo 记录本轮做了什么（短句，可空）；"
+        "observations 是针对当前新消息提取的新事实（0..N 条，可空）",
+        "End the turn and hand it to memory: memo = what you did this turn (short, may be "
+        "empty); observations = new facts about people or the group from the new messages "
+        "(0..N, may be empty)",
+        {
+            "memo": _p("string", "本轮做了什么", "what you did this turn"),
+            "observations": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "新观察到的事实，每条一句 / new facts, one sentence each",
+            },
+            "force": _p(
+                "boolean", "即使仍有相对词也直接入库", "store even if relative words remain"
+            ),
+        },
+        [],
+    ),
+]
+_NAMES = {d["function"]["name"] for d in DEFINITIONS}
+
+
+def normalize(name: str) -> str:
+    """``cognitive.search_events`` and ``cognitive_search_events`` name the same tool."""
+    return name.strip().replace(".", "_")
+
+
+async def call(
+    name: str,
+    arguments: dict[str, Any] | str,
+    context: dict[str, Any] | None,
+    *,
+    session: AsyncSession,
+    db: Database,
+    tenant: TenantContext,
+    embedder: Embedder,
+    settings: Settings,
+) -> Any:
+    """Execute one tool call within the caller's conversation."""
+    tool = normalize(name)
+    if tool not in _NAMES:
+        raise NotFound(f"no tool named {name!r}; GET /v1/tools lists them")
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except ValueError:
+            raise Invalid("arguments are not valid JSON", field="arguments") from None
+    if not isinstance(arguments, dict):
+        raise Invalid("arguments must be an object", field="arguments")
+    conversation = _context(context) if context else None
+    reader = Reader(embedder)
+    if tool == "cognitive_search_events":
+        request = _validate(EventSearch, {**arguments, "context": conversation})
+        return (await reader.search_events(session, tenant, request)).model_dump(mode="json")
+    if conversation is None:
+        raise Invalid("this tool needs the conversation context", field="context")
+    if tool == "end":
+        request = _validate(EndRequest, {**conversation.model_dump(mode="json"), **arguments})
+        return (await accept_end(db, tenant, request, settings)).model_dump(mode="json")
+    if tool == "cognitive_get_profile":
+        return await _get_profile(session, tenant, conversation, arguments)
+    if tool == "cognitive_search_profiles":
+        query = str(arguments.get("query") or "")
+        if not query:
+            raise Invalid("query is required", field="arguments.query")
+        group = conversation.group_id if conversation.request_type == "group" else None
+        rows = await profiles.search(
+            session,
+            tenant.tenant_id,
+            await embedder.query(query),
+            arguments.get("entity_type"),
+            group,
+            int(arguments.get("top_k") or tenant.query.profile_top_k),
+        )
+        return [
+            {
+                "entity_type": r["entity_type"],
+                "entity_id": r["entity_id"],
+                "group_id": r["group_id"],
+                "name": r["name"],
+                "body": r["body"],
+                "score": round(float(r["score"]), 4),
+            }
+            for r in rows
+        ]
+    query = str(arguments.get("query") or "")
+    if not query:
+        raise Invalid("query is required", field="arguments.query")
+    _, scope, _ = conversation_scope(conversation)
+    conditions = [scope.where(), Memory.is_active.is_(True)]
+    if arguments.get("categories"):
+        conditions.append(Memory.category.in_(list(arguments["categories"])))
+    rows = await memories.nearest(
+        session,
+        tenant.tenant_id,
+        await embedder.query(query),
+        where=and_(*conditions),
+        limit=int(arguments.get("top_k") or tenant.query.tool_default_top_k),
+    )
+    await memories.touch(session, tenant.tenant_id, [r["id"] for r in rows])
+    return [
+        {
+            "id": r["id"],
+            "scope": r["scope"],
+            "category": r["category"],
+            "content": r["content"],
+            "score": round(float(r["score"]), 4),
+        }
+        for r in rows
+    ]
+
+
+async def _get_profile(
+    session: AsyncSession,
+    tenant: TenantContext,
+    conversation: ConversationContext,
+    arguments: dict[str, Any],
+) -> Any:
+    entity_type = str(arguments.get("entity_type") or "")
+    entity_id = str(arguments.get("entity_id") or "")
+    group = conversation.group_id if conversation.request_type == "group" else None
+    if entity_type == "member":
+        if group is None:
+            raise Invalid("member profiles exist only in a group", field="arguments.entity_type")
+        key = key_of("member", entity_id, group)  # only members of this group
+    else:
+        key = key_of(entity_type, entity_id)
+        if (
+            entity_type == "group"
+            and entity_id != group
+            and not tenant.query.allow_cross_group_tools
+        ):
+            raise Forbidden("this bot may read only its current group's profile")
+    row = await profiles.get(session, tenant.tenant_id, key)
+    if row is None:
+        return {"found": False, "entity_type": entity_type, "entity_id": entity_id}
+    return {"found": True, "name": row["name"], "tags": row["tags"], "document": row["document"]}
+
+
+def _context(value: dict[str, Any]) -> ConversationContext:
+    try:
+        return ConversationContext.model_validate(value)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(p) for p in error["loc"])
+        raise Invalid(error["msg"], field=f"context.{where}" if where else "context") from None
+
+
+def _validate(model: Any, data: dict[str, Any]) -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(p) for p in error["loc"])
+        raise Invalid(error["msg"], field=f"arguments.{where}" if where else "arguments") from None
