@@ -10,12 +10,15 @@ from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import ScalarRenderPlugin, SwaggerRenderPlugin
 
+from service.audit.routes import audit_log
+from service.audit.service import audit_middleware
 from service.ends.routes import EndController
 from service.events.routes import EventController
 from service.health.routes import healthz, readyz
 from service.http import error_response, provide_session, provide_tenant, request_id_middleware
 from service.memories.routes import MemoryController
 from service.messages.routes import MessageController
+from service.privacy.routes import PrivacyController, TenantPrivacyController
 from service.profiles.routes import ProfileController
 from service.queue.routes import JobController
 from service.recall.routes import RecallController
@@ -58,6 +61,7 @@ def create_app(
             MemoryController,
             TodoController,
             RecallController,
+            PrivacyController,
         ],
         dependencies={
             "tenant": Provide(provide_tenant),
@@ -65,11 +69,11 @@ def create_app(
         },
     )
     return Litestar(
-        route_handlers=[healthz, readyz, AdminController, v1],
+        route_handlers=[healthz, readyz, AdminController, TenantPrivacyController, audit_log, v1],
         on_startup=[on_startup],
         on_shutdown=[on_shutdown],
         exception_handlers={Exception: error_response},
-        middleware=[request_id_middleware],
+        middleware=[request_id_middleware, audit_middleware],
         request_max_body_size=settings.max_body_bytes,
         openapi_config=OpenAPIConfig(
             title="Memoria",

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from service.audit import service as audit
 from service.ends.service import END_JOB
 from service.historian.service import Historian
 from service.memories.upkeep import CONSOLIDATE_JOB, MAINTAIN_JOB, Upkeep
 from service.messages.service import EMBED_JOB, EXTRACT_JOB, Archivist
+from service.privacy.routes import ERASE_JOB, erase_handler
 from service.queue.worker import JobHandler, Periodic
 from service.todos.service import DELIVER_JOB, Courier
 
@@ -28,6 +31,7 @@ def handlers(runtime: Runtime) -> dict[str, JobHandler]:
         MAINTAIN_JOB: upkeep.run_maintain,
         CONSOLIDATE_JOB: upkeep.run_consolidate,
         DELIVER_JOB: courier.run_deliver,
+        ERASE_JOB: erase_handler(runtime),
     }
 
 
@@ -42,4 +46,13 @@ def periodic(runtime: Runtime) -> list[Periodic]:
         Periodic("pause-trigger", check, archivist.trigger_quiet_conversations),
         Periodic("todo-delivery", check, courier.enqueue_due),
         Periodic("maintenance", min(maintenance, 300.0), upkeep.schedule_maintenance),
+        Periodic("audit-prune", 3600.0, _audit_pruner(runtime)),
     ]
+
+
+def _audit_pruner(runtime: Runtime) -> Callable[[], Awaitable[int]]:
+    async def prune() -> int:
+        async with runtime.db.system() as session:
+            return await audit.prune(session, runtime.settings.audit_retention_days)
+
+    return prune

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from service.audit.models import AuditEntry
 from service.db.base import Base
 from service.db.meta import MemoriaMeta
 from service.ends.models import Memo
 from service.events.models import Event
 from service.memories.models import Memory, MemoryHistory
 from service.messages.models import Conversation, Message
+from service.privacy.models import Erasure
 from service.profiles.models import ProfileRevision, ProfileRow
 from service.queue.models import Job
 from service.tenants.models import ApiKey, Tenant
@@ -17,7 +19,9 @@ metadata = Base.metadata
 
 __all__ = [
     "ApiKey",
+    "AuditEntry",
     "Conversation",
+    "Erasure",
     "Event",
     "Job",
     "Memo",

@@ -198,6 +198,8 @@ class Settings(BaseSettings):
     db_pool_size: int = Field(20, ge=1, le=500)
     db_max_overflow: int = Field(10, ge=0, le=500)
     auth_cache_seconds: float = Field(2.0, ge=0)
+    privacy_sync_limit: int = Field(5000, ge=0)
+    audit_retention_days: float = Field(365.0, gt=0)
     run_worker: bool = True
     auto_migrate: bool = True
     log_level: str = "INFO"

@@ -125,6 +125,7 @@ class EndAccepted(BaseModel):
     event_ids: list[str] = Field(default_factory=list)
     cognitive_enabled: bool = True
     duplicate: bool = False
+    warnings: list[str] = Field(default_factory=list)
 
 
 class MemoInfo(BaseModel):

@@ -3,16 +3,35 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from service.context import ConversationContext
 from service.db.engine import Database
 from service.ends import repository
 from service.ends.schemas import EndAccepted, EndRequest
+from service.errors import Invalid
 from service.settings import Settings
 from service.tenants.service import TenantContext
 
 END_JOB = "historian.end"
 _CONTEXT_FIELDS = set(ConversationContext.model_fields)
+
+
+async def check_erased(db: Database, tenant: TenantContext, ids: list[str | None]) -> list[str]:
+    """Apply the tenant's policy for data about erased people: refuse, or name them to flag."""
+    if tenant.erased_policy == "accept":
+        return []
+    from service.privacy.service import was_erased
+
+    wanted = [i for i in ids if i]
+    async with db.tenant(tenant.tenant_id) as session:
+        erased = await was_erased(session, tenant.tenant_id, wanted)
+    if erased and tenant.erased_policy == "refuse":
+        raise Invalid(
+            "data about an erased person is refused by this tenant's policy",
+            field="sender_id" if set(erased) & {ids[0]} else "user_id",
+        )
+    return sorted(erased)
 
 
 def event_ids(request_id: str, end_seq: int, observations: int, memo: bool) -> list[str]:
@@ -50,8 +69,10 @@ async def accept_end(
         "source_message": request.source_message,
         "recent_messages": request.recent_messages,
         "event_ids": ids,
+        "pii_policy": tenant.pii_policy,
     }
     private = request.request_type == "private"
+    flagged = await check_erased(db, tenant, [request.sender_id, request.user_id])
     async with db.tenant_connection(tenant.tenant_id, durable=not tenant.fast_ack) as conn:
         row = await conn.fetchrow(
             repository.ACCEPT_END,
@@ -71,10 +92,11 @@ async def accept_end(
             f"end:{request.request_id}:{request.end_seq}",
             enqueue,
         )
-    base = {
+    base: dict[str, Any] = {
         "request_id": request.request_id,
         "end_seq": request.end_seq,
         "memo_recorded": bool(request.memo),
+        "warnings": [f"user {u} was erased before; this data is about them" for u in flagged],
     }
     if not enqueue:
         # Switched off: the memo log still works; no historian job is made (seed 002, 回退方式).

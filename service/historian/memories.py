@@ -29,6 +29,7 @@ from service.memories import repository
 from service.memories import service as memories
 from service.memories.models import CATEGORIES, SCOPES, Memory
 from service.memories.repository import ScopeFilter
+from service.privacy import pii
 from service.settings import Settings
 from service.todos import repository as todos
 
@@ -472,6 +473,19 @@ class MemoryKeeper:
             if item_evidence is not None and isinstance(args.get("item"), int):
                 source = item_evidence[args["item"]]
             try:
+                if (
+                    op.tool == "add_memory"
+                    and args["scope"] == "GLOBAL"
+                    and pii.find(args["content"])
+                ):
+                    # Sensitive facts never go to GLOBAL: in a group they stay with the member.
+                    if conversation.group_id is None:
+                        plan.notes.append(
+                            "add_memory: personal data is not kept as a GLOBAL memory"
+                        )
+                        next(vectors)
+                        continue
+                    args = {**args, "scope": "MEMBER_IN_GROUP"}
                 if op.tool == "add_memory":
                     user_id, group_id = conversation.bind(args["scope"], args.get("user_id"))
                     _, created = await memories.add(

@@ -17,6 +17,7 @@ from service.historian.profiles import ProfileMerger, Staged, Target, end_target
 from service.historian.rewrite import Item, Outcome, rewrite_with_llm, rule_outcome
 from service.historian.rewrite import Situation as PromptSituation
 from service.llm import ChatModel, LLMError
+from service.privacy import pii
 from service.profiles import repository as profile_rows
 from service.profiles.document import ProfileKey
 from service.profiles.service import Fact
@@ -27,6 +28,45 @@ log = logging.getLogger("service.historian")
 
 SCHEMA_VERSION = "final_v1"
 _CONTENT = re.compile(r"<content>(.*?)</content>", re.S)
+
+
+def screen(payload: dict[str, Any], ids: list[str]) -> tuple[dict[str, Any], list[str], list[str]]:
+    """The tenant's personal-data policy, before the rules, the LLM or the embedder see
+    anything: masked items stay, dropped ones lose their event too."""
+    policy = str(payload.get("pii_policy", "store"))
+    if policy == "store":
+        return payload, ids, []
+    notes: list[str] = []
+    memo_id = ids[-1] if payload.get("memo") and ids and ids[-1].endswith(":memo") else None
+    observation_ids = ids[: len(ids) - (1 if memo_id else 0)]
+    kept_observations, kept_ids = [], []
+    for text, event_id in zip(payload.get("observations", []), observation_ids, strict=False):
+        value, kinds = pii.apply(text, policy)
+        if value is None:
+            notes.append(f"{event_id} dropped: personal data ({', '.join(kinds)})")
+            continue
+        kept_observations.append(value)
+        kept_ids.append(event_id)
+    memo = payload.get("memo") or ""
+    if memo:
+        value, kinds = pii.apply(memo, policy)
+        if value is None:
+            notes.append(f"{memo_id} dropped: personal data ({', '.join(kinds)})")
+            memo, memo_id = "", None
+        else:
+            memo = value
+    reference = [
+        pii.mask(str(m)) if isinstance(m, str) else m for m in payload.get("recent_messages") or []
+    ]
+    source = payload.get("source_message")
+    screened = {
+        **payload,
+        "observations": kept_observations,
+        "memo": memo,
+        "recent_messages": reference,
+        "source_message": pii.mask(source) if isinstance(source, str) else source,
+    }
+    return screened, kept_ids + ([memo_id] if memo_id else []), notes
 
 
 def message_content(text: str) -> str:
@@ -107,11 +147,17 @@ class Historian:
             ids: list[str] = list(payload["event_ids"])
         except (KeyError, ValueError, TypeError) as exc:
             raise PermanentJobError(f"malformed end job payload: {exc}") from exc
+        payload, ids, pii_notes = screen(payload, ids)
         items = self._items(context, moment, payload)
         if len(items) != len(ids):
             raise PermanentJobError("the job's event ids do not match its items")
 
         outcomes, calls = await self._rewrite(job, context, moment, payload, items)
+        policy = str(payload.get("pii_policy", "store"))
+        for outcome in outcomes:
+            # The rewrite may bring personal data back from the reference messages.
+            kept, _ = pii.apply(outcome.text, "mask" if policy == "drop" else policy)
+            outcome.text = kept or outcome.text
         vectors = await self.embedder.passages([o.text for o in outcomes])
         rows = [
             self._event_row(job, context, moment, payload, item, outcome, event_id, vector)
@@ -124,6 +170,7 @@ class Historian:
         ]
         targets = end_targets(context, facts, llm=self.llm is not None)
         staged, notes, profile_calls = await self._prepare_profiles(job, targets, moment)
+        notes = pii_notes + notes
         model_decided = profile_calls > 0
         conversation = end_conversation(context, moment)
         observed = [

@@ -80,6 +80,8 @@ class MessagesStored(BaseModel):
 
     stored: int
     duplicates: int
+    dropped: int = 0
+    warnings: list[str] = Field(default_factory=list)
     extraction_job_ids: list[int] = Field(default_factory=list)
     embed_job_id: int | None = None
 

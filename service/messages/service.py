@@ -32,6 +32,8 @@ from service.messages.schemas import (
     MessageSearchResult,
     MessagesStored,
 )
+from service.privacy import pii
+from service.privacy.service import was_erased
 from service.profiles import repository as profile_rows
 from service.profiles.document import ProfileKey
 from service.profiles.service import Fact
@@ -59,13 +61,18 @@ async def ingest(
     limits = settings.cognitive.messages
     if len(batch.messages) > limits.batch_max:
         raise Invalid(f"at most {limits.batch_max} messages per call", field="messages")
-    rows = []
+    rows: list[dict[str, Any]] = []
     group_names: dict[str, str] = {}
+    dropped = 0
     for n, message in enumerate(batch.messages):
         if len(message.text) > limits.text_max_chars:
             raise Invalid(f"at most {limits.text_max_chars} characters", field=f"messages.{n}.text")
         if "\x00" in message.text:
             raise Invalid("text must not contain NUL characters", field=f"messages.{n}.text")
+        body, _ = pii.apply(message.text, tenant.pii_policy)
+        if body is None:
+            dropped += 1  # the tenant's policy: items with personal data are not stored
+            continue
         user = message.user_id or (message.sender_id if message.request_type == "private" else None)
         key = conversation_key(message.request_type, message.group_id, user)
         if message.group_name:
@@ -79,11 +86,22 @@ async def ingest(
                 "user_id": user,
                 "sender_id": message.sender_id,
                 "sender_name": message.sender_name,
-                "text": message.text,
+                "text": body,
                 "sent_at": _sent_at(message.sent_at, message.timezone or tenant.timezone, n),
             }
         )
-    inserted = await repository.insert_messages(session, tenant.tenant_id, rows)
+    if tenant.erased_policy != "accept":
+        erased = await was_erased(
+            session, tenant.tenant_id, [r["sender_id"] for r in rows if r["sender_id"]]
+        )
+        if erased and tenant.erased_policy == "refuse":
+            raise Invalid("messages of an erased person are refused", field="messages.sender_id")
+        warnings = [
+            f"user {u} was erased before; these messages are about them" for u in sorted(erased)
+        ]
+    else:
+        warnings = []
+    inserted = await repository.insert_messages(session, tenant.tenant_id, rows) if rows else []
     per_conversation: dict[str, list[Any]] = defaultdict(list)
     for row in inserted:
         per_conversation[row.conversation_key].append(row)
@@ -127,6 +145,8 @@ async def ingest(
     return MessagesStored(
         stored=len(inserted),
         duplicates=len(rows) - len(inserted),
+        dropped=dropped,
+        warnings=warnings,
         extraction_job_ids=extraction_jobs,
         embed_job_id=embed_job,
     )

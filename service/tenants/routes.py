@@ -88,6 +88,23 @@ class AdminController(Controller):
         runtime(request).auth.forget(tenant_id)
         return service.tenant_info(tenant)
 
+    @delete("/{tenant_id:uuid}", status_code=200)
+    async def erase_tenant(
+        self,
+        request: Request[Any, Any, Any],
+        admin: None,
+        session: AsyncSession,
+        tenant_id: uuid.UUID,
+    ) -> dict[str, Any]:
+        """Erase a tenant and all its data, keys included (a tombstone remains)."""
+        from service.privacy.service import erase_tenant
+
+        counts = await erase_tenant(session, tenant_id)
+        if counts is None:
+            raise NotFound("no such tenant")
+        runtime(request).auth.forget(tenant_id)
+        return {"erased": "tenant", "counts": counts}
+
     @post("/{tenant_id:uuid}/keys", status_code=201)
     async def create_key(
         self,
@@ -198,6 +215,9 @@ class TenantController(Controller):
             overrides["bot"] = data.bot
         if data.webhook_url is not None:
             overrides["webhook_url"] = data.webhook_url
+        for name in ("pii_policy", "erased_policy"):
+            if getattr(data, name) is not None:
+                overrides[name] = getattr(data, name)
         settings = runtime(request).settings
         row.settings = service.validate_overrides(overrides, settings)
         await session.flush()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -83,6 +83,12 @@ class SettingsUpdate(BaseModel):
         "a second of writes if the database server crashes; never corrupts)",
     )
     bot: dict[str, str] | None = Field(default=None, description='{"id": …, "name": …}')
+    pii_policy: Literal["store", "mask", "drop"] | None = Field(
+        default=None, description="personal data in observations and messages"
+    )
+    erased_policy: Literal["accept", "flag", "refuse"] | None = Field(
+        default=None, description="data about an erased person arriving later"
+    )
     webhook_url: str | None = Field(
         default=None, description="receives due todos (POST, retried); empty string: off"
     )

@@ -24,6 +24,8 @@ from service.tenants import repository
 from service.tenants.models import ApiKey, Tenant
 from service.tenants.schemas import CreatedKey, KeyInfo, TenantInfo
 
+PII_POLICIES = ("store", "mask", "drop")
+ERASED_POLICIES = ("accept", "flag", "refuse")
 KEY_PREFIX_RE = re.compile(r"^mk_[a-z0-9]{10}$")
 KEY_RE = re.compile(r"^(mk_[a-z0-9]{10})_([A-Za-z0-9_-]{43})$")
 _PREFIX_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
@@ -63,7 +65,17 @@ def tenant_info(tenant: Tenant) -> TenantInfo:
 
 def validate_overrides(overrides: dict[str, Any], defaults: Settings) -> dict[str, Any]:
     """Check a tenant's settings overrides against the settings model; return them cleaned."""
-    allowed = {"cognitive", "query", "timezone", "fast_ack", "bot", "webhook_url", "persona"}
+    allowed = {
+        "cognitive",
+        "query",
+        "timezone",
+        "fast_ack",
+        "bot",
+        "webhook_url",
+        "persona",
+        "pii_policy",
+        "erased_policy",
+    }
     unknown = set(overrides) - allowed
     if unknown:
         name = sorted(unknown)[0]
@@ -90,6 +102,11 @@ def validate_overrides(overrides: dict[str, Any], defaults: Settings) -> dict[st
         if not isinstance(overrides["fast_ack"], bool):
             raise Invalid("must be true or false", field="settings.fast_ack")
         cleaned["fast_ack"] = overrides["fast_ack"]
+    for name, choices in (("pii_policy", PII_POLICIES), ("erased_policy", ERASED_POLICIES)):
+        if name in overrides:
+            if overrides[name] not in choices:
+                raise Invalid(f"one of {', '.join(choices)}", field=f"settings.{name}")
+            cleaned[name] = overrides[name]
     if "persona" in overrides:
         persona = overrides["persona"]
         if not isinstance(persona, str) or len(persona) > 20_000:
@@ -154,6 +171,16 @@ class TenantContext:
     def fast_ack(self) -> bool:
         """Opt-in: commit this tenant's writes without waiting for the disk flush."""
         return bool(self.overrides.get("fast_ack", False))
+
+    @property
+    def pii_policy(self) -> str:
+        """What happens to personal data in observations and messages: store, mask, drop."""
+        return str(self.overrides.get("pii_policy", "store"))
+
+    @property
+    def erased_policy(self) -> str:
+        """Data about an erased person arriving later: accept, flag, or refuse."""
+        return str(self.overrides.get("erased_policy", "accept"))
 
     @property
     def bot(self) -> dict[str, str]:

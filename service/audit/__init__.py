@@ -1,0 +1,1 @@
+"""The audit trail: who did what through the API, and every refused access."""

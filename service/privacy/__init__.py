@@ -1,0 +1,1 @@
+"""Privacy: export of everything about a person, real erasure, personal-data policy."""
