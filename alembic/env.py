@@ -6,10 +6,10 @@ import asyncio
 import logging
 from logging.config import fileConfig
 
+from alembic import context
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from alembic import context
 from service.db.types import compare_type
 from service.models import metadata
 

@@ -51,6 +51,13 @@ def _parser() -> argparse.ArgumentParser:
     revoke.add_argument("prefix", help="e.g. mk_ab12cd34ef")
 
     commands.add_parser("jobs", help="job counts by status and the oldest queued job's age")
+
+    export = commands.add_parser("export", help="export a person, a group or a whole tenant")
+    export.add_argument("--tenant", required=True, help="tenant id")
+    subject = export.add_mutually_exclusive_group()
+    subject.add_argument("--user", help="a person's user id (JSON document)")
+    subject.add_argument("--group", help="a group id (JSON document)")
+    export.add_argument("--out", required=True, help="file to write (NDJSON for a whole tenant)")
     return parser
 
 
@@ -208,6 +215,34 @@ async def _jobs(db: Database, settings: Settings, args: argparse.Namespace) -> N
     print(f"oldest queued: {f'{oldest:.1f}s' if oldest is not None else '-'}")
 
 
+async def _export(db: Database, settings: Settings, args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from service.privacy.service import export_stream, export_tenant
+
+    try:
+        tenant_id = uuid.UUID(args.tenant)
+    except ValueError:
+        raise MemoriaError(f"not a tenant id: {args.tenant}") from None
+    if args.user:
+        chunks = export_stream(db, tenant_id, "user", args.user)
+    elif args.group:
+        chunks = export_stream(db, tenant_id, "group", args.group)
+    else:
+        chunks = export_tenant(db, tenant_id)
+    written = items = 0
+    with Path(args.out).open("wb") as out:  # noqa: ASYNC230 (a CLI, one file)
+        async for chunk in chunks:
+            out.write(chunk)
+            written += len(chunk)
+            items += 1
+            if items % 200 == 0:
+                print(
+                    f"\rexporting… {items} items, {written / 1e6:.1f} MB", end="", file=sys.stderr
+                )
+    print(f"\rexported {items} items, {written / 1e6:.2f} MB to {args.out}", file=sys.stderr)
+
+
 _ADMIN: dict[
     tuple[str, Any], Callable[[Database, Settings, argparse.Namespace], Awaitable[None]]
 ] = {
@@ -216,6 +251,7 @@ _ADMIN: dict[
     ("keys", "create"): _keys_create,
     ("keys", "revoke"): _keys_revoke,
     ("jobs", None): _jobs,
+    ("export", None): _export,
 }
 
 if __name__ == "__main__":

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import sqlalchemy as sa
+from alembic import context, op
 from sqlalchemy.dialects import postgresql
 
-from alembic import context, op
 from service.db.rls import APP_ROLE, create_app_role, protect_tenant_table
 
 revision: str = "0001"

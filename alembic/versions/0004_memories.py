@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import sqlalchemy as sa
+from alembic import op
 from pgvector.sqlalchemy import Vector
 from sqlalchemy.dialects import postgresql
 
-from alembic import op
 from service.db.rls import APP_ROLE, embedding_dim, protect_tenant_table
 
 revision: str = "0004"

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import sqlalchemy as sa
-
 from alembic import op
+
 from service.db.engine import APP_ROLE
 
 

@@ -417,8 +417,12 @@ async def _redact(
         body = _scrub(row.body, tokens)
         sets = f"{column} = :body" + (f", {extra}" if extra else "")
         await session.execute(
-            text(f"UPDATE {table} SET {sets} WHERE tenant_id = :t AND ctid = CAST(:ref AS tid)"),
-            {"t": params["t"], "body": body, "ref": row.ref},
+            text(f"UPDATE {table} SET {sets} WHERE tenant_id = :t AND ctid = :ref"),
+            {
+                "t": params["t"],
+                "body": body,
+                "ref": tuple(int(x) for x in row.ref.strip("()").split(",")),
+            },
         )
     if rows:
         counts[f"{table}_redacted"] = counts.get(f"{table}_redacted", 0) + len(rows)

@@ -1,0 +1,410 @@
+"""Export and erasure that leave nothing behind, the personal-data policy, and the audit trail."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+
+from service.app import create_app
+from service.audit import service as audit
+from tests.conftest import (
+    ADMIN,
+    FAST_QUEUE,
+    AppClient,
+    TenantHandle,
+    make_settings,
+    new_tenant,
+    plain_dsn,
+    serve_app,
+    until_finished,
+)
+
+VICTIM, NAME = "73019", "甄士隐"
+OTHER, OTHER_NAME = "55502", "贾雨村"
+GROUP = {
+    "request_type": "group",
+    "group_id": "g7",
+    "group_name": "红楼群",
+    "bot_id": "1",
+    "bot_name": "小助手",
+}
+
+
+@pytest.fixture
+async def running(db_url: str) -> AsyncIterator[tuple[AppClient, TenantHandle]]:
+    settings = make_settings(db_url, cognitive={"queue": FAST_QUEUE})
+    async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
+        yield client, await new_tenant(client)
+
+
+async def end(client: AppClient, tenant: TenantHandle, sender: str, name: str, **body: Any) -> None:
+    response = await client.post(
+        "/v1/end",
+        json={**GROUP, "sender_id": sender, "sender_name": name, **body},
+        headers=tenant.headers,
+    )
+    assert response.status_code == 202, response.text
+    await until_finished(client, tenant, response.json()["job_id"])
+
+
+async def populate(client: AppClient, tenant: TenantHandle) -> None:
+    """A person everywhere: messages, private chat, events, memories, profiles, todos, memos."""
+    await client.post(
+        "/v1/messages",
+        json={
+            **GROUP,
+            "messages": [
+                {
+                    "message_id": "1",
+                    "sender_id": VICTIM,
+                    "sender_name": NAME,
+                    "text": "我家住在姑苏城外",
+                },
+                {
+                    "message_id": "2",
+                    "sender_id": OTHER,
+                    "sender_name": OTHER_NAME,
+                    "text": f"{NAME}是个好人",
+                },
+                {
+                    "message_id": "3",
+                    "sender_id": OTHER,
+                    "sender_name": OTHER_NAME,
+                    "text": "今天天气不错",
+                },
+            ],
+        },
+        headers=tenant.headers,
+    )
+    await client.post(
+        "/v1/messages",
+        json={
+            "request_type": "private",
+            "user_id": VICTIM,
+            "messages": [{"message_id": "p1", "sender_id": VICTIM, "text": "我的秘密"}],
+        },
+        headers=tenant.headers,
+    )
+    await end(
+        client,
+        tenant,
+        VICTIM,
+        NAME,
+        request_id="v1",
+        memo=f"陪{NAME}聊天",
+        observations=["我喜欢读书", "明天提醒我去葫芦庙"],
+    )
+    await end(
+        client,
+        tenant,
+        OTHER,
+        OTHER_NAME,
+        request_id="o1",
+        observations=["我准备进京赶考", f"{NAME}资助了我"],
+    )
+    await client.put(
+        "/v1/profiles/group/g7",
+        json={
+            "document": f'---\nentity_type: group\nentity_id: "g7"\nname: 红楼群\ntags: []\nupdated_at: "2026-01-01T00:00:00+08:00"\n---\n群里有{NAME}和{OTHER_NAME}。\n'
+        },
+        headers=tenant.headers,
+    )
+    await client.post(
+        "/v1/memories",
+        json={
+            "scope": "GLOBAL",
+            "user_id": VICTIM,
+            "category": "PROFILE",
+            "content": f"{NAME}({VICTIM}) 是乡宦",
+        },
+        headers=tenant.headers,
+    )
+
+
+async def leftovers(db_url: str, needles: list[str]) -> list[str]:
+    """Every text and JSON column of every table that still holds one of the needles."""
+    conn = await asyncpg.connect(plain_dsn(db_url))
+    found = []
+    try:
+        columns = await conn.fetch(
+            """
+            SELECT table_name, column_name FROM information_schema.columns
+            WHERE table_schema = 'public'
+              AND data_type IN ('text', 'character varying', 'jsonb', 'json', 'ARRAY')
+            """
+        )
+        for column in columns:
+            for needle in needles:
+                hit = await conn.fetchval(
+                    f'SELECT count(*) FROM "{column["table_name"]}" WHERE "{column["column_name"]}"::text LIKE $1',
+                    f"%{needle}%",
+                )
+                if hit:
+                    found.append(
+                        f"{column['table_name']}.{column['column_name']} has {needle} ({hit})"
+                    )
+    finally:
+        await conn.close()
+    return found
+
+
+async def test_export_has_everything_about_the_person_and_nothing_else(
+    running: tuple[AppClient, TenantHandle],
+) -> None:
+    client, tenant = running
+    await populate(client, tenant)
+    response = await client.get(f"/v1/users/{VICTIM}/export", headers=tenant.headers)
+    assert response.status_code == 200
+    document = json.loads(response.content)
+    assert document["subject"] == {"kind": "user", "id": VICTIM}
+    counts = document["manifest"]["counts"]
+    for section, count in counts.items():
+        assert len(document[section]) == count, section
+    texts = json.dumps(document, ensure_ascii=False)
+    assert "我家住在姑苏城外" in texts and "我的秘密" in texts  # their own messages
+    assert f"{NAME}是个好人" in texts  # a message naming them
+    assert "今天天气不错" not in texts  # not about them
+    assert any(e["id"] == "v1:1:1" for e in document["events"])
+    assert any("资助" in e["text"] for e in document["events"])  # an event that names them
+    assert any("乡宦" in m["content"] for m in document["memories"])
+    assert any(
+        p["entity_type"] == "member" and p["entity_id"] == VICTIM for p in document["profiles"]
+    )
+    assert document["todos"] and document["memos"]
+    group = json.loads((await client.get("/v1/groups/g7/export", headers=tenant.headers)).content)
+    assert group["manifest"]["counts"]["messages"] == 3
+
+
+async def test_erasure_leaves_nothing_a_query_can_reach(
+    running: tuple[AppClient, TenantHandle], db_url: str
+) -> None:
+    client, tenant = running
+    await populate(client, tenant)
+    assert await leftovers(db_url, [VICTIM, NAME])  # the scan finds them before
+    receipt = await client.delete(f"/v1/users/{VICTIM}", headers=tenant.headers)
+    assert receipt.status_code == 200, receipt.text
+    counts = receipt.json()["counts"]
+    assert counts["messages"] == 2 and counts["events"] >= 3 and counts["memories"] >= 1
+    assert counts["messages_redacted"] == 1 and counts["profiles"] >= 2
+    await audit.flush()
+    assert await leftovers(db_url, [VICTIM, NAME]) == []
+    # The other person and the group's words stay.
+    kept = (await client.get("/v1/profiles/group/g7", headers=tenant.headers)).json()
+    assert OTHER_NAME in kept["body"] and "[已删除用户]" in kept["body"]
+    assert (await client.get("/v1/memories?group_id=g7", headers=tenant.headers)).json()
+    again = (await client.delete(f"/v1/users/{VICTIM}", headers=tenant.headers)).json()
+    assert all(n == 0 for n in again["counts"].values())
+    # The tombstone says that it happened, and by which key, but not whom.
+    conn = await asyncpg.connect(plain_dsn(db_url))
+    try:
+        rows = await conn.fetch("SELECT kind, subject_hash, requested_by, counts FROM erasures")
+    finally:
+        await conn.close()
+    assert {r["kind"] for r in rows} == {"user"} and len(rows) == 2
+    assert rows[0]["requested_by"] == tenant.prefix and len(rows[0]["subject_hash"]) == 64
+
+
+async def test_a_large_erasure_runs_as_a_job(db_url: str) -> None:
+    settings = make_settings(db_url, privacy_sync_limit=0, cognitive={"queue": FAST_QUEUE})
+    async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
+        tenant = await new_tenant(client)
+        await populate(client, tenant)
+        response = await client.delete(f"/v1/users/{VICTIM}", headers=tenant.headers)
+        assert response.status_code == 202
+        assert response.json()["status_url"] == f"/v1/jobs/{response.json()['job_id']}"
+        job = await until_finished(client, tenant, response.json()["job_id"])
+        assert job["status"] == "done" and job["result"]["counts"]["messages"] == 2
+        await audit.flush()
+    assert await leftovers(db_url, [VICTIM, NAME]) == []
+
+
+async def test_erasing_a_group_and_a_tenant(
+    running: tuple[AppClient, TenantHandle], db_url: str
+) -> None:
+    client, tenant = running
+    await populate(client, tenant)
+    receipt = (await client.delete("/v1/groups/g7", headers=tenant.headers)).json()
+    assert receipt["counts"]["messages"] == 3 and receipt["counts"]["events"] >= 4
+    assert (await client.get("/v1/events?group_id=g7", headers=tenant.headers)).json()[
+        "events"
+    ] == []
+    assert (await client.get("/v1/profiles/group/g7", headers=tenant.headers)).status_code == 404
+    other = await new_tenant(client, "keeps its data")
+    await client.post(
+        "/v1/memories",
+        json={"scope": "GROUP", "group_id": "g1", "content": "留下"},
+        headers=other.headers,
+    )
+    gone = await client.delete(f"/admin/tenants/{tenant.id}", headers=ADMIN)
+    assert gone.status_code == 200 and gone.json()["counts"]["api_keys"] == 1
+    assert (await client.get("/v1/tenant", headers=tenant.headers)).status_code == 401
+    assert (await client.delete(f"/admin/tenants/{tenant.id}", headers=ADMIN)).status_code == 404
+    assert (await client.get("/v1/memories?group_id=g1", headers=other.headers)).json()
+    conn = await asyncpg.connect(plain_dsn(db_url))
+    try:
+        for table in ("messages", "events", "memories", "profiles", "jobs", "api_keys", "memos"):
+            assert (
+                await conn.fetchval(f"SELECT count(*) FROM {table} WHERE tenant_id = $1", tenant.id)
+                == 0
+            ), table
+        assert await conn.fetchval("SELECT count(*) FROM erasures WHERE kind = 'tenant'") == 1
+    finally:
+        await conn.close()
+
+
+async def test_personal_data_policy(running: tuple[AppClient, TenantHandle]) -> None:
+    client, tenant = running
+    await client.patch("/v1/settings", json={"pii_policy": "mask"}, headers=tenant.headers)
+    await end(
+        client,
+        tenant,
+        OTHER,
+        OTHER_NAME,
+        request_id="m1",
+        observations=["我的手机号是13812345678，邮箱 jia@example.com"],
+    )
+    masked = (await client.get("/v1/events/m1:1", headers=tenant.headers)).json()
+    assert "13812345678" not in masked["text"] and "138****5678" in masked["text"]
+    assert "jia@example.com" not in masked["text"] and "j***@example.com" in masked["text"]
+    stored = await client.post(
+        "/v1/messages",
+        json={**GROUP, "messages": [{"message_id": "pm", "text": "卡号 6222 0212 3456 7891 238"}]},
+        headers=tenant.headers,
+    )
+    assert stored.json()["stored"] == 1
+    await client.patch("/v1/settings", json={"pii_policy": "drop"}, headers=tenant.headers)
+    response = await client.post(
+        "/v1/end",
+        json={
+            **GROUP,
+            "sender_id": OTHER,
+            "request_id": "d1",
+            "observations": ["我的身份证号 110101199003077777", "我喜欢喝茶"],
+        },
+        headers=tenant.headers,
+    )
+    job = await until_finished(client, tenant, response.json()["job_id"])
+    assert any("d1:1:1 dropped" in n for n in job["result"]["notes"])
+    assert (await client.get("/v1/events/d1:1:1", headers=tenant.headers)).status_code == 404
+    assert (await client.get("/v1/events/d1:1:2", headers=tenant.headers)).status_code == 200
+    dropped = await client.post(
+        "/v1/messages",
+        json={**GROUP, "messages": [{"message_id": "pd", "text": "call me at +1 415 555 0132"}]},
+        headers=tenant.headers,
+    )
+    assert dropped.json()["stored"] == 0 and dropped.json()["dropped"] == 1
+    bad = await client.patch("/v1/settings", json={"pii_policy": "shred"}, headers=tenant.headers)
+    assert bad.status_code == 422
+
+
+async def test_data_about_an_erased_person_can_be_refused_or_flagged(
+    running: tuple[AppClient, TenantHandle],
+) -> None:
+    client, tenant = running
+    await client.delete(f"/v1/users/{VICTIM}", headers=tenant.headers)
+    message = {**GROUP, "messages": [{"message_id": "x", "sender_id": VICTIM, "text": "我回来了"}]}
+    assert (
+        await client.post("/v1/messages", json=message, headers=tenant.headers)
+    ).status_code == 202
+    await client.patch("/v1/settings", json={"erased_policy": "flag"}, headers=tenant.headers)
+    flagged = (
+        await client.post(
+            "/v1/end", json={**GROUP, "sender_id": VICTIM, "memo": "hi"}, headers=tenant.headers
+        )
+    ).json()
+    assert flagged["warnings"] and VICTIM in flagged["warnings"][0]
+    await client.patch("/v1/settings", json={"erased_policy": "refuse"}, headers=tenant.headers)
+    refused = await client.post(
+        "/v1/end", json={**GROUP, "sender_id": VICTIM, "memo": "hi"}, headers=tenant.headers
+    )
+    assert refused.status_code == 422 and refused.json()["field"] == "sender_id"
+    refused = await client.post(
+        "/v1/messages",
+        json={**message, "messages": [{"message_id": "y", "sender_id": VICTIM, "text": "在吗"}]},
+        headers=tenant.headers,
+    )
+    assert refused.status_code == 422
+
+
+async def test_the_audit_trail(running: tuple[AppClient, TenantHandle]) -> None:
+    client, tenant = running
+    other = await new_tenant(client, "other")
+    await client.post(
+        "/v1/memories",
+        json={"scope": "GROUP", "group_id": "g7", "content": "群规"},
+        headers=tenant.headers,
+    )
+    await client.get(f"/v1/users/{VICTIM}/export", headers=tenant.headers)
+    await client.delete(f"/v1/users/{VICTIM}", headers=tenant.headers)
+    await client.get("/v1/memories", headers={"Authorization": "Bearer mk_badbadbad0_" + "x" * 43})
+    await client.post(
+        "/v1/events/search",
+        json={"query": "x", "context": {**GROUP, "sender_id": "1"}, "target_group_id": "secret"},
+        headers=other.headers,
+    )
+    await audit.flush()
+    entries = (await client.get(f"/admin/audit?tenant_id={tenant.id}", headers=ADMIN)).json()
+    by_outcome = {(e["method"], e["route"], e["outcome"]) for e in entries}
+    assert ("POST", "/v1/memories", "ok") in by_outcome
+    assert ("GET", "/v1/users/{subject}/export", "export") in by_outcome
+    assert ("DELETE", "/v1/users/{subject}", "erasure") in by_outcome
+    assert all(e["actor"] == tenant.prefix for e in entries)
+    assert VICTIM not in json.dumps(entries)  # subjects are hashed
+    refused = (await client.get("/admin/audit?outcome=refused", headers=ADMIN)).json()
+    assert {e["status"] for e in refused} == {401, 403}
+    assert (await client.get("/admin/audit", headers=tenant.headers)).status_code == 401
+
+
+async def test_export_command_writes_the_same_document(
+    running: tuple[AppClient, TenantHandle], db_url: str, tmp_path: Any
+) -> None:
+    import subprocess
+    import sys
+
+    from tests.test_cli import clean_env
+
+    client, tenant = running
+    await populate(client, tenant)
+    out = tmp_path / "person.json"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "service",
+            "export",
+            "--tenant",
+            tenant.id,
+            "--user",
+            VICTIM,
+            "--out",
+            str(out),
+        ],
+        env=clean_env(MEMORIA_DATABASE_URL=db_url),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "exported" in result.stderr
+    from_cli = json.loads(out.read_text(encoding="utf-8"))
+    from_api = json.loads(
+        (await client.get(f"/v1/users/{VICTIM}/export", headers=tenant.headers)).content
+    )
+    assert from_cli["manifest"] == from_api["manifest"]
+    whole = tmp_path / "tenant.ndjson"
+    subprocess.run(
+        [sys.executable, "-m", "service", "export", "--tenant", tenant.id, "--out", str(whole)],
+        env=clean_env(MEMORIA_DATABASE_URL=db_url),
+        check=True,
+        timeout=120,
+        capture_output=True,
+    )
+    lines = [json.loads(line) for line in whole.read_text(encoding="utf-8").splitlines()]
+    assert lines[0]["table"] == "tenants"
+    assert {"messages", "events", "memories", "api_keys"} <= {line["table"] for line in lines}
+    assert all("embedding" not in line["row"] and "key_hash" not in line["row"] for line in lines)
