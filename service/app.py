@@ -14,10 +14,12 @@ from service.audit.routes import audit_log
 from service.audit.service import audit_middleware
 from service.ends.routes import EndController
 from service.events.routes import EventController
-from service.health.routes import healthz, readyz
+from service.guard import shedding_middleware
+from service.health.routes import healthz, metrics, readyz
 from service.http import error_response, provide_session, provide_tenant, request_id_middleware
 from service.memories.routes import MemoryController
 from service.messages.routes import MessageController
+from service.observability import metrics_middleware
 from service.privacy.routes import PrivacyController, TenantPrivacyController
 from service.profiles.routes import ProfileController
 from service.queue.routes import JobController
@@ -69,11 +71,24 @@ def create_app(
         },
     )
     return Litestar(
-        route_handlers=[healthz, readyz, AdminController, TenantPrivacyController, audit_log, v1],
+        route_handlers=[
+            healthz,
+            readyz,
+            metrics,
+            AdminController,
+            TenantPrivacyController,
+            audit_log,
+            v1,
+        ],
         on_startup=[on_startup],
         on_shutdown=[on_shutdown],
         exception_handlers={Exception: error_response},
-        middleware=[request_id_middleware, audit_middleware],
+        middleware=[
+            shedding_middleware(settings.max_inflight_requests),
+            request_id_middleware,
+            metrics_middleware,
+            audit_middleware,
+        ],
         request_max_body_size=settings.max_body_bytes,
         openapi_config=OpenAPIConfig(
             title="Memoria",

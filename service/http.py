@@ -13,6 +13,7 @@ from litestar.enums import ScopeType
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeout
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db.engine import translate_db_error
@@ -71,6 +72,8 @@ def _request_id(request: Request[Any, Any, Any]) -> str:
 
 def error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[dict[str, Any]]:
     """The one exception handler: every error becomes a JSON body with status and message."""
+    if isinstance(exc, SQLAlchemyTimeout):
+        exc = Unavailable("the database is busy (no free connection); retry shortly")
     if isinstance(exc, DBAPIError | OSError) and not isinstance(exc, MemoriaError):
         translated = (
             translate_db_error(exc)
@@ -144,8 +147,10 @@ def _http_code(status: int) -> str:
 
 async def provide_tenant(request: Request[Any, Any, Any]) -> TenantContext:
     """Authenticate ``Authorization: Bearer <key>`` and return the caller's tenant."""
-    context = await runtime(request).auth.authenticate(request.headers.get("authorization"))
+    rt = runtime(request)
+    context = await rt.auth.authenticate(request.headers.get("authorization"))
     request.scope.setdefault("state", {})["tenant_id"] = str(context.tenant_id)
+    rt.limiter.check(context.key_prefix or str(context.tenant_id))
     return context
 
 

@@ -17,6 +17,7 @@ from service.db.migrate import (
     upgrade_to_head_async,
 )
 from service.embedding import Embedder, build_embedder
+from service.guard import RateLimiter
 from service.llm import ChatModel, build_chat_model
 from service.queue.worker import JobHandler, Periodic, Worker
 from service.settings import Settings
@@ -36,6 +37,7 @@ class Runtime:
     auth: Authenticator
     head: str | None
     known_revisions: frozenset[str] = frozenset()
+    limiter: RateLimiter = field(default_factory=lambda: RateLimiter(0, 1))
     worker: Worker | None = None
     _worker_task: asyncio.Task[None] | None = field(default=None, repr=False)
 
@@ -52,6 +54,7 @@ class Runtime:
             auth=Authenticator(db, settings),
             head=head_revision(config),
             known_revisions=known_revisions(config),
+            limiter=RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst),
         )
 
     async def start(self, *, migrate: bool, run_worker: bool) -> None:

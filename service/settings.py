@@ -200,6 +200,10 @@ class Settings(BaseSettings):
     auth_cache_seconds: float = Field(2.0, ge=0)
     privacy_sync_limit: int = Field(5000, ge=0)
     audit_retention_days: float = Field(365.0, gt=0)
+    rate_limit_per_second: float = Field(0.0, ge=0, description="per API key; 0 = off")
+    rate_limit_burst: int = Field(100, ge=1)
+    max_inflight_requests: int = Field(512, ge=1)
+    log_format: Literal["text", "json"] = "text"
     run_worker: bool = True
     auto_migrate: bool = True
     log_level: str = "INFO"

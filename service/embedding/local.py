@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from service.embedding.base import QueryCache, Vector
+from service.observability import EMBEDDINGS
 from service.settings import EmbeddingModelSettings
 
 # e5 reads at most 512 tokens; longer text only costs time. Characters are a cheap upper bound.
@@ -47,6 +48,7 @@ class LocalEmbedder:
         await asyncio.get_running_loop().run_in_executor(self._executor, self._load)
 
     def _passages(self, texts: list[str]) -> list[Vector]:
+        EMBEDDINGS.labels("passage").inc(len(texts))
         model = self._load()
         out: list[Vector] = []
         for start in range(0, len(texts), self._batch):
@@ -56,6 +58,7 @@ class LocalEmbedder:
         return out
 
     def _query(self, text: str) -> Vector:
+        EMBEDDINGS.labels("query").inc()
         vector: Vector = self._load().query(text[:_MAX_CHARS] or " ").copy()
         return vector
 

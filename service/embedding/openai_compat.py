@@ -8,6 +8,7 @@ import openai
 
 from service.embedding.base import QueryCache, Vector, normalize
 from service.errors import ConfigurationError
+from service.observability import EMBEDDINGS
 from service.settings import EmbeddingModelSettings
 
 
@@ -33,6 +34,7 @@ class OpenAIEmbedder:
         for start in range(0, len(texts), self._batch):
             chunk = [t or " " for t in texts[start : start + self._batch]]
             response = await self._client.embeddings.create(model=self.name, input=chunk)
+            EMBEDDINGS.labels("remote").inc(len(chunk))
             rows = sorted(response.data, key=lambda item: item.index)
             for row in rows:
                 if len(row.embedding) != self.dimension:

@@ -2,17 +2,40 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from litestar import Request, Response, get
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import text
 
 from service.http import runtime
+from service.observability import JOBS
+
+log = logging.getLogger("service.health")
 
 
 @get("/healthz", tags=["health"])
 async def healthz() -> dict[str, str]:
     """The process answers."""
     return {"status": "ok"}
+
+
+@get("/metrics", tags=["health"], media_type="text/plain; version=0.0.4")
+async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
+    """Prometheus metrics (the queue's state is read from the database at scrape time)."""
+    rt = runtime(request)
+    try:
+        async with rt.db.system() as session:
+            rows = await session.execute(
+                text("SELECT kind, status, count(*) AS n FROM jobs GROUP BY kind, status")
+            )
+            JOBS.clear()
+            for row in rows:
+                JOBS.labels(row.kind, row.status).set(row.n)
+    except Exception as exc:  # metrics never fail a scrape because the database is away
+        log.info("queue metrics unavailable: %s", exc)
+    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
 
 @get("/readyz", tags=["health"])

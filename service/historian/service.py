@@ -17,6 +17,7 @@ from service.historian.profiles import ProfileMerger, Staged, Target, end_target
 from service.historian.rewrite import Item, Outcome, rewrite_with_llm, rule_outcome
 from service.historian.rewrite import Situation as PromptSituation
 from service.llm import ChatModel, LLMError
+from service.observability import GATE
 from service.privacy import pii
 from service.profiles import repository as profile_rows
 from service.profiles.document import ProfileKey
@@ -204,6 +205,8 @@ class Historian:
                     if item.kind == "observation"
                 ],
             )
+            for outcome in outcomes:
+                GATE.labels("absolute" if outcome.is_absolute else "degraded").inc()
             job.result = {
                 "event_ids": ids,
                 "absolute": sum(o.is_absolute for o in outcomes),

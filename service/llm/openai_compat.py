@@ -11,6 +11,7 @@ from typing import Any
 import openai
 
 from service.llm.base import ChatResult, LLMError, ToolCall
+from service.observability import LLM_CALLS, LLM_TOKENS
 from service.settings import ChatModelSettings
 
 log = logging.getLogger(__name__)
@@ -60,8 +61,13 @@ class OpenAIChat:
         while True:
             try:
                 response = await self._client.chat.completions.create(**kwargs)
-                return _result(response)
+                result = _result(response)
+                LLM_CALLS.labels(purpose, "ok").inc()
+                LLM_TOKENS.labels(purpose, "prompt").inc(result.prompt_tokens)
+                LLM_TOKENS.labels(purpose, "completion").inc(result.completion_tokens)
+                return result
             except _RETRYABLE as exc:
+                LLM_CALLS.labels(purpose, type(exc).__name__).inc()
                 if attempt >= self._settings.max_retries:
                     raise LLMError(
                         f"{purpose}: {type(exc).__name__} after {attempt + 1} tries: {exc}",
@@ -72,6 +78,7 @@ class OpenAIChat:
                 attempt += 1
                 await asyncio.sleep(delay)
             except openai.APIStatusError as exc:
+                LLM_CALLS.labels(purpose, f"http_{exc.status_code}").inc()
                 raise LLMError(
                     f"{purpose}: HTTP {exc.status_code}: {exc}", retryable=False
                 ) from exc

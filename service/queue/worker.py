@@ -13,6 +13,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
@@ -20,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db.engine import Database
 from service.errors import Unavailable
+from service.observability import JOB_DONE, JOB_FAILURES, JOB_LATENCY, JOB_RETRIES, job_id_var
 from service.queue import repository
 from service.queue.repository import ClaimedJob
 from service.settings import QueueSettings
@@ -184,6 +186,7 @@ class Worker:
 
     async def _run_job(self, job: ClaimedJob) -> None:
         context = JobContext(job=job, db=self.db, worker_id=self.id)
+        token = job_id_var.set(job.id)
         try:
             handler = self.handlers.get(job.kind)
             if handler is None:
@@ -195,6 +198,10 @@ class Worker:
                     if not await repository.complete(session, job, self.id, context.result):
                         raise LeaseLost(f"job {job.id}: lease lost before completion")
             self.processed += 1
+            JOB_DONE.labels(job.kind).inc()
+            JOB_LATENCY.labels(job.kind).observe(
+                max((datetime.now(UTC) - job.created_at).total_seconds(), 0.0)
+            )
         except asyncio.CancelledError:
             await self._release(job)
             raise
@@ -203,6 +210,7 @@ class Worker:
         except Exception as exc:
             await self._record_failure(job, exc)
         finally:
+            job_id_var.reset(token)
             self._inflight.pop(job.id, None)
             self._wake.set()
 
@@ -231,7 +239,10 @@ class Worker:
                         session, job, self.id, error, delay, permanent=permanent
                     )
                 if status == "failed":
+                    JOB_FAILURES.labels(job.kind).inc()
                     log.error("job %s (%s) failed for good: %s", job.id, job.kind, error)
+                elif status == "queued":
+                    JOB_RETRIES.labels(job.kind).inc()
                 return
             except (Unavailable, OSError):
                 # The lease will expire and the job will be reclaimed; nothing is lost.

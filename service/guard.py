@@ -1,0 +1,91 @@
+"""Staying up under load: per-key rate limits, and shedding work beyond capacity.
+
+Beyond ``max_inflight_requests`` concurrent requests a process answers 503 at once with
+``Retry-After`` instead of queueing without bound (latency and memory stay bounded); a key
+over its rate gets 429 with ``Retry-After``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from litestar.enums import ScopeType
+from litestar.types import ASGIApp, Receive, Scope, Send
+
+from service.errors import TooManyRequests
+from service.observability import SHED
+
+
+@dataclass
+class RateLimiter:
+    """Token buckets per API key: ``rate`` per second, bursts up to ``burst``."""
+
+    rate: float
+    burst: int
+    _buckets: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def check(self, key: str) -> None:
+        """Spend one token of ``key``, or raise ``TooManyRequests`` with the wait."""
+        if self.rate <= 0:
+            return
+        now = time.monotonic()
+        tokens, last = self._buckets.get(key, (float(self.burst), now))
+        tokens = min(float(self.burst), tokens + (now - last) * self.rate)
+        if tokens < 1:
+            self._buckets[key] = (tokens, now)
+            raise TooManyRequests(
+                f"rate limit of {self.rate:g} requests/s for this key",
+                retry_after=(1 - tokens) / self.rate,
+            )
+        self._buckets[key] = (tokens - 1, now)
+        if len(self._buckets) > 100_000:  # forget idle keys rather than grow without bound
+            self._buckets.clear()
+
+
+def shedding_middleware(limit: int) -> Callable[[ASGIApp], ASGIApp]:
+    """An ASGI wrapper factory: refuse requests beyond ``limit`` in flight with a quick 503.
+
+    Litestar wraps each route separately, so the count lives out here, shared by all.
+    """
+    inflight = [0]
+
+    def wrap(app: ASGIApp) -> ASGIApp:
+        async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] != ScopeType.HTTP:
+                await app(scope, receive, send)
+                return
+            if inflight[0] >= limit:
+                SHED.labels("inflight").inc()
+                body = json.dumps(
+                    {
+                        "status": 503,
+                        "error": "overloaded",
+                        "message": "the service is at capacity; retry shortly",
+                    }
+                ).encode()
+                start: Any = {
+                    "type": "http.response.start",
+                    "status": 503,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"retry-after", b"1"),
+                        (b"content-length", str(len(body)).encode()),
+                    ],
+                }
+                end: Any = {"type": "http.response.body", "body": body}
+                await send(start)
+                await send(end)
+                return
+            inflight[0] += 1
+            try:
+                await app(scope, receive, send)
+            finally:
+                inflight[0] -= 1
+
+        return middleware
+
+    return wrap
