@@ -19,7 +19,6 @@ from service.observability import JsonFormatter, job_id_var, request_id_var
 from service.settings import Settings
 from tests.conftest import (
     FAST_QUEUE,
-    AppClient,
     make_settings,
     new_tenant,
     serve_app,
