@@ -1,0 +1,124 @@
+"""A stream of end calls while worker processes are SIGKILLed at random and restarted."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import asyncpg
+import pytest
+
+from service.app import create_app
+from tests.conftest import make_settings, new_tenant, plain_dsn, serve_app, wait_for
+
+CALLS = int(os.environ.get("MEMORIA_SOAK_CALLS", "1000"))
+
+
+def start_worker(db_url: str) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMORIA_")}
+    env.update(
+        MEMORIA_DATABASE_URL=db_url,
+        MEMORIA_COGNITIVE__QUEUE__LEASE_SECONDS="2",
+        MEMORIA_COGNITIVE__QUEUE__HEARTBEAT_SECONDS="0.5",
+        MEMORIA_COGNITIVE__QUEUE__CONCURRENCY="8",
+        MEMORIA_COGNITIVE__QUEUE__RETRY_BASE_SECONDS="0.1",
+        MEMORIA_COGNITIVE__QUEUE__JOB_MAX_RETRIES="20",
+        MEMORIA_COGNITIVE__HISTORIAN__POLL_INTERVAL_SECONDS="0.2",
+        MEMORIA_LOG_LEVEL="WARNING",
+    )
+    return subprocess.Popen(
+        [sys.executable, "-m", "service", "worker"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+@pytest.mark.slow
+async def test_every_accepted_end_is_written_exactly_once_despite_kills(db_url: str) -> None:
+    rng = random.Random(7)
+    kills = 0
+    async with serve_app(
+        create_app(make_settings(db_url), migrate=False, run_worker=False)
+    ) as client:
+        tenant = await new_tenant(client)
+        workers = [start_worker(db_url), start_worker(db_url)]
+
+        async def chaos() -> None:
+            nonlocal kills
+            while True:
+                await asyncio.sleep(rng.uniform(0.3, 1.2))
+                victim = rng.randrange(len(workers))
+                workers[victim].send_signal(signal.SIGKILL)
+                workers[victim].wait()
+                kills += 1
+                workers[victim] = start_worker(db_url)
+
+        monkey = asyncio.create_task(chaos())
+        accepted: list[str] = []
+        try:
+            for n in range(CALLS):
+                response = await client.post(
+                    "/v1/end",
+                    json={
+                        "request_type": "group",
+                        "group_id": f"g{n % 7}",
+                        "sender_id": f"{10000 + n % 13}",
+                        "sender_name": "张三",
+                        "request_id": f"soak-{n}",
+                        "observations": [f"我明天要去第 {n} 号会议室开会"],
+                        "timestamp": "2026-02-21T23:30:00+08:00",
+                    },
+                    headers=tenant.headers,
+                )
+                if response.status_code == 202:
+                    accepted.append(f"soak-{n}:1")
+                if n % 50 == 0:
+                    await asyncio.sleep(0)
+
+            async def drained() -> bool:
+                conn = await asyncpg.connect(plain_dsn(db_url))
+                try:
+                    return bool(
+                        await conn.fetchval(
+                            "SELECT count(*) = 0 FROM jobs WHERE status IN ('queued', 'running')"
+                        )
+                    )
+                finally:
+                    await conn.close()
+
+            started = time.monotonic()
+            await asyncio.sleep(3)
+            monkey.cancel()
+            await wait_for(drained, timeout=600, interval=0.5)
+            drain_seconds = time.monotonic() - started
+        finally:
+            monkey.cancel()
+            for worker in workers:
+                worker.send_signal(signal.SIGTERM)
+            for worker in workers:
+                worker.wait(timeout=60)
+
+    conn = await asyncpg.connect(plain_dsn(db_url))
+    try:
+        stored = await conn.fetch(
+            "SELECT id, count(*) OVER (PARTITION BY id) AS copies FROM events"
+        )
+        statuses = dict(await conn.fetch("SELECT status, count(*) FROM jobs GROUP BY status"))
+    finally:
+        await conn.close()
+    ids = [r["id"] for r in stored]
+    assert len(accepted) == CALLS
+    assert sorted(ids) == sorted(accepted)  # every accepted call's event, exactly once
+    assert all(r["copies"] == 1 for r in stored)
+    assert statuses == {"done": CALLS}  # nothing stuck running, nothing failed
+    assert kills >= 3
+    print(
+        f"soak: {CALLS} end calls, {kills} worker kills, all {len(ids)} events written once;"
+        f" queue drained {drain_seconds:.0f} s after the last call"
+    )
