@@ -111,7 +111,7 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
         port=settings.port,
         log_level=settings.log_level.lower(),
         access_log=False,
-        timeout_graceful_shutdown=30,
+        timeout_graceful_shutdown=int(settings.cognitive.queue.shutdown_seconds) + 10,
     )
     return 0
 

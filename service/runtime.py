@@ -113,10 +113,11 @@ class Runtime:
             return True, f"database at {revision}, newer than this code's {self.head}"
         return False, f"migrations not at head (database {revision}, code {self.head})"
 
-    async def close(self, timeout: float = 30.0) -> None:
+    async def close(self, timeout: float | None = None) -> None:
         """Stop the worker (finishing or releasing its jobs), then close everything."""
         if self.worker is not None:
-            await self.worker.stop(timeout=timeout)
+            grace = self.settings.cognitive.queue.shutdown_seconds if timeout is None else timeout
+            await self.worker.stop(timeout=grace)
         if self._worker_task is not None:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(self._worker_task, timeout=10)

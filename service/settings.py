@@ -82,6 +82,7 @@ class QueueSettings(_Section):
     concurrency: int = Field(2, ge=1, le=64)
     retry_base_seconds: float = Field(1.0, gt=0)
     retry_cap_seconds: float = Field(300.0, gt=0)
+    shutdown_seconds: float = Field(20.0, ge=0, description="jobs in hand may finish this long")
 
 
 class ExtractionSettings(_Section):

@@ -265,3 +265,20 @@ async def test_a_rerun_job_rewrites_the_same_rows(
     finally:
         await conn.close()
     assert count == 2
+
+
+async def test_tool_arguments_of_the_wrong_types_are_retried_then_degraded(
+    online: tuple[AppClient, TenantHandle], llm: FakeLLM
+) -> None:
+    client, tenant = online
+    llm.script(
+        tool("submit_rewrite", {"rewrites": "all fine, trust me"}),
+        tool("submit_rewrite", {"rewrites": [{"index": "zero", "text": 42}]}),
+        tool("submit_rewrite", {"rewrites": [{"index": 0, "text": None}]}),
+        tool("submit_rewrite", {"rewrites": [{"index": 0}]}),
+    )
+    done = await hand_over(client, tenant, request_id="l8", observations=["我明天去北京"])
+    assert done["job"]["status"] == "done"
+    stored = await event(client, tenant, "l8:1")
+    # Never dropped: the rules' absolute draft, marked as not confirmed by the model.
+    assert stored["text"] == "张三(10001) 2026-02-22 去北京"
