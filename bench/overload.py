@@ -67,6 +67,13 @@ async def offer(port: int, key: str, rate: float, seconds: float, tag: str) -> t
     return len(accepted) / elapsed, shed / total if total else 0.0, accepted
 
 
+def _percentile(samples: list[float], q: float) -> float:
+    if not samples:
+        return float("nan")
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--capacity", type=float, default=1700, help="end calls/s at saturation")
@@ -99,12 +106,11 @@ async def main() -> None:
         print(f"max_inflight_requests = {args.inflight}, capacity taken as {args.capacity:.0f} calls/s")
         for factor in (1, 2, 4):
             rate, shed, latencies = await offer(port, key, args.capacity * factor, args.seconds, f"x{factor}")
-            latencies.sort()
-            p = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000 if latencies else float("nan")  # noqa: E731
+            p50, p99 = _percentile(latencies, 0.5), _percentile(latencies, 0.99)
             peak = max(peak, process.memory_info().rss)
             print(
                 f"offered {factor}× ({args.capacity * factor:6.0f}/s): accepted {rate:6.0f}/s,"
-                f" shed {shed:5.1%}, accepted p50 {p(0.5):6.1f} ms, p99 {p(0.99):6.1f} ms"
+                f" shed {shed:5.1%}, accepted p50 {p50:6.1f} ms, p99 {p99:6.1f} ms"
             )
         print(f"server peak RSS {peak / 2**20:.0f} MiB")
     finally:
