@@ -326,20 +326,7 @@ class MemoryKeeper:
             plan.calls += 1
             if not result.tool_calls:
                 break
-            messages.append(
-                {
-                    "role": "assistant",
-                    "content": result.content or "",
-                    "tool_calls": [
-                        {
-                            "id": c.id,
-                            "type": "function",
-                            "function": {"name": c.name, "arguments": c.raw_arguments},
-                        }
-                        for c in result.tool_calls
-                    ],
-                }
-            )
+            messages.append(result.as_message())
             refused = 0
             for call in result.tool_calls:
                 try:

@@ -159,20 +159,7 @@ class ProfileMerger:
             calls += 1
             if not result.tool_calls:
                 break
-            messages.append(
-                {
-                    "role": "assistant",
-                    "content": result.content or "",
-                    "tool_calls": [
-                        {
-                            "id": c.id,
-                            "type": "function",
-                            "function": {"name": c.name, "arguments": c.raw_arguments},
-                        }
-                        for c in result.tool_calls
-                    ],
-                }
-            )
+            messages.append(result.as_message())
             for call in result.tool_calls:
                 reply = await self._tool(read, call.name, call.arguments, by_key, staged, moment)
                 if reply.startswith("refused"):

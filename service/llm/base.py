@@ -34,6 +34,21 @@ class ChatResult:
     prompt_tokens: int = 0
     completion_tokens: int = 0
 
+    def as_message(self) -> dict[str, Any]:
+        """The assistant turn to append to the conversation before the tool results."""
+        return {
+            "role": "assistant",
+            "content": self.content or "",
+            "tool_calls": [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.raw_arguments},
+                }
+                for call in self.tool_calls
+            ],
+        }
+
 
 class ChatModel(Protocol):
     """An LLM that can call tools."""

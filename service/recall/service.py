@@ -268,23 +268,9 @@ class Reader:
                 candidates.append((weight, profile))
         kept = {item.id for _, item in candidates}
         dropped: list[str] = []
-        prompt = _render(
-            persona,
-            user_profile,
-            group_profile,
-            member_profile,
-            event_items,
-            memory_items,
-            todo_items,
-            memo_items,
-            kept,
-        )
-        for _, item in sorted(candidates, key=lambda pair: pair[0]):
-            if estimate_tokens(prompt) <= budget:
-                break
-            kept.discard(item.id)
-            dropped.append(item.id)
-            prompt = _render(
+
+        def render() -> str:
+            return _render(
                 persona,
                 user_profile,
                 group_profile,
@@ -295,6 +281,14 @@ class Reader:
                 memo_items,
                 kept,
             )
+
+        prompt = render()
+        for _, item in sorted(candidates, key=lambda pair: pair[0]):
+            if estimate_tokens(prompt) <= budget:
+                break
+            kept.discard(item.id)
+            dropped.append(item.id)
+            prompt = render()
 
         def keep(items: list[ContextItem]) -> list[ContextItem]:
             return [i for i in items if i.id in kept]
