@@ -286,6 +286,14 @@ def _context_dict(context: BaseModel | Mapping[str, Any] | None) -> dict[str, An
     return dict(context)
 
 
+def _arguments(value: Any) -> Any:
+    """A tool call's arguments as sent: the model's JSON text as is (the service parses and
+    judges it), a mapping as a dict."""
+    if value is None:
+        return {}
+    return dict(value) if isinstance(value, Mapping) else value
+
+
 def _tool_call_parts(tool_call: Any) -> tuple[str, Any]:
     """(name, arguments) of an OpenAI tool call: an SDK object or a dict of the same shape."""
     function = tool_call.get("function") if isinstance(tool_call, Mapping) else None
@@ -299,7 +307,7 @@ def _tool_call_parts(tool_call: Any) -> tuple[str, Any]:
         name, arguments = getattr(function, "name", None), getattr(function, "arguments", None)
     if not name:
         raise ValueError("not a tool call: no function name")
-    return str(name), arguments if arguments is not None else {}
+    return str(name), arguments
 
 
 def _tool_content(response: httpx.Response) -> str:
@@ -625,11 +633,7 @@ class _Routes:
         context: BaseModel | Mapping[str, Any] | None = None,
     ) -> Call[ToolResult]:
         """Run one memory tool within a conversation."""
-        body = {
-            "name": name,
-            "arguments": arguments if isinstance(arguments, str) else dict(arguments or {}),
-            "context": _context_dict(context),
-        }
+        body = {"name": name, "arguments": _arguments(arguments), "context": _context_dict(context)}
         return Call("POST", "/v1/tools/call", _one(ToolResult), body=body)
 
     @route
@@ -643,13 +647,7 @@ class _Routes:
         allowed) comes back as content too; others raise ``MemoriaAPIError``.
         """
         name, arguments = _tool_call_parts(tool_call)
-        body = {
-            "name": name,
-            "arguments": arguments if isinstance(arguments, str | Mapping) else {},
-            "context": _context_dict(context),
-        }
-        if isinstance(body["arguments"], Mapping):
-            body["arguments"] = dict(body["arguments"])
+        body = {"name": name, "arguments": _arguments(arguments), "context": _context_dict(context)}
 
         def recover(error: MemoriaAPIError) -> str:
             if error.status not in MODEL_ERRORS:
@@ -666,12 +664,12 @@ class _Routes:
 
         ``out`` is a binary file-like (``io.BytesIO()`` for bytes); returns the bytes written.
         """
-        return Call("GET", f"/v1/users/{_seg(user_id)}/export", _nothing_int, sink=out)
+        return Call("GET", f"/v1/users/{_seg(user_id)}/export", _streamed, sink=out)
 
     @route
     def export_group(self, group_id: str, out: BinaryWriter) -> Call[int]:
         """Stream everything held about a group (one JSON document) into ``out``."""
-        return Call("GET", f"/v1/groups/{_seg(group_id)}/export", _nothing_int, sink=out)
+        return Call("GET", f"/v1/groups/{_seg(group_id)}/export", _streamed, sink=out)
 
     @route
     def erase_user(self, user_id: str) -> Call[dict[str, Any]]:
@@ -684,8 +682,8 @@ class _Routes:
         return Call("DELETE", f"/v1/groups/{_seg(group_id)}", _dict)
 
 
-def _nothing_int(response: httpx.Response) -> int:
-    return 0  # streamed calls return the byte count instead (see ``_Transport``)
+def _streamed(response: httpx.Response) -> int:
+    return 0  # never called: a call with a sink returns the bytes it wrote
 
 
 @dataclass
