@@ -1,4 +1,4 @@
-"""The ``memoria`` command: serve, worker, migrate, tenants, keys, jobs."""
+"""The ``memoria`` command: serve, worker, migrate, tenants, keys, jobs, export, mcp."""
 
 from __future__ import annotations
 
@@ -59,12 +59,28 @@ def _parser() -> argparse.ArgumentParser:
     subject.add_argument("--user", help="a person's user id (JSON document)")
     subject.add_argument("--group", help="a group id (JSON document)")
     export.add_argument("--out", required=True, help="file to write (NDJSON for a whole tenant)")
+
+    mcp = commands.add_parser(
+        "mcp", help="serve the memory tools over the Model Context Protocol, for one API key"
+    )
+    mcp.add_argument("--api-url", required=True, help="the Memoria API, e.g. http://127.0.0.1:8080")
+    mcp.add_argument("--api-key", required=True, help="the tenant's API key (mk_…)")
+    mcp.add_argument("--transport", choices=["stdio", "http"], default="stdio")
+    mcp.add_argument("--host", default="127.0.0.1", help="bind address for --transport http")
+    mcp.add_argument("--port", type=int, default=8765, help="port for --transport http (/mcp)")
+    mcp.add_argument("--group-id", help="default conversation: this group")
+    mcp.add_argument("--user-id", help="default conversation: this person (or private chat)")
+    mcp.add_argument("--sender-id", help="default sender of the current message")
+    mcp.add_argument("--bot-id", help="the bot's own id")
+    mcp.add_argument("--bot-name", help="the bot's name")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``memoria`` console script."""
     args = _parser().parse_args(argv)
+    if args.command == "mcp":
+        return _mcp(args)  # a client of the HTTP API: no service settings, no database
     try:
         settings = load_settings(args.config)
     except (FileNotFoundError, ValueError) as exc:
@@ -113,6 +129,34 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
         access_log=False,
         timeout_graceful_shutdown=int(settings.cognitive.queue.shutdown_seconds) + 10,
     )
+    return 0
+
+
+def _mcp(args: argparse.Namespace) -> int:
+    from service.mcp_server import Conversation, serve
+
+    # stdout is the protocol's channel under stdio: logs go to stderr, warnings only.
+    configure_logging("WARNING", "text")
+    defaults = Conversation(
+        group_id=args.group_id,
+        user_id=args.user_id,
+        sender_id=args.sender_id,
+        bot_id=args.bot_id,
+        bot_name=args.bot_name,
+    )
+    try:
+        asyncio.run(
+            serve(
+                args.api_url,
+                args.api_key,
+                defaults,
+                transport=args.transport,
+                host=args.host,
+                port=args.port,
+            )
+        )
+    except KeyboardInterrupt:
+        return 130
     return 0
 
 
