@@ -123,15 +123,20 @@ _HALF_PRECISION_ERROR = 1.5e-3
 # Candidates re-scored beyond ``limit``: enough that the proof below almost always closes on
 # the first pass (the k-th distance must sit 2 x 1.5e-3 below the last candidate's).
 _EXTRA_CANDIDATES = 24
+# Rows that set the bar of the first pass (see there): the cost of this many rows of sorting
+# against that of sorting the ~pool x size / sample rows that pass the bar.
+_SAMPLE = 2000
 
 
-def _filters(time_from: bool, time_to: bool) -> str:
+def _filters(alias: str, time_from: bool, time_to: bool) -> str:
     # Bounds are only written when given, so the time range is always an index range.
-    clauses = "v.tenant_id = :tenant_id AND v.conversation_key = ANY(:conversation_keys)"
+    clauses = (
+        f"{alias}.tenant_id = :tenant_id AND {alias}.conversation_key = ANY(:conversation_keys)"
+    )
     if time_from:
-        clauses += " AND v.occurred_at >= :time_from"
+        clauses += f" AND {alias}.occurred_at >= :time_from"
     if time_to:
-        clauses += " AND v.occurred_at < :time_to"
+        clauses += f" AND {alias}.occurred_at < :time_to"
     return clauses
 
 
@@ -149,12 +154,24 @@ _QUERY_HALF = "(SELECT CAST(CAST(:query AS vector) AS halfvec))"
 
 @cache
 def _first_pass(time_from: bool, time_to: bool) -> TextClause:
+    # The best :pool by approx. Feeding every scanned row to the sort would cost as much as
+    # the scan itself (each row is copied into the sort), so a bar is set first: the
+    # :pool-th best approx among the first :sample rows. At least :pool rows are under it,
+    # so the best :pool of all are too, and only rows under it (a few hundred) are sorted.
     return text(
         f"""
         WITH candidates AS MATERIALIZED (
             SELECT v.event_id, v.embedding <#> {_QUERY_HALF} AS approx
             FROM event_vectors v
-            WHERE {_filters(time_from, time_to)}
+            WHERE {_filters("v", time_from, time_to)}
+              AND v.embedding <#> {_QUERY_HALF} <= COALESCE((
+                  SELECT sample.approx FROM (
+                      SELECT s.embedding <#> {_QUERY_HALF} AS approx FROM event_vectors s
+                      WHERE {_filters("s", time_from, time_to)}
+                      LIMIT :sample
+                  ) sample
+                  ORDER BY sample.approx OFFSET :pool - 1 LIMIT 1
+              ), 'Infinity')
             ORDER BY approx
             LIMIT :pool
         )
@@ -169,7 +186,7 @@ def _second_pass(time_from: bool, time_to: bool) -> TextClause:
         f"""
         WITH candidates AS MATERIALIZED (
             SELECT v.event_id FROM event_vectors v
-            WHERE {_filters(time_from, time_to)}
+            WHERE {_filters("v", time_from, time_to)}
               AND v.embedding <#> {_QUERY_HALF} <= :ceiling
         )
         """
@@ -203,6 +220,7 @@ async def nearest_events(
         "query": (vector / norm).astype(np.float32),
         "limit": limit,
         "pool": limit + _EXTRA_CANDIDATES,
+        "sample": max(_SAMPLE, 8 * (limit + _EXTRA_CANDIDATES)),
     }
     if time_from is not None:
         params["time_from"] = time_from
