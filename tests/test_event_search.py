@@ -3,6 +3,7 @@ range asked for, checked against brute force."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -12,10 +13,12 @@ import numpy as np
 import pytest
 
 from service.db.engine import Database
+from service.db.migrate import upgrade_to_head
 from service.errors import Invalid
 from service.events.repository import nearest_events, upsert_events
 from service.settings import Settings
 from service.tenants.service import create_tenant
+from tests.conftest import DatabaseFactory
 
 DIM = 384
 START = datetime(2026, 1, 1, tzinfo=UTC)
@@ -261,3 +264,26 @@ async def test_a_zero_query_is_refused(db: Database) -> None:
     tenant = await new_tenant_id(db, "acme")
     with pytest.raises(Invalid):
         await search(db, tenant, ["g:1"], np.zeros(DIM, dtype=np.float32), 10)
+
+
+async def test_vectors_too_wide_for_the_index_are_still_searched_exactly(
+    databases: DatabaseFactory,
+) -> None:
+    """1,536 dimensions (an OpenAI model) do not fit a B-tree entry; the search still works."""
+    url = await databases.create_empty()
+    wide = Settings(models={"embedding": {"dimensions": 1536}})
+    await asyncio.to_thread(upgrade_to_head, url, wide)
+    db = Database(url, pool_size=2)
+    try:
+        rng = np.random.default_rng(23)
+        async with db.system() as session:
+            tenant = (await create_tenant(session, "wide", {}, wide))[0].id
+        corpus = Corpus(db)
+        vectors = rng.standard_normal((600, 1536)).astype(np.float32)
+        await corpus.add(tenant, "g:1", vectors)
+        await corpus.add(tenant, "g:2", vectors[:50])
+        for query in rng.standard_normal((3, 1536)).astype(np.float32):
+            found = await search(db, tenant, ["g:1"], query, 10)
+            assert [e["id"] for e in found] == corpus.brute_force(tenant, ["g:1"], query, 10)
+    finally:
+        await db.dispose()

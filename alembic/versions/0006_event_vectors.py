@@ -4,6 +4,10 @@ A narrow table of unit-length, half-precision copies of the event embeddings, wi
 B-tree on (tenant, conversation, time) that carries the vectors: one conversation's vectors
 are then read by an index-only scan of contiguous leaf pages. Existing events are copied over.
 
+A B-tree entry holds at most 2,704 bytes. The key and event id take up to ~490 bytes, the
+vector 2 bytes a dimension: above 1,100 dimensions the index carries only the ids, the vectors
+stay in the table's rows (kept inline, not in TOAST), and a search visits those rows instead.
+
 Revision ID: 0006
 Revises: 0004
 Create Date: 2026-11-23 10:12:40.512907
@@ -24,6 +28,8 @@ down_revision: str | None = "0004"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
+COVERING_MAX_DIM = 1100
+
 
 def upgrade() -> None:
     dim = embedding_dim()
@@ -42,6 +48,8 @@ def upgrade() -> None:
         ),
         sa.PrimaryKeyConstraint("tenant_id", "event_id", name=op.f("pk_event_vectors")),
     )
+    if dim > COVERING_MAX_DIM:
+        op.execute("ALTER TABLE event_vectors ALTER COLUMN embedding SET STORAGE MAIN")
     # Index-only scans skip the heap only for pages the visibility map marks all-visible;
     # vacuum after every ~1% of new rows keeps freshly written vectors from costing heap visits.
     op.execute(
@@ -62,7 +70,7 @@ def upgrade() -> None:
         "event_vectors",
         ["tenant_id", "conversation_key", "occurred_at"],
         unique=False,
-        postgresql_include=["event_id", "embedding"],
+        postgresql_include=["event_id", "embedding"] if dim <= COVERING_MAX_DIM else ["event_id"],
     )
     protect_tenant_table("event_vectors")
 
