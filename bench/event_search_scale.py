@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import statistics
 import tempfile
@@ -313,7 +314,8 @@ async def latencies(db: Database, layout: Layout, queries: int, rng: np.random.G
     }
     await timed(db, tenant, cases[next(iter(cases))], 10, rng)  # warm the caches
     for limit in (10, 36):
-        print(f"nearest_events latency, limit {limit} ({queries} queries each):")
+        load = os.getloadavg()[0]
+        print(f"nearest_events latency, limit {limit} ({queries} queries each; load {load:.1f}):")
         for label, searches in cases.items():
             samples, second = await timed(db, tenant, searches, limit, rng)
             note = f"  second pass {second}" if second else ""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from datetime import datetime
 from functools import cache
@@ -114,14 +115,19 @@ async def get_event(
 # (half the bytes, contiguous per conversation) and ranks by inner product, then the best
 # candidates are re-scored exactly.
 #
-# Rounding a unit vector to half precision moves it by at most 2^-11 of its length (plus
-# 2^-25 per subnormal component), so for unit u, v and their rounded copies u', v':
-# |u'.v' - u.v| <= |u'-u| + |v'-v| + |u'-u||v'-v| < 9.8e-4, and float32 accumulation over
-# 384..2000 dimensions adds under 2e-4 more. Hence with approx = -(u'.v') (pgvector's <#>)
-# and distance = 1 - u.v:  |approx + 1 - distance| <= _HALF_PRECISION_ERROR.
-_HALF_PRECISION_ERROR = 1.5e-3
+# How far approx + 1 may sit from the true distance, for n dimensions (a worst case, not an
+# estimate). Rounding to half precision moves each unit vector by at most 2^-11 of its length
+# plus 2^-25 per subnormal component, so for unit u, v and their rounded copies u', v':
+# |u'.v' - u.v| <= |u'-u| + |v'-v| + |u'-u||v'-v|. Float32 arithmetic adds at most n 2^-24
+# to the inner product, 2n 2^-24 to the cosine, and n 2^-24 to each normalization. With
+# approx = -(u'.v') (pgvector's <#>) and distance = 1 - u.v: |approx + 1 - distance| <= this.
+def _half_precision_error(n: int) -> float:
+    rounding = 2**-11 + math.sqrt(n) * 2**-25
+    return 1.1 * (2 * rounding + rounding**2 + 5 * n * 2**-24)  # 1.2e-3 at 384 dimensions
+
+
 # Candidates re-scored beyond ``limit``: enough that the proof below almost always closes on
-# the first pass (the k-th distance must sit 2 x 1.5e-3 below the last candidate's).
+# the first pass (the k-th distance must sit twice the error below the last candidate's).
 _EXTRA_CANDIDATES = 24
 # Rows that set the bar of the first pass (see there): the cost of this many rows of sorting
 # against that of sorting the ~pool x size / sample rows that pass the bar.
@@ -210,7 +216,7 @@ async def nearest_events(
     """
     if limit <= 0 or not conversation_keys:
         return []
-    vector = np.asarray(query, dtype=np.float64)
+    vector = np.asarray(query, dtype=np.float64).ravel()
     norm = float(np.linalg.norm(vector))
     if not np.isfinite(norm) or norm == 0.0:
         raise Invalid("the query vector must be finite and non-zero", field="query")
@@ -238,7 +244,8 @@ async def nearest_events(
     # Every event left out has approx >= horizon, so distance >= horizon + 1 - error. When
     # that is beyond the k-th candidate's distance (or nothing was left out) the answer is
     # exact. Otherwise take every event that could still be nearer, and re-score them all.
-    if pooled < params["pool"] or horizon + 1.0 - _HALF_PRECISION_ERROR > kth:
+    error = _half_precision_error(len(vector))
+    if pooled < params["pool"] or horizon + 1.0 - error > kth:
         return rows
-    params["ceiling"] = kth - 1.0 + _HALF_PRECISION_ERROR
+    params["ceiling"] = kth - 1.0 + error
     return [dict(r._mapping) for r in await session.execute(_second_pass(*bounds), params)]
