@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -28,6 +29,7 @@ from typing import Any
 import asyncpg
 import numpy as np
 from pgvector import Vector
+from sqlalchemy import text
 
 from service.db.embedded import embedded_url, stop_embedded
 from service.db.engine import Database
@@ -73,6 +75,18 @@ class Truth:
         return [self.ids[i] for i in order]
 
 
+# Server processes whose CPU time is counted (the machine may be busy with other work).
+BACKENDS: list[int] = []
+
+
+def cpu_seconds() -> float:
+    total = 0
+    for pid in BACKENDS:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 async def run(
     label: str,
     queries: np.ndarray,
@@ -83,6 +97,7 @@ async def run(
     for query in queries[:5]:  # warm up
         await search(groups[0], query)
     samples, shares = [], []
+    cpu = cpu_seconds()
     for i, query in enumerate(queries):
         group = groups[i % len(groups)]
         started = time.perf_counter()
@@ -91,8 +106,9 @@ async def run(
         if truths is not None:
             truth = truths[group].top(query)
             shares.append(len(set(ids[:10]) & set(truth)) / 10)
+    cpu = (cpu_seconds() - cpu) / len(queries) * 1000
     recall = f"  recall@10 {np.mean(shares):.3f}" if shares else ""
-    print(f"  {label:52} {percentiles(samples)}{recall}")
+    print(f"  {label:48} {percentiles(samples)}  CPU {cpu:6.2f} ms{recall}")
 
 
 async def timed_sql(conn: asyncpg.Connection, sql: str) -> float:
@@ -105,17 +121,26 @@ async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("--queries", type=int, default=100)
+    parser.add_argument("--shared-buffers", default="4GB", help="'' keeps the server's own")
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
-    url = embedded_url(args.data_dir.resolve() / "pg")
+    pg = args.data_dir.resolve() / "pg"
+    if args.shared_buffers:  # applies at the next start
+        conn = await asyncpg.connect(embedded_url(pg).replace("+asyncpg", ""))
+        await conn.execute(f"ALTER SYSTEM SET shared_buffers = '{args.shared_buffers}'")
+        await conn.close()
+        stop_embedded()
+    url = embedded_url(pg)
     dsn = url.replace("postgresql+asyncpg://", "postgresql://")
     rng = np.random.default_rng(args.seed)
     conn = await connect(dsn)
     try:
+        print(f"shared_buffers {await conn.fetchval('SHOW shared_buffers')}")
         await compare(conn, url, args.queries, rng)
     finally:
         await conn.execute("DROP TABLE IF EXISTS design_full, design_bits")
         await conn.execute("DROP INDEX IF EXISTS design_hnsw")
+        await conn.execute("ALTER SYSTEM RESET shared_buffers")
         await conn.close()
         stop_embedded()
 
@@ -128,6 +153,7 @@ async def compare(
         " GROUP BY 1, 2 ORDER BY n DESC"
     )
     tenant: uuid.UUID = counts[0]["tenant_id"]
+    BACKENDS.append(await conn.fetchval("SELECT pg_backend_pid()"))
     mine = [r for r in counts if r["tenant_id"] == tenant]
     busy = [r["conversation_key"] for r in mine[:5]]
     middle = mine[len(mine) // 4 : 3 * len(mine) // 4]
@@ -135,7 +161,8 @@ async def compare(
     sizes = {r["conversation_key"]: r["n"] for r in mine}
     total = sum(r["n"] for r in counts)
     print(
-        f"{total:,} event vectors; busiest groups {sizes[busy[0]]:,} events; typical "
+        f"load {os.getloadavg()[0]:.1f}; {total:,} event vectors; busiest groups "
+        f"{sizes[busy[0]]:,} events; typical "
         f"{min(sizes[k] for k in typical)}-{max(sizes[k] for k in typical)}"
     )
     truths = {
@@ -201,7 +228,9 @@ async def compare(
             lambda g, q, s=sql_c: fetch_ids(s, g, q),
             truths,
         )
-    db = Database(url, pool_size=1)
+    db = Database(url, pool_size=1, max_overflow=0)
+    async with db.system() as session:
+        BACKENDS.append((await session.execute(text("SELECT pg_backend_pid()"))).scalar_one())
 
     async def chosen(group: str, query: np.ndarray, limit: int = 10) -> list[str]:
         async with db.tenant(tenant) as session:

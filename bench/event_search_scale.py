@@ -271,10 +271,26 @@ class Search:
     window: dict[str, datetime] = field(default_factory=dict)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a server process (other load on the machine does not count)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Timing:
+    samples: list[float]
+    second_passes: int
+    cpu_per_query: float
+
+
 async def timed(
     db: Database, tenant: uuid.UUID, searches: list[Search], limit: int, rng: np.random.Generator
-) -> tuple[list[float], int]:
+) -> Timing:
     samples, second_passes = [], 0
+    async with db.system() as session:  # the pool holds one connection: this is its server
+        pid = (await session.execute(text("SELECT pg_backend_pid()"))).scalar_one()
+    cpu = cpu_seconds(pid)
     for search, query in zip(searches, unit_vectors(rng, len(searches)), strict=True):
         async with db.tenant(tenant) as session:
             recording = Recording(session)
@@ -282,7 +298,7 @@ async def timed(
             await nearest_events(recording, tenant, search.keys, query, limit, **search.window)  # type: ignore[arg-type]
             samples.append(time.perf_counter() - started)
             second_passes += len(recording.statements) > 1
-    return samples, second_passes
+    return Timing(samples, second_passes, (cpu_seconds(pid) - cpu) / len(searches))
 
 
 def last_days(days: int) -> dict[str, datetime]:
@@ -317,9 +333,10 @@ async def latencies(db: Database, layout: Layout, queries: int, rng: np.random.G
         load = os.getloadavg()[0]
         print(f"nearest_events latency, limit {limit} ({queries} queries each; load {load:.1f}):")
         for label, searches in cases.items():
-            samples, second = await timed(db, tenant, searches, limit, rng)
-            note = f"  second pass {second}" if second else ""
-            print(f"  {label:42} {percentiles(samples)}{note}")
+            timing = await timed(db, tenant, searches, limit, rng)
+            note = f"  second pass {timing.second_passes}" if timing.second_passes else ""
+            cpu = f"  server CPU {timing.cpu_per_query * 1000:5.2f} ms/query"
+            print(f"  {label:38} {percentiles(timing.samples)}{cpu}{note}")
 
 
 async def group_vectors(dsn: str, tenant: uuid.UUID, key: str) -> list[asyncpg.Record]:
@@ -403,14 +420,20 @@ async def fresh_rows(
         async with db.tenant(tenant) as session:
             await upsert_events(session, rows[start : start + 8])
     searches = [Search([key]) for _ in range(queries)]
-    samples, _ = await timed(db, tenant, searches, 10, rng)
-    print(f"  2,000 events just written, not vacuumed      {percentiles(samples)}")
+    timing = await timed(db, tenant, searches, 10, rng)
+    print(
+        f"  2,000 events just written, not vacuumed {percentiles(timing.samples)}"
+        f"  server CPU {timing.cpu_per_query * 1000:5.2f} ms/query"
+    )
     print(await explain(db, tenant, key, rng))
     conn = await asyncpg.connect(dsn)
     await conn.execute("VACUUM event_vectors")
     await conn.close()
-    samples, _ = await timed(db, tenant, searches, 10, rng)
-    print(f"  after VACUUM event_vectors                   {percentiles(samples)}")
+    timing = await timed(db, tenant, searches, 10, rng)
+    print(
+        f"  after VACUUM event_vectors              {percentiles(timing.samples)}"
+        f"  server CPU {timing.cpu_per_query * 1000:5.2f} ms/query"
+    )
     conn = await asyncpg.connect(dsn)  # leave a kept directory as it was seeded
     await conn.execute("DELETE FROM events WHERE request_id = 'fresh'")
     await conn.execute("VACUUM events, event_vectors")
@@ -453,7 +476,7 @@ async def main() -> None:
         data_dir = Path(tempfile.mkdtemp(prefix="bench-events-", dir=ROOT / "data"))
     url = embedded_url(data_dir / "pg")
     dsn = url.replace("postgresql+asyncpg://", "postgresql://")
-    db = Database(url, pool_size=2)
+    db = Database(url, pool_size=1, max_overflow=0)
     rng = np.random.default_rng(args.seed + 1)
     try:
         if reuse:
@@ -472,7 +495,7 @@ async def main() -> None:
                 await db.dispose()
                 stop_embedded()
                 url = embedded_url(data_dir / "pg")
-                db = Database(url, pool_size=2)
+                db = Database(url, pool_size=1, max_overflow=0)
             print(f"=== shared_buffers {setting} ===")
             print("plan of the first statement, busiest group, limit 10 (cold):")
             print(await explain(db, layout.tenant, layout.busy[0], rng))

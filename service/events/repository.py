@@ -131,7 +131,7 @@ def _half_precision_error(n: int) -> float:
 _EXTRA_CANDIDATES = 24
 # Rows that set the bar of the first pass (see there): the cost of this many rows of sorting
 # against that of sorting the ~pool x size / sample rows that pass the bar.
-_SAMPLE = 2000
+_SAMPLE = 1000
 
 
 def _filters(alias: str, time_from: bool, time_to: bool) -> str:
