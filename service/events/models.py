@@ -1,4 +1,4 @@
-"""The events table."""
+"""The events table, and the layout of their vectors for exact nearest-neighbour search."""
 
 from __future__ import annotations
 
@@ -6,11 +6,13 @@ import uuid
 from datetime import datetime
 from typing import Any
 
+from pgvector.sqlalchemy import HALFVEC
 from sqlalchemy import (
     BigInteger,
     Boolean,
     DateTime,
     ForeignKey,
+    ForeignKeyConstraint,
     Index,
     Integer,
     String,
@@ -71,3 +73,33 @@ class Event(Base):
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), nullable=False, server_default=func.now()
     )
+
+
+class EventVector(Base):
+    """An event's embedding, scaled to unit length and rounded to half precision.
+
+    Only the covering index is read: it keeps each conversation's vectors together in time
+    order, so a search scans one contiguous run of index pages (an index-only scan) instead
+    of visiting the wide event rows one heap page at a time. The half-precision distances
+    pick candidates; the full-precision vectors in ``events`` decide (see the repository).
+    """
+
+    __tablename__ = "event_vectors"
+    __table_args__ = (
+        ForeignKeyConstraint(
+            ["tenant_id", "event_id"], ["events.tenant_id", "events.id"], ondelete="CASCADE"
+        ),
+        Index(
+            "ix_event_vectors_scan",
+            "tenant_id",
+            "conversation_key",
+            "occurred_at",
+            postgresql_include=["event_id", "embedding"],
+        ),
+    )
+
+    tenant_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    event_id: Mapped[str] = mapped_column(String(300), primary_key=True)
+    conversation_key: Mapped[str] = mapped_column(String(200), nullable=False)
+    occurred_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    embedding: Mapped[Any] = mapped_column(HALFVEC(), nullable=False)

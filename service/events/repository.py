@@ -3,29 +3,49 @@
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from datetime import datetime
+from functools import cache
 from typing import Any
 
-from sqlalchemy import text
+import numpy as np
+from sqlalchemy import TextClause, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-# Upsert by event id: a retried job rewrites the same rows instead of adding new ones.
+from service.errors import Invalid
+
+# Upsert by event id: a retried job rewrites the same rows instead of adding new ones. The same
+# statement keeps the event's search vector (event_vectors) in step: written when there is an
+# embedding, removed when a rewrite leaves none.
 _UPSERT = text(
     """
-    INSERT INTO events (tenant_id, id, conversation_key, request_type, group_id, user_id,
-                        sender_id, request_id, end_seq, kind, perspective, text, source_text,
-                        is_absolute, warnings, occurred_at, timezone, location_abs, message_ids,
-                        metadata, embedding, job_id)
-    VALUES (:tenant_id, :id, :conversation_key, :request_type, :group_id, :user_id,
-            :sender_id, :request_id, :end_seq, :kind, :perspective, :text, :source_text,
-            :is_absolute, CAST(:warnings AS jsonb), :occurred_at, :timezone, :location_abs,
-            CAST(:message_ids AS jsonb), CAST(:metadata AS jsonb), :embedding, :job_id)
-    ON CONFLICT (tenant_id, id) DO UPDATE SET
-        text = EXCLUDED.text, source_text = EXCLUDED.source_text,
-        is_absolute = EXCLUDED.is_absolute, warnings = EXCLUDED.warnings,
-        metadata = EXCLUDED.metadata, embedding = EXCLUDED.embedding,
-        job_id = EXCLUDED.job_id, updated_at = now()
+    WITH written AS (
+        INSERT INTO events (tenant_id, id, conversation_key, request_type, group_id, user_id,
+                            sender_id, request_id, end_seq, kind, perspective, text, source_text,
+                            is_absolute, warnings, occurred_at, timezone, location_abs,
+                            message_ids, metadata, embedding, job_id)
+        VALUES (:tenant_id, :id, :conversation_key, :request_type, :group_id, :user_id,
+                :sender_id, :request_id, :end_seq, :kind, :perspective, :text, :source_text,
+                :is_absolute, CAST(:warnings AS jsonb), :occurred_at, :timezone, :location_abs,
+                CAST(:message_ids AS jsonb), CAST(:metadata AS jsonb), :embedding, :job_id)
+        ON CONFLICT (tenant_id, id) DO UPDATE SET
+            text = EXCLUDED.text, source_text = EXCLUDED.source_text,
+            is_absolute = EXCLUDED.is_absolute, warnings = EXCLUDED.warnings,
+            metadata = EXCLUDED.metadata, embedding = EXCLUDED.embedding,
+            job_id = EXCLUDED.job_id, updated_at = now()
+        RETURNING tenant_id, id, conversation_key, occurred_at, embedding
+    ), searchable AS (
+        INSERT INTO event_vectors (tenant_id, event_id, conversation_key, occurred_at, embedding)
+        SELECT tenant_id, id, conversation_key, occurred_at,
+               CAST(l2_normalize(embedding) AS halfvec)
+        FROM written WHERE embedding IS NOT NULL
+        ON CONFLICT (tenant_id, event_id) DO UPDATE SET
+            conversation_key = EXCLUDED.conversation_key, occurred_at = EXCLUDED.occurred_at,
+            embedding = EXCLUDED.embedding
+    )
+    DELETE FROM event_vectors v USING written w
+    WHERE w.embedding IS NULL AND v.tenant_id = w.tenant_id AND v.event_id = w.id
     """
 )
 
@@ -90,34 +110,142 @@ async def get_event(
     return dict(row._mapping) if row is not None else None
 
 
-_NEAREST = text(
-    f"""
-    SELECT {_COLUMNS}, embedding <=> :query AS distance FROM events
-    WHERE tenant_id = :tenant_id AND conversation_key = ANY(:keys) AND embedding IS NOT NULL
-      AND (CAST(:time_from AS timestamptz) IS NULL OR occurred_at >= :time_from)
-      AND (CAST(:time_to AS timestamptz) IS NULL OR occurred_at <= :time_to)
-    ORDER BY embedding <=> :query
+# Nearest events, exactly. Truth is pgvector's cosine distance between the full-precision
+# vectors in ``events``; the scan reads the unit-length half-precision copies in event_vectors
+# (half the bytes, contiguous per conversation) and ranks by inner product, then the best
+# candidates are re-scored exactly.
+#
+# How far approx + 1 may sit from the true distance, for n dimensions (a worst case, not an
+# estimate). Rounding to half precision moves each unit vector by at most 2^-11 of its length
+# plus 2^-25 per subnormal component, so for unit u, v and their rounded copies u', v':
+# |u'.v' - u.v| <= |u'-u| + |v'-v| + |u'-u||v'-v|. Float32 arithmetic adds at most n 2^-24
+# to the inner product, 2n 2^-24 to the cosine, and n 2^-24 to each normalization. With
+# approx = -(u'.v') (pgvector's <#>) and distance = 1 - u.v: |approx + 1 - distance| <= this.
+def _half_precision_error(n: int) -> float:
+    rounding = 2**-11 + math.sqrt(n) * 2**-25
+    return 1.1 * (2 * rounding + rounding**2 + 5 * n * 2**-24)  # 1.2e-3 at 384 dimensions
+
+
+# Candidates re-scored beyond ``limit``: enough that the proof below almost always closes on
+# the first pass (the k-th distance must sit twice the error below the last candidate's).
+_EXTRA_CANDIDATES = 24
+# Rows that set the bar of the first pass (see there): the cost of this many rows of sorting
+# against that of sorting the ~pool x size / sample rows that pass the bar.
+_SAMPLE = 1000
+
+
+def _filters(alias: str, time_from: bool, time_to: bool) -> str:
+    # Bounds are only written when given, so the time range is always an index range.
+    clauses = (
+        f"{alias}.tenant_id = :tenant_id AND {alias}.conversation_key = ANY(:conversation_keys)"
+    )
+    if time_from:
+        clauses += f" AND {alias}.occurred_at >= :time_from"
+    if time_to:
+        clauses += f" AND {alias}.occurred_at < :time_to"
+    return clauses
+
+
+_RESCORED = f"""
+    SELECT {", ".join("e." + c.strip() for c in _COLUMNS.split(","))},
+           e.embedding <=> CAST(:query AS vector) AS distance{{extra}}
+    FROM candidates c JOIN events e ON e.tenant_id = :tenant_id AND e.id = c.event_id
+    ORDER BY distance, e.id
     LIMIT :limit
-    """
-)
+"""
+
+# The query vector becomes half precision once (an InitPlan), not once per scanned row.
+_QUERY_HALF = "(SELECT CAST(CAST(:query AS vector) AS halfvec))"
+
+
+@cache
+def _first_pass(time_from: bool, time_to: bool) -> TextClause:
+    # The best :pool by approx. Feeding every scanned row to the sort would cost as much as
+    # the scan itself (each row is copied into the sort), so a bar is set first: the
+    # :pool-th best approx among the first :sample rows. At least :pool rows are under it,
+    # so the best :pool of all are too, and only rows under it (a few hundred) are sorted.
+    return text(
+        f"""
+        WITH candidates AS MATERIALIZED (
+            SELECT v.event_id, v.embedding <#> {_QUERY_HALF} AS approx
+            FROM event_vectors v
+            WHERE {_filters("v", time_from, time_to)}
+              AND v.embedding <#> {_QUERY_HALF} <= COALESCE((
+                  SELECT sample.approx FROM (
+                      SELECT s.embedding <#> {_QUERY_HALF} AS approx FROM event_vectors s
+                      WHERE {_filters("s", time_from, time_to)}
+                      LIMIT :sample
+                  ) sample
+                  ORDER BY sample.approx OFFSET :pool - 1 LIMIT 1
+              ), 'Infinity')
+            ORDER BY approx
+            LIMIT :pool
+        )
+        """
+        + _RESCORED.format(extra=", max(c.approx) OVER () AS horizon, count(*) OVER () AS pooled")
+    )
+
+
+@cache
+def _second_pass(time_from: bool, time_to: bool) -> TextClause:
+    return text(
+        f"""
+        WITH candidates AS MATERIALIZED (
+            SELECT v.event_id FROM event_vectors v
+            WHERE {_filters("v", time_from, time_to)}
+              AND v.embedding <#> {_QUERY_HALF} <= :ceiling
+        )
+        """
+        + _RESCORED.format(extra="")
+    )
 
 
 async def nearest_events(
     session: AsyncSession,
     tenant_id: uuid.UUID,
     conversation_keys: list[str],
-    query: Any,
+    query: np.ndarray,
     limit: int,
     time_from: datetime | None = None,
     time_to: datetime | None = None,
 ) -> list[dict[str, Any]]:
-    """The exact top-``limit`` events of the conversations by cosine distance, nearest first."""
-    params = {
+    """The exact ``limit`` events nearest to ``query`` by cosine distance, nearest first.
+
+    Only events of the tenant in ``conversation_keys`` with ``time_from <= occurred_at <
+    time_to`` (either bound optional) and with an embedding take part.
+    """
+    if limit <= 0 or not conversation_keys:
+        return []
+    vector = np.asarray(query, dtype=np.float64).ravel()
+    norm = float(np.linalg.norm(vector))
+    if not np.isfinite(norm) or norm == 0.0:
+        raise Invalid("the query vector must be finite and non-zero", field="query")
+    params: dict[str, Any] = {
         "tenant_id": tenant_id,
-        "keys": conversation_keys,
-        "query": query,
+        "conversation_keys": list(conversation_keys),
+        "query": (vector / norm).astype(np.float32),
         "limit": limit,
-        "time_from": time_from,
-        "time_to": time_to,
+        "pool": limit + _EXTRA_CANDIDATES,
+        "sample": max(_SAMPLE, 8 * (limit + _EXTRA_CANDIDATES)),
     }
-    return [dict(r._mapping) for r in await session.execute(_NEAREST, params)]
+    if time_from is not None:
+        params["time_from"] = time_from
+    if time_to is not None:
+        params["time_to"] = time_to
+    bounds = (time_from is not None, time_to is not None)
+
+    rows = [dict(r._mapping) for r in await session.execute(_first_pass(*bounds), params)]
+    if not rows:
+        return []
+    pooled, horizon = rows[0].pop("pooled"), rows[0].pop("horizon")
+    for row in rows[1:]:
+        del row["pooled"], row["horizon"]
+    kth = rows[-1]["distance"]
+    # Every event left out has approx >= horizon, so distance >= horizon + 1 - error. When
+    # that is beyond the k-th candidate's distance (or nothing was left out) the answer is
+    # exact. Otherwise take every event that could still be nearer, and re-score them all.
+    error = _half_precision_error(len(vector))
+    if pooled < params["pool"] or horizon + 1.0 - error > kth:
+        return rows
+    params["ceiling"] = kth - 1.0 + error
+    return [dict(r._mapping) for r in await session.execute(_second_pass(*bounds), params)]

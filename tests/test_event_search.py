@@ -1,0 +1,289 @@
+"""Nearest events: the exact top-k by cosine distance within the tenant, conversations and time
+range asked for, checked against brute force."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import numpy as np
+import pytest
+
+from service.db.engine import Database
+from service.db.migrate import upgrade_to_head
+from service.errors import Invalid
+from service.events.repository import nearest_events, upsert_events
+from service.settings import Settings
+from service.tenants.service import create_tenant
+from tests.conftest import DatabaseFactory
+
+DIM = 384
+START = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def unit(rng: np.random.Generator, n: int) -> np.ndarray:
+    vectors = rng.standard_normal((n, DIM)).astype(np.float32)
+    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
+def event_row(
+    tenant_id: uuid.UUID, event_id: str, key: str, at: datetime, vector: Any
+) -> dict[str, Any]:
+    group = key[2:] if key.startswith("g:") else None
+    return {
+        "tenant_id": tenant_id,
+        "id": event_id,
+        "conversation_key": key,
+        "request_type": "group" if group else "private",
+        "group_id": group,
+        "user_id": None if group else key[2:],
+        "sender_id": "10001",
+        "request_id": event_id,
+        "end_seq": 1,
+        "kind": "observation",
+        "perspective": "group" if group else "sender",
+        "text": f"事件 {event_id}",
+        "source_text": f"事件 {event_id}",
+        "is_absolute": True,
+        "warnings": [],
+        "occurred_at": at,
+        "timezone": "Asia/Shanghai",
+        "location_abs": None,
+        "message_ids": [],
+        "metadata": {},
+        "embedding": vector,
+        "job_id": None,
+    }
+
+
+class Corpus:
+    """Events written through ``upsert_events``, with their vectors kept for brute force."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.rows: list[dict[str, Any]] = []
+
+    async def add(self, tenant_id: uuid.UUID, key: str, vectors: np.ndarray, **at: Any) -> None:
+        rows = [
+            event_row(
+                tenant_id,
+                f"{key}-{len(self.rows) + i}",
+                key,
+                at.get("when") or START + timedelta(minutes=len(self.rows) + i),
+                vector,
+            )
+            for i, vector in enumerate(vectors)
+        ]
+        async with self.db.tenant(tenant_id) as session:
+            for start in range(0, len(rows), 500):
+                await upsert_events(session, rows[start : start + 500])
+        self.rows += rows
+
+    def brute_force(
+        self,
+        tenant_id: uuid.UUID,
+        keys: list[str],
+        query: np.ndarray,
+        limit: int,
+        time_from: datetime | None = None,
+        time_to: datetime | None = None,
+    ) -> list[str]:
+        chosen = [
+            r
+            for r in self.rows
+            if r["tenant_id"] == tenant_id
+            and r["conversation_key"] in keys
+            and r["embedding"] is not None
+            and (time_from is None or r["occurred_at"] >= time_from)
+            and (time_to is None or r["occurred_at"] < time_to)
+        ]
+        matrix = np.stack([r["embedding"] for r in chosen]).astype(np.float64)
+        q = query.astype(np.float64)
+        distances = 1.0 - matrix @ q / (np.linalg.norm(matrix, axis=1) * np.linalg.norm(q))
+        order = np.argsort(distances, kind="stable")[:limit]
+        return [chosen[i]["id"] for i in order]
+
+
+@pytest.fixture
+async def db(db_url: str) -> AsyncIterator[Database]:
+    database = Database(db_url, pool_size=4)
+    yield database
+    await database.dispose()
+
+
+async def new_tenant_id(db: Database, name: str) -> uuid.UUID:
+    async with db.system() as session:
+        tenant, _ = await create_tenant(session, name, {}, Settings())
+    return tenant.id
+
+
+async def search(
+    db: Database, tenant_id: uuid.UUID, keys: list[str], query: np.ndarray, limit: int, **kw: Any
+) -> list[dict[str, Any]]:
+    async with db.tenant(tenant_id) as session:
+        return await nearest_events(session, tenant_id, keys, query, limit, **kw)
+
+
+async def test_exact_top_k_over_several_conversations(db: Database) -> None:
+    rng = np.random.default_rng(7)
+    tenant = await new_tenant_id(db, "acme")
+    corpus = Corpus(db)
+    for key, size in (("g:busy", 2500), ("g:quiet", 300), ("p:10001", 700), ("g:other", 500)):
+        await corpus.add(tenant, key, unit(rng, size))
+    for keys in (["g:busy"], ["g:quiet"], ["g:busy", "p:10001"], ["g:quiet", "p:10001"]):
+        for limit in (1, 10, 36):
+            for query in unit(rng, 4):
+                found = await search(db, tenant, keys, query, limit)
+                assert [e["id"] for e in found] == corpus.brute_force(tenant, keys, query, limit)
+                distances = [e["distance"] for e in found]
+                assert distances == sorted(distances)
+                assert {e["conversation_key"] for e in found} <= set(keys)
+
+
+async def test_distance_is_the_cosine_distance_and_rows_carry_the_event(db: Database) -> None:
+    rng = np.random.default_rng(3)
+    tenant = await new_tenant_id(db, "acme")
+    corpus = Corpus(db)
+    vectors = unit(rng, 50) * 3.0  # not unit length: cosine ignores the scale
+    await corpus.add(tenant, "g:1", vectors)
+    query = unit(rng, 1)[0] * 0.5
+    found = await search(db, tenant, ["g:1"], query, 5)
+    best = next(r for r in corpus.rows if r["id"] == found[0]["id"])
+    expected = 1.0 - float(best["embedding"] @ query) / (3.0 * 0.5)
+    assert found[0]["distance"] == pytest.approx(expected, abs=1e-5)
+    assert found[0]["text"] == best["text"]
+    assert found[0]["occurred_at"] == best["occurred_at"]
+    assert "embedding" not in found[0]
+
+
+async def test_other_conversations_and_tenants_never_appear_even_when_nearer(
+    db: Database,
+) -> None:
+    rng = np.random.default_rng(11)
+    tenant, stranger = await new_tenant_id(db, "acme"), await new_tenant_id(db, "other")
+    corpus = Corpus(db)
+    await corpus.add(tenant, "g:1", unit(rng, 400))
+    query = unit(rng, 1)[0]
+    # The query itself (distance 0) in a sibling conversation and under another tenant's g:1.
+    await corpus.add(tenant, "g:2", query[None, :])
+    await corpus.add(stranger, "g:1", np.repeat(query[None, :], 20, axis=0))
+
+    found = await search(db, tenant, ["g:1"], query, 10)
+    assert [e["id"] for e in found] == corpus.brute_force(tenant, ["g:1"], query, 10)
+    assert all(e["conversation_key"] == "g:1" and e["distance"] > 0.5 for e in found)
+
+    both = await search(db, tenant, ["g:1", "g:2"], query, 10)
+    assert both[0]["conversation_key"] == "g:2"
+    assert both[0]["distance"] == pytest.approx(0.0, abs=1e-6)
+    assert len(await search(db, stranger, ["g:1"], query, 50)) == 20
+    assert await search(db, tenant, ["g:none"], query, 10) == []
+
+
+async def test_time_range_includes_its_start_and_excludes_its_end(db: Database) -> None:
+    rng = np.random.default_rng(5)
+    tenant = await new_tenant_id(db, "acme")
+    corpus = Corpus(db)
+    await corpus.add(tenant, "g:1", unit(rng, 1500))  # one a minute from START
+    time_from, time_to = START + timedelta(minutes=200), START + timedelta(minutes=900)
+    for query in unit(rng, 5):
+        found = await search(db, tenant, ["g:1"], query, 10, time_from=time_from, time_to=time_to)
+        expected = corpus.brute_force(tenant, ["g:1"], query, 10, time_from, time_to)
+        assert [e["id"] for e in found] == expected
+        assert all(time_from <= e["occurred_at"] < time_to for e in found)
+    # The events exactly at the bounds: the start is in, the end is out.
+    at_start = next(r for r in corpus.rows if r["occurred_at"] == time_from)
+    at_end = next(r for r in corpus.rows if r["occurred_at"] == time_to)
+    window = {"time_from": time_from, "time_to": time_to}
+    assert (await search(db, tenant, ["g:1"], at_start["embedding"], 1, **window))[0][
+        "id"
+    ] == at_start["id"]
+    assert at_end["id"] not in {
+        e["id"] for e in await search(db, tenant, ["g:1"], at_end["embedding"], 1, **window)
+    }
+    since = await search(db, tenant, ["g:1"], at_end["embedding"], 1, time_from=time_to)
+    assert since[0]["id"] == at_end["id"]
+    until = await search(db, tenant, ["g:1"], at_start["embedding"], 1000, time_to=time_from)
+    assert len(until) == 200 and at_start["id"] not in {e["id"] for e in until}
+
+
+async def test_limit_beyond_the_filtered_set_returns_all_of_it_in_order(db: Database) -> None:
+    rng = np.random.default_rng(13)
+    tenant = await new_tenant_id(db, "acme")
+    corpus = Corpus(db)
+    await corpus.add(tenant, "g:1", unit(rng, 30))
+    await corpus.add(tenant, "g:2", unit(rng, 300))
+    query = unit(rng, 1)[0]
+    found = await search(db, tenant, ["g:1"], query, 100)
+    assert [e["id"] for e in found] == corpus.brute_force(tenant, ["g:1"], query, 100)
+    assert len(found) == 30
+    assert await search(db, tenant, ["g:1"], query, 0) == []
+
+
+async def test_dense_near_duplicates_are_still_ranked_exactly(db: Database) -> None:
+    """Hundreds of events closer to each other than half precision can tell apart."""
+    rng = np.random.default_rng(17)
+    tenant = await new_tenant_id(db, "acme")
+    corpus = Corpus(db)
+    query, side = unit(rng, 2)
+    side = side - (side @ query) * query
+    side /= np.linalg.norm(side)
+    # Distances 1e-5, 2e-5, … 2e-3: far apart for float32, all within half precision's error.
+    distances = 1e-5 * rng.permutation(np.arange(1, 201))
+    tilt = np.sqrt(1.0 / (1.0 - distances) ** 2 - 1.0)
+    near = (query[None, :] + tilt[:, None] * side[None, :]).astype(np.float32)
+    await corpus.add(tenant, "g:1", np.concatenate([near, unit(rng, 2000)]))
+    for limit in (10, 36):
+        found = await search(db, tenant, ["g:1"], query, limit)
+        assert [e["id"] for e in found] == corpus.brute_force(tenant, ["g:1"], query, limit)
+        assert [e["distance"] for e in found] == pytest.approx(
+            [1e-5 * i for i in range(1, limit + 1)], abs=2e-6
+        )
+
+
+async def test_rewritten_and_unembedded_events_follow_their_latest_write(db: Database) -> None:
+    rng = np.random.default_rng(19)
+    tenant = await new_tenant_id(db, "acme")
+    corpus = Corpus(db)
+    await corpus.add(tenant, "g:1", unit(rng, 100))
+    query = unit(rng, 1)[0]
+    first = (await search(db, tenant, ["g:1"], query, 1))[0]["id"]
+    row = next(r for r in corpus.rows if r["id"] == first)
+    async with db.tenant(tenant) as session:  # a retried job: the same id, no embedding now
+        await upsert_events(session, [{**row, "embedding": None}])
+    assert first not in {e["id"] for e in await search(db, tenant, ["g:1"], query, 100)}
+    async with db.tenant(tenant) as session:  # and again, now exactly the query
+        await upsert_events(session, [{**row, "embedding": query}])
+    again = await search(db, tenant, ["g:1"], query, 1)
+    assert again[0]["id"] == first and again[0]["distance"] == pytest.approx(0.0, abs=1e-6)
+
+
+async def test_a_zero_query_is_refused(db: Database) -> None:
+    tenant = await new_tenant_id(db, "acme")
+    with pytest.raises(Invalid):
+        await search(db, tenant, ["g:1"], np.zeros(DIM, dtype=np.float32), 10)
+
+
+async def test_vectors_too_wide_for_the_index_are_still_searched_exactly(
+    databases: DatabaseFactory,
+) -> None:
+    """1,536 dimensions (an OpenAI model) do not fit a B-tree entry; the search still works."""
+    url = await databases.create_empty()
+    wide = Settings(models={"embedding": {"dimensions": 1536}})
+    await asyncio.to_thread(upgrade_to_head, url, wide)
+    db = Database(url, pool_size=2)
+    try:
+        rng = np.random.default_rng(23)
+        async with db.system() as session:
+            tenant = (await create_tenant(session, "wide", {}, wide))[0].id
+        corpus = Corpus(db)
+        vectors = rng.standard_normal((600, 1536)).astype(np.float32)
+        await corpus.add(tenant, "g:1", vectors)
+        await corpus.add(tenant, "g:2", vectors[:50])
+        for query in rng.standard_normal((3, 1536)).astype(np.float32):
+            found = await search(db, tenant, ["g:1"], query, 10)
+            assert [e["id"] for e in found] == corpus.brute_force(tenant, ["g:1"], query, 10)
+    finally:
+        await db.dispose()
