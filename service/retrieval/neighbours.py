@@ -10,6 +10,10 @@ message's own dense similarity and BM25 score, its score uses
   document, BM25-saturated, no length normalization),
 - whether the query names the message's sender.
 
+Neighbours count only within one sitting: consecutive passages less than
+``episode_gap`` apart. Passages that are not a conversation (notes written days apart) thus
+fall back to their own similarity and terms.
+
 The caller gives the passages in stream order, contiguous around every candidate (each
 candidate's whole window present); rows that are only there as context are not scored.
 """
@@ -38,6 +42,7 @@ class StreamPassage:
     term_counts: Mapping[str, int] = field(default_factory=dict)  # query terms it contains
     speaker_named: bool = False  # the query names its sender
     candidate: bool = True  # ranked; False: present only as a neighbour of candidates
+    at: float = 0.0  # when it was said (seconds); a long pause separates neighbours
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,7 @@ class StreamWeights:
     similarity_reach: int = 2
     lexical_reach: int = 1
     window: int = 10
+    episode_gap: float = 3600.0
 
     def feature_weights(self) -> dict[str, float]:
         """The weights by feature name."""
@@ -85,12 +91,30 @@ def saturate(term_frequency: float, k1: float = BM25_K1) -> float:
     return term_frequency * (k1 + 1.0) / (term_frequency + k1)
 
 
-def _window_sums(values: npt.NDArray[np.float64], reach: int) -> npt.NDArray[np.float64]:
-    """Sum of each item's window ``[i - reach, i + reach]`` (clipped at the ends)."""
+def _window_sums(
+    values: npt.NDArray[np.float64],
+    reach: int,
+    starts: npt.NDArray[np.int64],
+    ends: npt.NDArray[np.int64],
+) -> npt.NDArray[np.float64]:
+    """Sum of each item's window ``[i - reach, i + reach]``, clipped to its episode
+    ``[starts[i], ends[i])``."""
     n = len(values)
     prefix = np.concatenate(([0.0], np.cumsum(values)))
     index = np.arange(n)
-    return prefix[np.minimum(n, index + reach + 1)] - prefix[np.maximum(0, index - reach)]
+    return prefix[np.minimum(ends, index + reach + 1)] - prefix[np.maximum(starts, index - reach)]
+
+
+def _episodes(
+    passages: Sequence[StreamPassage], gap: float
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Each passage's episode as [start, end) positions: runs without a pause over ``gap``."""
+    n = len(passages)
+    at = np.array([p.at for p in passages], dtype=np.float64)
+    breaks = np.flatnonzero(np.abs(np.diff(at)) > gap) + 1
+    bounds = np.concatenate(([0], breaks, [n])).astype(np.int64)
+    episode = np.repeat(np.arange(len(bounds) - 1), np.diff(bounds))
+    return bounds[episode], bounds[episode + 1]
 
 
 def _scale_by_max(values: npt.NDArray[np.float64]) -> list[float]:
@@ -105,12 +129,13 @@ def stream_features(
     n = len(passages)
     sims = np.array([p.similarity for p in passages], dtype=np.float64)
     bm25 = np.array([p.bm25 for p in passages], dtype=np.float64)
+    starts, ends = _episodes(passages, w.episode_gap)
 
-    # Neighbours' mean similarity, excluding the passage itself.
-    sim_sums = _window_sums(sims, w.similarity_reach) - sims
-    counts = _window_sums(np.ones(n), w.similarity_reach) - 1.0
+    # Neighbours' mean similarity, excluding the passage itself (alone: its own).
+    sim_sums = _window_sums(sims, w.similarity_reach, starts, ends) - sims
+    counts = _window_sums(np.ones(n), w.similarity_reach, starts, ends) - 1.0
     neighbour_sim = np.where(counts > 0, sim_sums / np.maximum(counts, 1.0), sims)
-    neighbour_lex = _window_sums(bm25, w.lexical_reach) - bm25
+    neighbour_lex = _window_sums(bm25, w.lexical_reach, starts, ends) - bm25
 
     # The window as one small document: query terms counted over it, saturated, by idf.
     window = np.zeros(n)
@@ -124,7 +149,7 @@ def stream_features(
                     counts_t[i, slot] = count
         weight = np.array(list(idfs.values()))
         for k in np.flatnonzero(counts_t.any(axis=0)):
-            total = _window_sums(counts_t[:, k], w.window)
+            total = _window_sums(counts_t[:, k], w.window, starts, ends)
             window += weight[k] * total * (BM25_K1 + 1.0) / (total + BM25_K1)
 
     picked = [i for i, p in enumerate(passages) if p.candidate]

@@ -101,9 +101,20 @@ def terms(text: str) -> list[str]:
     return [t for t in out if t]
 
 
-def query_terms(text: str) -> list[str]:
-    """The distinct terms of a query, first occurrence first."""
-    return list(dict.fromkeys(terms(text)))
+def query_terms(text: str, limit: int | None = None) -> list[str]:
+    """The distinct terms of a query, first occurrence first.
+
+    Past ``limit`` (a pasted paragraph, a chat history as the query), single Chinese
+    characters go first, then the earliest terms: the end of a chat is its most recent part.
+    """
+    found = list(dict.fromkeys(terms(text)))
+    if limit is None or len(found) <= limit:
+        return found
+    words = [t for t in found if not (len(t) == 1 and _IS_CJK.match(t))]
+    if len(words) >= limit:
+        return words[-limit:]
+    keep = set(words) | set([t for t in found if t not in set(words)][-(limit - len(words)) :])
+    return [t for t in found if t in keep]
 
 
 def to_tsvector_literal(found: Iterable[str]) -> str:
