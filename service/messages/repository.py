@@ -16,13 +16,14 @@ from sqlalchemy.ext.asyncio import AsyncSession
 _INSERT = text(
     """
     INSERT INTO messages (tenant_id, conversation_key, message_id, request_type, group_id,
-                          user_id, sender_id, sender_name, text, sent_at)
+                          user_id, sender_id, sender_name, text, sent_at, lexical)
     SELECT :tenant_id, * FROM unnest(
         CAST(:keys AS text[]), CAST(:ids AS text[]), CAST(:types AS text[]),
         CAST(:groups AS text[]), CAST(:users AS text[]), CAST(:senders AS text[]),
-        CAST(:names AS text[]), CAST(:texts AS text[]), CAST(:sent AS timestamptz[]))
+        CAST(:names AS text[]), CAST(:texts AS text[]), CAST(:sent AS timestamptz[]),
+        CAST(:lexicals AS tsvector[]))
     ON CONFLICT (tenant_id, conversation_key, message_id) DO NOTHING
-    RETURNING conversation_key, seq, text, sent_at
+    RETURNING conversation_key, seq, text, sent_at, length(lexical) AS term_count
     """
 )
 
@@ -42,6 +43,7 @@ async def insert_messages(
         "names": [r["sender_name"] for r in rows],
         "texts": [r["text"] for r in rows],
         "sent": [r["sent_at"] for r in rows],
+        "lexicals": [r["lexical"] for r in rows],
     }
     return list(await session.execute(_INSERT, params))
 
@@ -50,12 +52,14 @@ async def insert_messages(
 _TOUCH = text(
     """
     INSERT INTO conversations AS c (tenant_id, conversation_key, request_type, group_id, user_id,
-                                    group_name, message_count, last_message_at, last_seq,
-                                    pending_count)
+                                    group_name, message_count, term_count, last_message_at,
+                                    last_seq, pending_count)
     VALUES (:tenant_id, :conversation_key, :request_type, :group_id, :user_id, :group_name,
-            CAST(:count AS bigint), :last_at, :last_seq, CAST(:count AS integer))
+            CAST(:count AS bigint), CAST(:term_count AS bigint), :last_at, :last_seq,
+            CAST(:count AS integer))
     ON CONFLICT (tenant_id, conversation_key) DO UPDATE SET
         message_count = c.message_count + EXCLUDED.message_count,
+        term_count = c.term_count + EXCLUDED.term_count,
         last_message_at = GREATEST(c.last_message_at, EXCLUDED.last_message_at),
         last_seq = GREATEST(c.last_seq, EXCLUDED.last_seq),
         pending_count = c.pending_count + EXCLUDED.pending_count,
@@ -175,7 +179,7 @@ async def embed_job_queued(session: AsyncSession, tenant_id: uuid.UUID, kind: st
 # SKIP LOCKED: two embedding jobs of one tenant split the work instead of repeating it.
 _UNEMBEDDED = text(
     """
-    SELECT conversation_key, message_id, text FROM messages
+    SELECT conversation_key, message_id, sender_name, text FROM messages
     WHERE tenant_id = :tenant_id AND embedding IS NULL
     ORDER BY seq
     LIMIT :limit
@@ -183,11 +187,14 @@ _UNEMBEDDED = text(
     """
 )
 
+# The terms are segmented again with the vector: a text rewritten in place (a privacy
+# redaction clears the vector and the terms) becomes searchable again, and only as rewritten.
 _SET_EMBEDDINGS = text(
     """
-    UPDATE messages AS m SET embedding = v.embedding
-    FROM unnest(CAST(:keys AS text[]), CAST(:ids AS text[]), CAST(:vectors AS vector[]))
-         AS v(conversation_key, message_id, embedding)
+    UPDATE messages AS m SET embedding = v.embedding, lexical = v.lexical
+    FROM unnest(CAST(:keys AS text[]), CAST(:ids AS text[]), CAST(:vectors AS vector[]),
+                CAST(:lexicals AS tsvector[]))
+         AS v(conversation_key, message_id, embedding, lexical)
     WHERE m.tenant_id = :tenant_id AND m.conversation_key = v.conversation_key
       AND m.message_id = v.message_id
     """
@@ -204,8 +211,9 @@ async def set_embeddings(
     tenant_id: uuid.UUID,
     rows: list[Any],
     vectors: list[np.ndarray[Any, Any]],
+    lexicals: list[str],
 ) -> None:
-    """Store the vectors of messages."""
+    """Store the vectors of messages, and their terms as of the text embedded."""
     await session.execute(
         _SET_EMBEDDINGS,
         {
@@ -214,6 +222,7 @@ async def set_embeddings(
             "ids": [r.message_id for r in rows],
             # pgvector's Vector, not bare arrays: asyncpg would read an array as a dimension.
             "vectors": [Vector(v) for v in vectors],
+            "lexicals": lexicals,
         },
     )
 
