@@ -1,4 +1,4 @@
-"""The raw message archive: ingest, extraction triggers, background embedding, search."""
+"""The raw message archive: ingest, extraction triggers, background embedding."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.context import DEFAULT_TIMEZONE, conversation_key, scope_of
+from service.context import DEFAULT_TIMEZONE, conversation_key
 from service.db.engine import Database
 from service.embedding import Embedder
 from service.errors import Invalid
@@ -22,13 +22,7 @@ from service.historian.profiles import ProfileMerger, Target, about_the_group
 from service.historian.service import clip
 from service.llm import ChatModel
 from service.messages import repository
-from service.messages.schemas import (
-    MessageBatch,
-    MessageHit,
-    MessageSearch,
-    MessageSearchResult,
-    MessagesStored,
-)
+from service.messages.schemas import MessageBatch, MessagesStored
 from service.profiles import repository as profile_rows
 from service.profiles.document import ProfileKey
 from service.profiles.service import Fact
@@ -170,23 +164,6 @@ def passage_text(sender_name: str | None, text: str) -> str:
     0.55 with it).
     """
     return f"{sender_name}: {text}" if sender_name else text
-
-
-async def search(
-    session: AsyncSession, tenant: TenantContext, request: MessageSearch, embedder: Embedder
-) -> MessageSearchResult:
-    """The conversation's archived messages nearest in meaning to the query."""
-    key = scope_of(request.group_id, request.user_id)
-    warnings = []
-    time_from, time_to = request.time_from, request.time_to
-    if time_from and time_to and time_from > time_to:
-        time_from, time_to = time_to, time_from
-        warnings.append("time_from was after time_to; the two were swapped")
-    vector = await embedder.query(request.query)
-    rows = await repository.search_messages(
-        session, tenant.tenant_id, key, vector, request.top_k, time_from, time_to
-    )
-    return MessageSearchResult(messages=[MessageHit(**row) for row in rows], warnings=warnings)
 
 
 _REMEMBER = re.compile(
