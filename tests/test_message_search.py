@@ -203,20 +203,18 @@ def test_recency_lifts_close_matches_only() -> None:
         )
 
     # Far apart in time, so no neighbourhood: each scores on its own similarity.
-    rows = [row(1, 0.8, 140.0), row(2, 0.8, 14.0), row(3, 0.3, 0.0), row(4, 0.3, 140.0)]
+    rows = [row(1, 0.8, 140.0), row(2, 0.8, 14.0), row(3, 0.3, 0.0), row(4, 0.2, 140.0)]
+    off = settings.model_copy(update={"time_decay_enabled": False})
+    plain = {seq: score for seq, score, _ in rank_candidates(rows, "q", off, now)}
     ranked = {seq: score for seq, score, _ in rank_candidates(rows, "q", settings, now)}
-    plain = {
-        seq: score
-        for seq, score, _ in rank_candidates(
-            rows, "q", settings.model_copy(update={"time_decay_enabled": False}), now
-        )
-    }
-    assert plain[1] == pytest.approx(plain[2])
+    # Relevance scaled onto the candidates: the best 1, the worst 0.
+    assert plain[1] == plain[2] == 1.0 and plain[4] == 0.0 and 0 < plain[3] < 1
     # One half-life old: x (1 + 0.2 * 0.5); ten half-lives: almost nothing.
-    assert ranked[2] == pytest.approx(plain[2] * 1.1)
-    assert ranked[1] == pytest.approx(plain[1] * (1 + 0.2 * 0.5**10))
+    assert ranked[2] == pytest.approx(1.1)
+    assert ranked[1] == pytest.approx(1 + 0.2 * 0.5**10)
     # Below the similarity threshold, fresh or not: unchanged.
-    assert ranked[3] == pytest.approx(plain[3]) and ranked[4] == pytest.approx(plain[4])
+    assert ranked[3] == pytest.approx(plain[3])
+    assert [seq for seq, _, _ in rank_candidates(rows, "q", settings, now)] == [2, 1, 3, 4]
 
 
 async def test_a_text_rewritten_in_place_is_searched_as_rewritten(

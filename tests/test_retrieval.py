@@ -12,6 +12,7 @@ from service.retrieval.fusion import (
     mmr,
     reciprocal_rank_fusion,
     scale_by_max,
+    scale_min_max,
     similarity,
     time_decayed,
     weighted_fusion,
@@ -79,6 +80,8 @@ def test_reciprocal_rank_fusion() -> None:
 def test_weighted_fusion_and_scaling() -> None:
     assert scale_by_max([2.0, 1.0, 0.0]) == [1.0, 0.5, 0.0]
     assert scale_by_max([0.0, 0.0]) == [0.0, 0.0]
+    assert scale_min_max([3.0, 1.0, 2.0]) == [1.0, 0.0, 0.5]
+    assert scale_min_max([2.0, 2.0]) == [1.0, 1.0]
     fused = weighted_fusion(
         {"dense": [0.8, 0.4], "lexical": [0.0, 1.0]}, {"dense": 3, "lexical": 1}
     )

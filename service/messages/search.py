@@ -14,7 +14,7 @@ from service.context import scope_of
 from service.embedding import Embedder
 from service.messages import repository
 from service.messages.schemas import MessageHit, MessageSearch, MessageSearchResult
-from service.retrieval.fusion import mmr, time_decayed
+from service.retrieval.fusion import mmr, scale_min_max, time_decayed
 from service.retrieval.neighbours import (
     BM25_B,
     BM25_K1,
@@ -121,14 +121,20 @@ def rank_candidates(
 ) -> list[tuple[int, float, float]]:
     """(seq, score, similarity) of the candidate rows, best first.
 
-    The recency boost uses the tool half-life: an archive search is an explicit look-up.
+    The score is the fused relevance scaled onto the candidates (best 1, worst 0), times the
+    design's recency boost. Scaled, because fused scores sit close together (e5 cosines of
+    related and unrelated chat lines differ by a few hundredths): a 20% boost on the raw
+    score would bury every older answer under anything recent, while on the scaled one it
+    reorders only matches within a fifth of the best. The tool half-life applies: an
+    archive search is an explicit look-up.
     """
     passages, idfs = stream_of(rows, query)
-    scores = score_stream(passages, idfs)
+    scored = [
+        (row, s) for row, s in zip(rows, score_stream(passages, idfs), strict=True) if s is not None
+    ]
+    relevance = scale_min_max([s for _, s in scored])
     ranked = []
-    for row, score in zip(rows, scores, strict=True):
-        if score is None:
-            continue
+    for (row, _), score in zip(scored, relevance, strict=True):
         if settings.time_decay_enabled:
             score = time_decayed(
                 score,

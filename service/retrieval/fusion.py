@@ -35,6 +35,14 @@ def scale_by_max(values: Sequence[float]) -> list[float]:
     return [v / top if top > 0 else 0.0 for v in values]
 
 
+def scale_min_max(values: Sequence[float]) -> list[float]:
+    """Scores mapped onto [0, 1]: the worst 0, the best 1 (all equal: all 1)."""
+    low, high = min(values, default=0.0), max(values, default=0.0)
+    if high <= low:
+        return [1.0] * len(values)
+    return [(v - low) / (high - low) for v in values]
+
+
 def weighted_fusion(
     features: Mapping[str, Sequence[float]], weights: Mapping[str, float]
 ) -> list[float]:
