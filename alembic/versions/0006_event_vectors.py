@@ -24,7 +24,7 @@ from alembic import op
 from service.db.rls import embedding_dim, protect_tenant_table
 
 revision: str = "0006"
-down_revision: str | None = "0004"
+down_revision: str | None = "0005"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

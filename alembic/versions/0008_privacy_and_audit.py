@@ -16,7 +16,7 @@ from sqlalchemy.dialects import postgresql
 from service.db.rls import APP_ROLE, protect_tenant_table
 
 revision: str = "0008"
-down_revision: str | None = "0004"
+down_revision: str | None = "0006"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -18,7 +18,7 @@ from sqlalchemy import (
     func,
 )
 from sqlalchemy import text as sql
-from sqlalchemy.dialects.postgresql import UUID
+from sqlalchemy.dialects.postgresql import TSVECTOR, UUID
 from sqlalchemy.orm import Mapped, mapped_column
 
 from service.db.base import Base, created_at_column
@@ -36,6 +36,8 @@ class Message(Base):
         Index(
             "ix_messages_unembedded", "tenant_id", "seq", postgresql_where=sql("embedding IS NULL")
         ),
+        # Lexical search: which messages hold a term (filtered to the conversation after).
+        Index("ix_messages_lexical", "lexical", postgresql_using="gin"),
     )
 
     tenant_id: Mapped[uuid.UUID] = mapped_column(
@@ -52,6 +54,10 @@ class Message(Base):
     text: Mapped[str] = mapped_column(Text, nullable=False)
     sent_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
     embedding: Mapped[Any] = mapped_column(Embedding(), nullable=True)
+    # The text's terms as segmented by service.retrieval.terms, with positions.
+    lexical: Mapped[str] = mapped_column(
+        TSVECTOR, nullable=False, server_default=sql("''::tsvector")
+    )
     created_at: Mapped[datetime] = created_at_column()
 
 
@@ -77,6 +83,8 @@ class Conversation(Base):
     user_id: Mapped[str | None] = mapped_column(String(128))
     group_name: Mapped[str | None] = mapped_column(String(200))
     message_count: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    # Distinct terms summed over the messages: BM25's mean message length.
+    term_count: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
     last_message_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     last_seq: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
     # Messages with seq <= extracted_seq have been handed to an extraction job.

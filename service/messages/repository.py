@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -11,18 +12,21 @@ from pgvector import Vector
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.retrieval.terms import to_tsquery_literal
+
 # One statement for the whole batch; duplicates (by conversation and message_id) are skipped.
 # Rows get their seq in array order, so seq follows the batch's order.
 _INSERT = text(
     """
     INSERT INTO messages (tenant_id, conversation_key, message_id, request_type, group_id,
-                          user_id, sender_id, sender_name, text, sent_at)
+                          user_id, sender_id, sender_name, text, sent_at, lexical)
     SELECT :tenant_id, * FROM unnest(
         CAST(:keys AS text[]), CAST(:ids AS text[]), CAST(:types AS text[]),
         CAST(:groups AS text[]), CAST(:users AS text[]), CAST(:senders AS text[]),
-        CAST(:names AS text[]), CAST(:texts AS text[]), CAST(:sent AS timestamptz[]))
+        CAST(:names AS text[]), CAST(:texts AS text[]), CAST(:sent AS timestamptz[]),
+        CAST(:lexicals AS tsvector[]))
     ON CONFLICT (tenant_id, conversation_key, message_id) DO NOTHING
-    RETURNING conversation_key, seq, text, sent_at
+    RETURNING conversation_key, seq, text, sent_at, length(lexical) AS term_count
     """
 )
 
@@ -42,6 +46,7 @@ async def insert_messages(
         "names": [r["sender_name"] for r in rows],
         "texts": [r["text"] for r in rows],
         "sent": [r["sent_at"] for r in rows],
+        "lexicals": [r["lexical"] for r in rows],
     }
     return list(await session.execute(_INSERT, params))
 
@@ -50,12 +55,14 @@ async def insert_messages(
 _TOUCH = text(
     """
     INSERT INTO conversations AS c (tenant_id, conversation_key, request_type, group_id, user_id,
-                                    group_name, message_count, last_message_at, last_seq,
-                                    pending_count)
+                                    group_name, message_count, term_count, last_message_at,
+                                    last_seq, pending_count)
     VALUES (:tenant_id, :conversation_key, :request_type, :group_id, :user_id, :group_name,
-            CAST(:count AS bigint), :last_at, :last_seq, CAST(:count AS integer))
+            CAST(:count AS bigint), CAST(:term_count AS bigint), :last_at, :last_seq,
+            CAST(:count AS integer))
     ON CONFLICT (tenant_id, conversation_key) DO UPDATE SET
         message_count = c.message_count + EXCLUDED.message_count,
+        term_count = c.term_count + EXCLUDED.term_count,
         last_message_at = GREATEST(c.last_message_at, EXCLUDED.last_message_at),
         last_seq = GREATEST(c.last_seq, EXCLUDED.last_seq),
         pending_count = c.pending_count + EXCLUDED.pending_count,
@@ -175,7 +182,7 @@ async def embed_job_queued(session: AsyncSession, tenant_id: uuid.UUID, kind: st
 # SKIP LOCKED: two embedding jobs of one tenant split the work instead of repeating it.
 _UNEMBEDDED = text(
     """
-    SELECT conversation_key, message_id, text FROM messages
+    SELECT conversation_key, message_id, sender_name, text FROM messages
     WHERE tenant_id = :tenant_id AND embedding IS NULL
     ORDER BY seq
     LIMIT :limit
@@ -183,11 +190,14 @@ _UNEMBEDDED = text(
     """
 )
 
+# The terms are segmented again with the vector: a text rewritten in place (a privacy
+# redaction clears the vector and the terms) becomes searchable again, and only as rewritten.
 _SET_EMBEDDINGS = text(
     """
-    UPDATE messages AS m SET embedding = v.embedding
-    FROM unnest(CAST(:keys AS text[]), CAST(:ids AS text[]), CAST(:vectors AS vector[]))
-         AS v(conversation_key, message_id, embedding)
+    UPDATE messages AS m SET embedding = v.embedding, lexical = v.lexical
+    FROM unnest(CAST(:keys AS text[]), CAST(:ids AS text[]), CAST(:vectors AS vector[]),
+                CAST(:lexicals AS tsvector[]))
+         AS v(conversation_key, message_id, embedding, lexical)
     WHERE m.tenant_id = :tenant_id AND m.conversation_key = v.conversation_key
       AND m.message_id = v.message_id
     """
@@ -204,8 +214,9 @@ async def set_embeddings(
     tenant_id: uuid.UUID,
     rows: list[Any],
     vectors: list[np.ndarray[Any, Any]],
+    lexicals: list[str],
 ) -> None:
-    """Store the vectors of messages."""
+    """Store the vectors of messages, and their terms as of the text embedded."""
     await session.execute(
         _SET_EMBEDDINGS,
         {
@@ -214,44 +225,155 @@ async def set_embeddings(
             "ids": [r.message_id for r in rows],
             # pgvector's Vector, not bare arrays: asyncpg would read an array as a dimension.
             "vectors": [Vector(v) for v in vectors],
+            "lexicals": lexicals,
         },
     )
 
 
+# Hybrid search, step one: the candidates and their neighbourhoods, with the per-message
+# features the ranking needs. Everything stays inside one conversation and time range.
 _SEARCH = text(
     """
-    SELECT message_id, text, sender_id, sender_name, sent_at,
-           1 - (embedding <=> :query) AS score
+    WITH stats AS (
+        -- BM25's collection size and mean length, kept per conversation at ingest.
+        SELECT greatest(message_count, 1)::float8 AS documents,
+               greatest(term_count::float8 / greatest(message_count, 1), 1.0) AS mean_length
+        FROM conversations
+        WHERE tenant_id = :tenant_id AND conversation_key = :conversation_key
+    ),
+    -- Messages containing any query term (the GIN index), with the query terms they hold.
+    hits AS MATERIALIZED (
+        SELECT m.seq, t.lexeme AS term, coalesce(cardinality(t.positions), 1) AS tf,
+               length(m.lexical) AS length
+        FROM messages m, unnest(m.lexical) t
+        WHERE m.tenant_id = :tenant_id AND m.conversation_key = :conversation_key
+          AND m.lexical @@ CAST(:tsquery AS tsquery)
+          AND t.lexeme = ANY(CAST(:terms AS text[]))
+          AND (CAST(:time_from AS timestamptz) IS NULL OR m.sent_at >= :time_from)
+          AND (CAST(:time_to AS timestamptz) IS NULL OR m.sent_at <= :time_to)
+    ),
+    idf AS (
+        SELECT h.term,
+               ln(1 + (s.documents - least(count(*), s.documents) + 0.5)
+                      / (least(count(*), s.documents) + 0.5)) AS idf
+        FROM hits h CROSS JOIN stats s
+        GROUP BY h.term, s.documents
+    ),
+    bm25 AS (
+        SELECT h.seq,
+               sum(i.idf * h.tf * (CAST(:k1 AS float8) + 1)
+                   / (h.tf + CAST(:k1 AS float8)
+                      * (1 - CAST(:b AS float8) + CAST(:b AS float8) * h.length / s.mean_length)))
+                   AS score,
+               array_agg(h.term) AS terms, array_agg(h.tf) AS tfs, array_agg(i.idf) AS idfs
+        FROM hits h JOIN idf i USING (term) CROSS JOIN stats s
+        GROUP BY h.seq
+    ),
+    -- The seeds: nearest in meaning (an exact scan of the conversation), best BM25.
+    seeds AS (
+        (SELECT seq FROM messages
+         WHERE tenant_id = :tenant_id AND conversation_key = :conversation_key
+           AND embedding IS NOT NULL
+           AND (CAST(:time_from AS timestamptz) IS NULL OR sent_at >= :time_from)
+           AND (CAST(:time_to AS timestamptz) IS NULL OR sent_at <= :time_to)
+         ORDER BY embedding <=> :query
+         LIMIT :dense_limit)
+        UNION
+        (SELECT seq FROM bm25 ORDER BY score DESC LIMIT :lexical_limit)
+    ),
+    -- Each seed's neighbours by arrival order (the seq index), with their distance to it.
+    around AS (
+        SELECT n.seq, min(n.distance) AS distance
+        FROM seeds s CROSS JOIN LATERAL (
+            SELECT b.seq, row_number() OVER (ORDER BY b.seq DESC) - 1 AS distance
+            FROM (SELECT seq FROM messages
+                  WHERE tenant_id = :tenant_id AND conversation_key = :conversation_key
+                    AND seq <= s.seq
+                    AND (CAST(:time_from AS timestamptz) IS NULL OR sent_at >= :time_from)
+                    AND (CAST(:time_to AS timestamptz) IS NULL OR sent_at <= :time_to)
+                  ORDER BY seq DESC LIMIT CAST(:reach AS integer) + 1) b
+            UNION ALL
+            SELECT a.seq, row_number() OVER (ORDER BY a.seq) AS distance
+            FROM (SELECT seq FROM messages
+                  WHERE tenant_id = :tenant_id AND conversation_key = :conversation_key
+                    AND seq > s.seq
+                    AND (CAST(:time_from AS timestamptz) IS NULL OR sent_at >= :time_from)
+                    AND (CAST(:time_to AS timestamptz) IS NULL OR sent_at <= :time_to)
+                  ORDER BY seq LIMIT :reach) a
+        ) n
+        GROUP BY n.seq
+    )
+    SELECT a.seq, a.distance <= CAST(:spread AS integer) AS candidate, m.message_id,
+           m.sender_name, m.sent_at,
+           coalesce(1 - (m.embedding <=> :query), 0) AS similarity,
+           coalesce(b.score, 0) AS bm25, b.terms, b.tfs, b.idfs
+    FROM around a
+    JOIN messages m ON m.tenant_id = :tenant_id AND m.conversation_key = :conversation_key
+                   AND m.seq = a.seq
+    LEFT JOIN bm25 b ON b.seq = a.seq
+    ORDER BY a.seq
+    """
+)
+
+# Step two: what the caller sees of the best candidates, and their vectors for MMR.
+_SEARCH_HITS = text(
+    """
+    SELECT seq, message_id, text, sender_id, sender_name, sent_at, embedding
     FROM messages
     WHERE tenant_id = :tenant_id AND conversation_key = :conversation_key
-      AND embedding IS NOT NULL
-      AND (CAST(:time_from AS timestamptz) IS NULL OR sent_at >= :time_from)
-      AND (CAST(:time_to AS timestamptz) IS NULL OR sent_at <= :time_to)
-    ORDER BY embedding <=> :query
-    LIMIT :limit
+      AND seq = ANY(CAST(:seqs AS bigint[]))
     """
 )
 
 
-async def search_messages(
+@dataclass(frozen=True)
+class SearchPlan:
+    """How wide the candidate search casts its net (in messages)."""
+
+    dense_limit: int
+    lexical_limit: int
+    spread: int  # seeds' neighbours that are ranked too
+    context: int  # neighbours a ranked message needs around it
+    k1: float
+    b: float
+
+
+async def search_candidates(
     session: AsyncSession,
     tenant_id: uuid.UUID,
     conversation_key: str,
     query: np.ndarray[Any, Any],
-    limit: int,
+    terms: list[str],
+    plan: SearchPlan,
     time_from: datetime | None,
     time_to: datetime | None,
-) -> list[dict[str, Any]]:
-    """The conversation's messages nearest to the query vector (an exact scan of one chat)."""
+) -> list[Any]:
+    """Seeds (dense and lexical) and their neighbourhoods in conversation order, each row
+    with its similarity, BM25 score and the query terms it holds."""
     params = {
         "tenant_id": tenant_id,
         "conversation_key": conversation_key,
         "query": query,
-        "limit": limit,
+        "terms": terms,
+        "tsquery": to_tsquery_literal(terms) if terms else None,
         "time_from": time_from,
         "time_to": time_to,
+        "dense_limit": plan.dense_limit,
+        "lexical_limit": plan.lexical_limit,
+        "spread": plan.spread,
+        "reach": plan.spread + plan.context,
+        "k1": plan.k1,
+        "b": plan.b,
     }
-    return [dict(r._mapping) for r in await session.execute(_SEARCH, params)]
+    return list(await session.execute(_SEARCH, params))
+
+
+async def messages_by_seq(
+    session: AsyncSession, tenant_id: uuid.UUID, conversation_key: str, seqs: list[int]
+) -> dict[int, Any]:
+    """Messages of a conversation by seq, with their vectors."""
+    params = {"tenant_id": tenant_id, "conversation_key": conversation_key, "seqs": seqs}
+    return {row.seq: row for row in await session.execute(_SEARCH_HITS, params)}
 
 
 _DAY = text(

@@ -8,6 +8,7 @@ from litestar import Controller, Request, post
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.http import runtime
+from service.messages import search as archive
 from service.messages import service
 from service.messages.schemas import (
     MessageBatch,
@@ -43,5 +44,5 @@ class MessageController(Controller):
         session: AsyncSession,
         data: MessageSearch,
     ) -> MessageSearchResult:
-        """The archive look-up: one conversation's messages nearest in meaning to the query."""
-        return await service.search(session, tenant, data, runtime(request).embedder)
+        """The archive look-up: one conversation's messages best matching the query."""
+        return await archive.search(session, tenant, data, runtime(request).embedder)

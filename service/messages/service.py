@@ -1,4 +1,4 @@
-"""The raw message archive: ingest, extraction triggers, background embedding, search."""
+"""The raw message archive: ingest, extraction triggers, background embedding."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.context import DEFAULT_TIMEZONE, conversation_key, scope_of
+from service.context import DEFAULT_TIMEZONE, conversation_key
 from service.db.engine import Database
 from service.embedding import Embedder
 from service.errors import Invalid
@@ -25,13 +25,7 @@ from service.llm import ChatModel
 from service.memories import service as memories
 from service.memories.upkeep import enqueue_consolidation
 from service.messages import repository
-from service.messages.schemas import (
-    MessageBatch,
-    MessageHit,
-    MessageSearch,
-    MessageSearchResult,
-    MessagesStored,
-)
+from service.messages.schemas import MessageBatch, MessagesStored
 from service.privacy import pii
 from service.privacy.service import was_erased
 from service.profiles import repository as profile_rows
@@ -39,6 +33,7 @@ from service.profiles.document import ProfileKey
 from service.profiles.service import Fact
 from service.queue import repository as jobs
 from service.queue.worker import JobContext
+from service.retrieval.terms import terms, to_tsvector_literal
 from service.settings import Settings
 from service.tenants.service import TenantContext
 
@@ -88,6 +83,7 @@ async def ingest(
                 "sender_name": message.sender_name,
                 "text": body,
                 "sent_at": _sent_at(message.sent_at, message.timezone or tenant.timezone, n),
+                "lexical": to_tsvector_literal(terms(body)),
             }
         )
     if tenant.erased_policy != "accept":
@@ -120,6 +116,7 @@ async def ingest(
                 "user_id": sample["user_id"] if sample["request_type"] == "private" else None,
                 "group_name": group_names.get(key),
                 "count": len(new),
+                "term_count": sum(r.term_count for r in new),
                 "last_at": max(r.sent_at for r in new),
                 "last_seq": max(r.seq for r in new),
             },
@@ -182,21 +179,14 @@ async def _enqueue_extraction(
     return job_id
 
 
-async def search(
-    session: AsyncSession, tenant: TenantContext, request: MessageSearch, embedder: Embedder
-) -> MessageSearchResult:
-    """The conversation's archived messages nearest in meaning to the query."""
-    key = scope_of(request.group_id, request.user_id)
-    warnings = []
-    time_from, time_to = request.time_from, request.time_to
-    if time_from and time_to and time_from > time_to:
-        time_from, time_to = time_to, time_from
-        warnings.append("time_from was after time_to; the two were swapped")
-    vector = await embedder.query(request.query)
-    rows = await repository.search_messages(
-        session, tenant.tenant_id, key, vector, request.top_k, time_from, time_to
-    )
-    return MessageSearchResult(messages=[MessageHit(**row) for row in rows], warnings=warnings)
+def passage_text(sender_name: str | None, text: str) -> str:
+    """What is embedded of a message: who said it, and what.
+
+    Questions about a chat name people ("what did Caroline paint?"); a vector of the bare
+    text cannot tell whose message it was (on LoCoMo, dense hit@10 0.30 without the name,
+    0.55 with it).
+    """
+    return f"{sender_name}: {text}" if sender_name else text
 
 
 _REMEMBER = re.compile(
@@ -338,8 +328,11 @@ class Archivist:
                 rows = await repository.unembedded_messages(session, job.job.tenant_id, batch)
                 if not rows:
                     break
-                vectors = await self.embedder.passages([r.text for r in rows])
-                await repository.set_embeddings(session, job.job.tenant_id, rows, vectors)
+                vectors = await self.embedder.passages(
+                    [passage_text(r.sender_name, r.text) for r in rows]
+                )
+                lexicals = [to_tsvector_literal(terms(r.text)) for r in rows]
+                await repository.set_embeddings(session, job.job.tenant_id, rows, vectors, lexicals)
             done += len(rows)
         return {"embedded": done}
 

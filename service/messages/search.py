@@ -1,0 +1,159 @@
+"""Searching the raw message archive: hybrid (dense and lexical) retrieval within one
+conversation, ranked with each message's neighbours."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+from pgvector import Vector
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from service.context import scope_of
+from service.embedding import Embedder
+from service.messages import repository
+from service.messages.schemas import MessageHit, MessageSearch, MessageSearchResult
+from service.retrieval.fusion import mmr, scale_min_max, time_decayed
+from service.retrieval.neighbours import (
+    BM25_B,
+    BM25_K1,
+    StreamPassage,
+    StreamWeights,
+    score_stream,
+)
+from service.retrieval.terms import names_in, query_terms
+from service.settings import QuerySettings
+from service.tenants.service import TenantContext
+
+# Candidates: the nearest messages and the best lexical matches, each with its close
+# neighbours (a short reply after the message naming the topic is often the answer).
+SEARCH_PLAN = repository.SearchPlan(
+    dense_limit=100,
+    lexical_limit=100,
+    spread=2,
+    context=StreamWeights().context,
+    k1=BM25_K1,
+    b=BM25_B,
+)
+# Candidates kept for the near-duplicate pass, per result asked for.
+MMR_POOL = 3
+# Two messages this close in meaning (cosine of their vectors) are one result.
+DUPLICATE_COSINE = 0.97
+# Long queries (a chat history, a pasted paragraph) keep their most telling terms: enough to
+# match, at a bounded cost.
+MAX_QUERY_TERMS = 128
+
+
+async def search(
+    session: AsyncSession, tenant: TenantContext, request: MessageSearch, embedder: Embedder
+) -> MessageSearchResult:
+    """The conversation's archived messages best matching the query: dense and lexical
+    candidates, ranked with their neighbours, recency-boosted, near-duplicates dropped."""
+    key = scope_of(request.group_id, request.user_id)
+    warnings = []
+    time_from, time_to = request.time_from, request.time_to
+    if time_from and time_to and time_from > time_to:
+        time_from, time_to = time_to, time_from
+        warnings.append("time_from was after time_to; the two were swapped")
+    vector = await embedder.query(request.query)
+    words = query_terms(request.query, MAX_QUERY_TERMS)
+    rows = await repository.search_candidates(
+        session, tenant.tenant_id, key, vector, words, SEARCH_PLAN, time_from, time_to
+    )
+    ranked = rank_candidates(rows, request.query, tenant.query, datetime.now(UTC))
+    pool = ranked[: request.top_k * MMR_POOL]
+    found = await repository.messages_by_seq(
+        session, tenant.tenant_id, key, [seq for seq, _, _ in pool]
+    )
+    pool = [(seq, score, sim) for seq, score, sim in pool if seq in found]
+    if not pool:
+        return MessageSearchResult(messages=[], warnings=warnings)
+    vectors = np.stack([_unit(found[seq].embedding, len(vector)) for seq, _, _ in pool])
+    keep = mmr(
+        [score for _, score, _ in pool],
+        vectors,
+        request.top_k,
+        duplicate_threshold=DUPLICATE_COSINE,
+    )
+    hits = []
+    for n in keep:
+        seq, score, _ = pool[n]
+        row = found[seq]
+        hits.append(
+            MessageHit(
+                message_id=row.message_id,
+                text=row.text,
+                sender_id=row.sender_id,
+                sender_name=row.sender_name,
+                sent_at=row.sent_at,
+                score=round(score, 6),
+            )
+        )
+    return MessageSearchResult(messages=hits, warnings=warnings)
+
+
+def stream_of(rows: list[Any], query: str) -> tuple[list[StreamPassage], dict[str, float]]:
+    """The candidate rows as a stream of passages, and the idf of the query terms seen."""
+    idfs: dict[str, float] = {}
+    passages = []
+    for row in rows:
+        counts: dict[str, int] = {}
+        if row.terms:
+            for term, tf, weight in zip(row.terms, row.tfs, row.idfs, strict=True):
+                counts[term] = int(tf)
+                idfs[term] = float(weight)
+        passages.append(
+            StreamPassage(
+                similarity=float(row.similarity),
+                bm25=float(row.bm25),
+                term_counts=counts,
+                speaker_named=names_in(query, row.sender_name),
+                candidate=bool(row.candidate),
+                at=row.sent_at.timestamp(),
+            )
+        )
+    return passages, idfs
+
+
+def rank_candidates(
+    rows: list[Any], query: str, settings: QuerySettings, now: datetime
+) -> list[tuple[int, float, float]]:
+    """(seq, score, similarity) of the candidate rows, best first.
+
+    The score is the fused relevance scaled onto the candidates (best 1, worst 0), times the
+    design's recency boost. Scaled, because fused scores sit close together (e5 cosines of
+    related and unrelated chat lines differ by a few hundredths): a 20% boost on the raw
+    score would bury every older answer under anything recent, while on the scaled one it
+    reorders only matches within a fifth of the best. The tool half-life applies: an
+    archive search is an explicit look-up.
+    """
+    passages, idfs = stream_of(rows, query)
+    scored = [
+        (row, s) for row, s in zip(rows, score_stream(passages, idfs), strict=True) if s is not None
+    ]
+    relevance = scale_min_max([s for _, s in scored])
+    ranked = []
+    for (row, _), score in zip(scored, relevance, strict=True):
+        if settings.time_decay_enabled:
+            score = time_decayed(
+                score,
+                float(row.similarity),
+                (now - row.sent_at).total_seconds(),
+                half_life_days=settings.time_decay_half_life_days_tool,
+                boost=settings.time_decay_boost,
+                min_similarity=settings.time_decay_min_similarity,
+            )
+        ranked.append((int(row.seq), score, float(row.similarity)))
+    # Equal scores: the newer message first.
+    ranked.sort(key=lambda item: (-item[1], -item[0]))
+    return ranked
+
+
+def _unit(vector: Any, dimension: int) -> np.ndarray[Any, Any]:
+    # A message not embedded yet (found by its words) is a duplicate of nothing.
+    if vector is None:
+        return np.zeros(dimension, dtype=np.float32)
+    array = np.asarray(vector.to_numpy() if isinstance(vector, Vector) else vector, np.float32)
+    norm = float(np.linalg.norm(array))
+    return array / norm if norm > 0 else array

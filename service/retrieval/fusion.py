@@ -1,0 +1,120 @@
+"""Putting rankings together: reciprocal-rank and weighted fusion, time decay, MMR.
+
+Pure functions over plain numbers, so every search (messages, events, memories) ranks the
+same way and the arithmetic is tested without a database.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Mapping, Sequence
+from typing import TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+K = TypeVar("K", bound=Hashable)
+
+# The constant of Cormack et al.: damps the head of each list so one list cannot dominate.
+RRF_K = 60
+SECONDS_PER_DAY = 86400.0
+
+
+def reciprocal_rank_fusion(rankings: Sequence[Sequence[K]], k: int = RRF_K) -> dict[K, float]:
+    """Sum of ``1 / (k + rank)`` over the rankings an item appears in (rank from 1)."""
+    scores: dict[K, float] = {}
+    for ranking in rankings:
+        for rank, item in enumerate(ranking, start=1):
+            scores[item] = scores.get(item, 0.0) + 1.0 / (k + rank)
+    return scores
+
+
+def scale_by_max(values: Sequence[float]) -> list[float]:
+    """Scores divided by the largest, so that the best is 1 (all zero stays zero)."""
+    top = max(values, default=0.0)
+    return [v / top if top > 0 else 0.0 for v in values]
+
+
+def scale_min_max(values: Sequence[float]) -> list[float]:
+    """Scores mapped onto [0, 1]: the worst 0, the best 1 (all equal: all 1)."""
+    low, high = min(values, default=0.0), max(values, default=0.0)
+    if high <= low:
+        return [1.0] * len(values)
+    return [(v - low) / (high - low) for v in values]
+
+
+def weighted_fusion(
+    features: Mapping[str, Sequence[float]], weights: Mapping[str, float]
+) -> list[float]:
+    """The weighted average of named features, item by item (weights need not sum to one)."""
+    total = sum(weights.get(name, 0.0) for name in features)
+    if total <= 0:
+        raise ValueError("at least one feature needs a positive weight")
+    length = len(next(iter(features.values()), []))
+    out = [0.0] * length
+    for name, values in features.items():
+        weight = weights.get(name, 0.0)
+        if weight:
+            for n, value in enumerate(values):
+                out[n] += weight * value
+    return [value / total for value in out]
+
+
+def similarity(distance: float) -> float:
+    """Cosine similarity from pgvector's cosine distance, clamped to [0, 1]."""
+    return min(1.0, max(0.0, 1.0 - distance))
+
+
+def decay(age_seconds: float, half_life_days: float) -> float:
+    """How fresh something is: 1 now, 0.5 one half-life ago (the future counts as now)."""
+    return float(0.5 ** (max(0.0, age_seconds) / (half_life_days * SECONDS_PER_DAY)))
+
+
+def time_decayed(
+    score: float,
+    sim: float,
+    age_seconds: float,
+    *,
+    half_life_days: float,
+    boost: float,
+    min_similarity: float,
+) -> float:
+    """The design's recency boost: ``score * (1 + boost * decay)`` when the match is close
+    enough (``sim >= min_similarity``); a weak match is not lifted by being recent."""
+    if sim < min_similarity:
+        return score
+    return score * (1.0 + boost * decay(age_seconds, half_life_days))
+
+
+def mmr(
+    relevance: Sequence[float],
+    vectors: npt.NDArray[np.float32],
+    k: int,
+    *,
+    diversity: float = 0.0,
+    duplicate_threshold: float = 1.0,
+) -> list[int]:
+    """Maximal marginal relevance: pick ``k`` items, each maximizing
+    ``(1 - diversity) * relevance - diversity * (max cosine to the items already picked)``.
+
+    An item whose cosine to a picked one reaches ``duplicate_threshold`` is a near-duplicate
+    and never picked. ``vectors`` are unit rows; ``diversity = 0`` keeps the relevance order.
+    """
+    if not len(relevance):
+        return []
+    units = np.asarray(vectors, dtype=np.float32)
+    gram = units @ units.T
+    remaining = list(range(len(relevance)))
+    picked: list[int] = []
+    closest = np.full(len(relevance), -math.inf, dtype=np.float64)
+    while remaining and len(picked) < k:
+        best, best_value = -1, -math.inf
+        for n in remaining:
+            penalty = closest[n] if picked else 0.0
+            value = (1.0 - diversity) * relevance[n] - diversity * penalty
+            if value > best_value:
+                best, best_value = n, value
+        picked.append(best)
+        closest = np.maximum(closest, gram[best])
+        remaining = [n for n in remaining if n != best and closest[n] < duplicate_threshold]
+    return picked

@@ -1,0 +1,182 @@
+"""Ranking passages of a stream (a chat, an event log) with the help of their neighbours.
+
+A chat message rarely stands alone: the answer to "what did she say about the trip?" is
+often a short "Sure, next week!" right after the message that names the trip. So besides a
+message's own dense similarity and BM25 score, its score uses
+
+- the mean dense similarity of the messages just before and after it,
+- the BM25 score of its immediate neighbours,
+- a window score: the query terms counted over the surrounding window (a small "session"
+  document, BM25-saturated, no length normalization),
+- whether the query names the message's sender.
+
+Neighbours count only within one sitting: consecutive passages less than
+``episode_gap`` apart. Passages that are not a conversation (notes written days apart) thus
+fall back to their own similarity and terms.
+
+The caller gives the passages in stream order, contiguous around every candidate (each
+candidate's whole window present); rows that are only there as context are not scored.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from service.retrieval.fusion import scale_by_max, weighted_fusion
+
+BM25_K1 = 1.2
+BM25_B = 0.75
+
+
+@dataclass(frozen=True)
+class StreamPassage:
+    """One passage of the stream as a query sees it."""
+
+    similarity: float  # dense cosine with the query
+    bm25: float  # the passage's own BM25 score
+    term_counts: Mapping[str, int] = field(default_factory=dict)  # query terms it contains
+    speaker_named: bool = False  # the query names its sender
+    candidate: bool = True  # ranked; False: present only as a neighbour of candidates
+    at: float = 0.0  # when it was said (seconds); a long pause separates neighbours
+
+
+@dataclass(frozen=True)
+class StreamWeights:
+    """Weights of the features, and how far the neighbourhood reaches (in passages).
+
+    Chosen by cross-validation on held-out conversations (see bench/retrieval_quality.py).
+    """
+
+    similarity: float = 10.0
+    neighbour_similarity: float = 15.0
+    lexical: float = 1.0
+    window_lexical: float = 1.5
+    neighbour_lexical: float = 0.5
+    speaker: float = 0.25
+    similarity_reach: int = 2
+    lexical_reach: int = 1
+    window: int = 10
+    episode_gap: float = 3600.0
+
+    def feature_weights(self) -> dict[str, float]:
+        """The weights by feature name."""
+        return {
+            "similarity": self.similarity,
+            "neighbour_similarity": self.neighbour_similarity,
+            "lexical": self.lexical,
+            "window_lexical": self.window_lexical,
+            "neighbour_lexical": self.neighbour_lexical,
+            "speaker": self.speaker,
+        }
+
+    @property
+    def context(self) -> int:
+        """How many passages on each side a candidate needs present around it."""
+        return max(self.similarity_reach, self.lexical_reach, self.window)
+
+
+def idf(documents: int, document_frequency: int) -> float:
+    """BM25's inverse document frequency (the non-negative Lucene form)."""
+    df = min(document_frequency, documents)
+    return math.log(1.0 + (documents - df + 0.5) / (df + 0.5))
+
+
+def saturate(term_frequency: float, k1: float = BM25_K1) -> float:
+    """BM25's saturating term-frequency curve without length normalization."""
+    return term_frequency * (k1 + 1.0) / (term_frequency + k1)
+
+
+def _window_sums(
+    values: npt.NDArray[np.float64],
+    reach: int,
+    starts: npt.NDArray[np.int64],
+    ends: npt.NDArray[np.int64],
+) -> npt.NDArray[np.float64]:
+    """Sum of each item's window ``[i - reach, i + reach]``, clipped to its episode
+    ``[starts[i], ends[i])``."""
+    n = len(values)
+    prefix = np.concatenate(([0.0], np.cumsum(values)))
+    index = np.arange(n)
+    return prefix[np.minimum(ends, index + reach + 1)] - prefix[np.maximum(starts, index - reach)]
+
+
+def _episodes(
+    passages: Sequence[StreamPassage], gap: float
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Each passage's episode as [start, end) positions: runs without a pause over ``gap``."""
+    n = len(passages)
+    at = np.array([p.at for p in passages], dtype=np.float64)
+    breaks = np.flatnonzero(np.abs(np.diff(at)) > gap) + 1
+    bounds = np.concatenate(([0], breaks, [n])).astype(np.int64)
+    episode = np.repeat(np.arange(len(bounds) - 1), np.diff(bounds))
+    return bounds[episode], bounds[episode + 1]
+
+
+def _scale_by_max(values: npt.NDArray[np.float64]) -> list[float]:
+    return scale_by_max(values.tolist())
+
+
+def stream_features(
+    passages: Sequence[StreamPassage], idfs: Mapping[str, float], weights: StreamWeights
+) -> tuple[list[int], dict[str, list[float]]]:
+    """The candidates' positions and their features, each scaled for fusion."""
+    w = weights
+    n = len(passages)
+    sims = np.array([p.similarity for p in passages], dtype=np.float64)
+    bm25 = np.array([p.bm25 for p in passages], dtype=np.float64)
+    starts, ends = _episodes(passages, w.episode_gap)
+
+    # Neighbours' mean similarity, excluding the passage itself (alone: its own).
+    sim_sums = _window_sums(sims, w.similarity_reach, starts, ends) - sims
+    counts = _window_sums(np.ones(n), w.similarity_reach, starts, ends) - 1.0
+    neighbour_sim = np.where(counts > 0, sim_sums / np.maximum(counts, 1.0), sims)
+    neighbour_lex = _window_sums(bm25, w.lexical_reach, starts, ends) - bm25
+
+    # The window as one small document: query terms counted over it, saturated, by idf.
+    window = np.zeros(n)
+    column = {term: k for k, term in enumerate(idfs)}
+    if column:
+        counts_t = np.zeros((n, len(column)))
+        for i, p in enumerate(passages):
+            for term, count in p.term_counts.items():
+                slot = column.get(term)
+                if slot is not None:
+                    counts_t[i, slot] = count
+        weight = np.array(list(idfs.values()))
+        for k in np.flatnonzero(counts_t.any(axis=0)):
+            total = _window_sums(counts_t[:, k], w.window, starts, ends)
+            window += weight[k] * total * (BM25_K1 + 1.0) / (total + BM25_K1)
+
+    picked = [i for i, p in enumerate(passages) if p.candidate]
+    at = np.array(picked, dtype=np.int64)
+    features = {
+        "similarity": sims[at].tolist(),
+        "neighbour_similarity": neighbour_sim[at].tolist(),
+        "lexical": _scale_by_max(bm25[at]),
+        "window_lexical": _scale_by_max(window[at]),
+        "neighbour_lexical": _scale_by_max(neighbour_lex[at]),
+        "speaker": [1.0 if passages[i].speaker_named else 0.0 for i in picked],
+    }
+    return picked, features
+
+
+def score_stream(
+    passages: Sequence[StreamPassage],
+    idfs: Mapping[str, float],
+    weights: StreamWeights | None = None,
+) -> list[float | None]:
+    """Fused scores of the candidate passages (``None`` for context-only rows)."""
+    w = weights or StreamWeights()
+    out: list[float | None] = [None] * len(passages)
+    picked, features = stream_features(passages, idfs, w)
+    if not picked:
+        return out
+    fused = weighted_fusion(features, w.feature_weights())
+    for i, score in zip(picked, fused, strict=True):
+        out[i] = score
+    return out

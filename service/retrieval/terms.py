@@ -1,0 +1,165 @@
+"""Lexical terms of Chinese and English text, segmented by the application.
+
+PostgreSQL's own parsers know neither Chinese word boundaries nor our stemming, and we add
+no extension for them: the application turns text into terms and stores them as a
+``tsvector`` literal (``'term':pos,…``), which PostgreSQL takes as given.
+
+- Chinese (and Japanese kana/kanji) runs: every character bigram plus the unigrams that are
+  not function words. A query word inside an unsegmented sentence shares its bigrams with
+  it ("西湖" in "我想去杭州西湖划船"), with no dictionary to miss new names.
+- Latin script: lowercased, stopwords removed, a light suffix stripper so that
+  "painting", "painted" and "paints" meet at "paint".
+- Digits stay as they are ("2023", "5k").
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections import Counter
+from collections.abc import Iterable
+
+# Han (with extension A and compatibility ideographs), kana: scripts written without spaces.
+_CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3040-\u30ff"
+_TOKEN = re.compile(rf"[{_CJK}]+|[^\W_{_CJK}]+(?:'[^\W_{_CJK}]+)*")
+_IS_CJK = re.compile(rf"[{_CJK}]")
+
+# Function characters: frequent and meaningless alone (they still count inside bigrams).
+CHINESE_STOP_CHARS = frozenset("的了着过吗呢吧啊呀哦嘛么哈是在和与及或也都就还又很太把被给让对")
+
+_ENGLISH_STOPWORDS = """
+a about above after again against all am an and any are aren as at be because been before
+being below between both but by can cannot could couldn did didn do does doesn doing don
+down during each few for from further had hadn has hasn have haven having he her here hers
+herself him himself his how i if in into is isn it its itself just let ll me more most
+mustn my myself no nor not now of off on once only or other ought our ours ourselves out
+over own re s same shan she should shouldn so some such t than that the their theirs them
+themselves then there these they this those through to too under until up ve very was wasn
+we were weren what when where which while who whom why will with won would wouldn you your
+yours yourself yourselves d m o y also ok oh yeah hey hi wow really
+"""
+ENGLISH_STOPWORDS = frozenset(_ENGLISH_STOPWORDS.split())
+
+# Tokens longer than this are not words (ids, base64, URLs squashed together).
+_MAX_TOKEN = 40
+# PostgreSQL keeps at most 256 positions per lexeme and positions up to 16383.
+_MAX_POSITIONS = 256
+_MAX_POSITION = 16383
+
+_VOWEL = re.compile(r"[aeiouy]")
+_DOUBLE = re.compile(r"([bfgmnprt])\1$")
+
+
+def stem(word: str) -> str:
+    """A light English suffix stripper: plural, possessive, -ing, -ed, -ly, final e.
+
+    Not a full Porter stemmer: it only joins the inflections a chat question and a chat
+    message most often disagree on, and leaves short words alone.
+    """
+    if not word.isascii() or len(word) <= 3:
+        return word
+    if word.endswith("'s"):
+        word = word[:-2]
+    word = word.replace("'", "")
+    if word.endswith("ies") and len(word) > 4:
+        word = word[:-3] + "y"
+    elif word.endswith("sses"):
+        word = word[:-2]
+    elif word.endswith("s") and not word.endswith(("ss", "us", "is")) and len(word) > 3:
+        word = word[:-1]
+    for suffix in ("ingly", "edly", "ing", "ed", "ly"):
+        if word.endswith(suffix):
+            base = word[: -len(suffix)]
+            if len(base) >= (4 if suffix == "ly" else 3) and _VOWEL.search(base):
+                word = base[:-1] if _DOUBLE.search(base) else base
+            break
+    if word.endswith("e") and len(word) > 3 and not word.endswith("ee"):
+        word = word[:-1]
+    if word.endswith("y") and len(word) > 4 and word[-2] not in "aeiou":
+        word = word[:-1] + "i"
+    return word
+
+
+def _chinese_terms(run: str) -> list[str]:
+    terms = [ch for ch in run if ch not in CHINESE_STOP_CHARS]
+    terms += [run[i : i + 2] for i in range(len(run) - 1)]
+    return terms
+
+
+def terms(text: str) -> list[str]:
+    """The lexical terms of ``text`` in reading order (repeats kept: they are frequencies)."""
+    out: list[str] = []
+    normalized = unicodedata.normalize("NFKC", text).lower().replace("\u2019", "'")
+    for token in _TOKEN.findall(normalized):
+        if _IS_CJK.match(token):
+            out.extend(_chinese_terms(token))
+        elif len(token) <= _MAX_TOKEN:
+            # Contractions and possessives: "caroline's" is "caroline", "don't" is "don".
+            word = token.split("'")[0]
+            if word not in ENGLISH_STOPWORDS:
+                out.append(stem(word))
+    return [t for t in out if t]
+
+
+def query_terms(text: str, limit: int | None = None) -> list[str]:
+    """The distinct terms of a query, first occurrence first.
+
+    Past ``limit`` (a pasted paragraph, a chat history as the query), single Chinese
+    characters go first, then the earliest terms: the end of a chat is its most recent part.
+    """
+    found = list(dict.fromkeys(terms(text)))
+    if limit is None or len(found) <= limit:
+        return found
+    words = [t for t in found if not (len(t) == 1 and _IS_CJK.match(t))]
+    if len(words) >= limit:
+        return words[-limit:]
+    keep = set(words) | set([t for t in found if t not in set(words)][-(limit - len(words)) :])
+    return [t for t in found if t in keep]
+
+
+def to_tsvector_literal(found: Iterable[str]) -> str:
+    """A ``tsvector`` literal of terms with their positions (so term frequency survives)."""
+    positions: dict[str, list[int]] = {}
+    for n, term in enumerate(found, start=1):
+        slot = positions.setdefault(term, [])
+        if len(slot) < _MAX_POSITIONS:
+            slot.append(min(n, _MAX_POSITION))
+    return " ".join(f"'{_quote(t)}':{','.join(map(str, p))}" for t, p in positions.items())
+
+
+def to_tsquery_literal(found: Iterable[str]) -> str:
+    """A ``tsquery`` literal matching any of the terms."""
+    return " | ".join(f"'{_quote(t)}'" for t in dict.fromkeys(found))
+
+
+def frequencies(found: Iterable[str]) -> Counter[str]:
+    """Term frequencies."""
+    return Counter(found)
+
+
+def _quote(term: str) -> str:
+    # Terms are word characters only, but stay safe if that ever changes.
+    return term.replace("\\", "\\\\").replace("'", "\\'")
+
+
+def names_in(query: str, name: str | None) -> bool:
+    """Whether ``query`` names the person called ``name``.
+
+    Latin names match by any word of three or more letters ("Caroline" names "Caroline
+    Smith"); names in Chinese script by the whole name, or its last two characters for names
+    of three or more ("小明" names "王小明").
+    """
+    if not name:
+        return False
+    folded = unicodedata.normalize("NFKC", name).lower().strip()
+    text = unicodedata.normalize("NFKC", query).lower().replace("\u2019", "'")
+    if not folded:
+        return False
+    if _IS_CJK.search(folded):
+        han = "".join(_IS_CJK.findall(folded))
+        return han in text or (len(han) >= 3 and han[-2:] in text)
+    words = {w.split("'")[0] for w in _TOKEN.findall(text)}
+    return any(
+        len(part) >= 3 and part not in ENGLISH_STOPWORDS and part in words
+        for part in (w.split("'")[0] for w in _TOKEN.findall(folded))
+    )

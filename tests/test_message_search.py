@@ -1,0 +1,275 @@
+"""Hybrid search of the message archive: words and meaning, hard filters, no duplicates."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
+from typing import Any
+
+import asyncpg
+import pytest
+
+from alembic import command
+from service.app import create_app
+from service.db.migrate import alembic_config
+from service.messages.search import rank_candidates
+from service.retrieval.terms import terms
+from service.settings import QuerySettings, Settings
+from tests.conftest import (
+    FAST_QUEUE,
+    AppClient,
+    DatabaseFactory,
+    TenantHandle,
+    make_settings,
+    new_tenant,
+    plain_dsn,
+    serve_app,
+    wait_for,
+)
+
+GROUP = {"request_type": "group", "group_id": "g1", "timezone": "Asia/Shanghai"}
+QUIET = {"every_n_messages": 10_000, "pause_minutes": 600.0, "remember_keywords": []}
+
+
+def messages(lines: list[tuple[str, str]], day: str = "2026-03-01") -> list[dict[str, Any]]:
+    return [
+        {
+            "message_id": f"m{n}",
+            "sender_id": sender.lower(),
+            "sender_name": sender,
+            "text": text,
+            "sent_at": f"{day}T10:{n:02d}:00",
+        }
+        for n, (sender, text) in enumerate(lines)
+    ]
+
+
+async def search(client: AppClient, tenant: TenantHandle, **body: Any) -> list[dict[str, Any]]:
+    response = await client.post(
+        "/v1/messages/search", json={"group_id": "g1", **body}, headers=tenant.headers
+    )
+    assert response.status_code == 200, response.text
+    return list(response.json()["messages"])
+
+
+@pytest.fixture
+async def words_only(db_url: str) -> AsyncIterator[tuple[AppClient, TenantHandle]]:
+    """The app without a worker: nothing is embedded, so only the words can find a message."""
+    settings = make_settings(db_url, cognitive={"extraction": QUIET})
+    async with serve_app(create_app(settings, migrate=False, run_worker=False)) as client:
+        yield client, await new_tenant(client)
+
+
+@pytest.fixture
+async def embedded(db_url: str) -> AsyncIterator[tuple[AppClient, TenantHandle]]:
+    """The app with its worker: messages are embedded in the background."""
+    settings = make_settings(db_url, cognitive={"queue": FAST_QUEUE, "extraction": QUIET})
+    async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
+        yield client, await new_tenant(client)
+
+
+async def store(client: AppClient, tenant: TenantHandle, batch: dict[str, Any]) -> None:
+    response = await client.post("/v1/messages", json=batch, headers=tenant.headers)
+    assert response.status_code == 202, response.text
+
+
+async def all_embedded(db_url: str) -> bool:
+    conn = await asyncpg.connect(plain_dsn(db_url))
+    try:
+        return bool(
+            await conn.fetchval("SELECT count(*) = 0 FROM messages WHERE embedding IS NULL")
+        )
+    finally:
+        await conn.close()
+
+
+CHAT = [
+    ("阿明", "周末大家想去哪里玩？"),
+    ("小红", "我想去杭州西湖划船"),
+    ("老王", "上次去黄山爬山累坏了"),
+    ("阿明", "听说苏州园林很漂亮"),
+    ("小红", "我最近在学做红烧肉"),
+    ("老王", "有人推荐好看的科幻电影吗"),
+    ("Anna", "I painted a sunset over the lake last weekend"),
+    ("Ben", "Nice, I went running by the river"),
+    ("Anna", "Next time let's bring the kids"),
+    ("老王", "下周要交季度报告，好忙"),
+]
+
+
+async def test_a_chinese_word_finds_an_unsegmented_sentence(
+    words_only: tuple[AppClient, TenantHandle],
+) -> None:
+    client, tenant = words_only
+    await store(client, tenant, {**GROUP, "messages": messages(CHAT)})
+    hits = await search(client, tenant, query="西湖", top_k=3)
+    assert hits[0]["message_id"] == "m1"
+    assert hits[0]["sender_name"] == "小红"
+    # A word that appears nowhere finds nothing by its words.
+    assert await search(client, tenant, query="故宫") == []
+
+
+async def test_english_words_match_across_inflections(
+    words_only: tuple[AppClient, TenantHandle],
+) -> None:
+    client, tenant = words_only
+    await store(client, tenant, {**GROUP, "messages": messages(CHAT)})
+    assert (await search(client, tenant, query="Who paints sunsets?"))[0]["message_id"] == "m6"
+    assert (await search(client, tenant, query="RUNS"))[0]["message_id"] == "m7"
+
+
+async def test_time_range_is_a_hard_filter(words_only: tuple[AppClient, TenantHandle]) -> None:
+    client, tenant = words_only
+    await store(client, tenant, {**GROUP, "messages": messages(CHAT)})
+    later = [{**m, "message_id": f"later-{m['message_id']}"} for m in messages(CHAT, "2026-03-08")]
+    await store(client, tenant, {**GROUP, "messages": later})
+    hits = await search(
+        client,
+        tenant,
+        query="西湖划船",
+        time_from="2026-03-08T00:00:00+08:00",
+        time_to="2026-03-08T23:59:59+08:00",
+        top_k=50,
+    )
+    assert hits and hits[0]["message_id"] == "later-m1"
+    # Neighbours of a match are ranked too, but never from outside the range.
+    assert all(h["message_id"].startswith("later-") for h in hits)
+    early = await search(client, tenant, query="西湖", time_to="2026-03-01T10:01:00+08:00")
+    assert {h["message_id"] for h in early} <= {"m0", "m1"}
+    assert early[0]["message_id"] == "m1"
+
+
+async def test_another_conversation_is_never_returned(
+    words_only: tuple[AppClient, TenantHandle],
+) -> None:
+    client, tenant = words_only
+    await store(client, tenant, {**GROUP, "messages": messages(CHAT)})
+    other = [{**m, "message_id": f"other-{m['message_id']}"} for m in messages(CHAT)]
+    await store(client, tenant, {**GROUP, "group_id": "g2", "messages": other})
+    await store(
+        client,
+        tenant,
+        {"request_type": "private", "user_id": "u9", "messages": messages(CHAT[:3])},
+    )
+    for query in ("西湖", "sunset", "周末 西湖 黄山 苏州 红烧肉 电影 报告"):
+        hits = await search(client, tenant, query=query, top_k=200)
+        assert hits
+        assert all(not h["message_id"].startswith("other-") for h in hits)
+        assert len({h["message_id"] for h in hits}) == len(hits)
+    stranger = await new_tenant(client, "stranger")
+    assert await search(client, stranger, query="西湖") == []
+
+
+async def test_meaning_finds_what_words_miss_and_duplicates_are_dropped(
+    embedded: tuple[AppClient, TenantHandle], db_url: str
+) -> None:
+    client, tenant = embedded
+    chat = [*CHAT, ("小红", "我想去杭州西湖划船"), ("阿明", "好主意")]
+    await store(client, tenant, {**GROUP, "messages": messages(chat)})
+    await wait_for(lambda: all_embedded(db_url))
+    hits = await search(client, tenant, query="谁想去西湖？", top_k=5)
+    ids = [h["message_id"] for h in hits]
+    # The same words by the same person twice: one result, not two.
+    assert ids[0] in ("m1", "m10")
+    assert not {"m1", "m10"} <= set(ids)
+    assert hits == sorted(hits, key=lambda h: -h["score"])
+    # No shared word with the query ("boat" / "lake"), found by meaning.
+    meaning = await search(client, tenant, query="Who wants to go boating on a lake?", top_k=3)
+    assert "m1" in {h["message_id"] for h in meaning} or "m10" in {h["message_id"] for h in meaning}
+
+
+def test_recency_lifts_close_matches_only() -> None:
+    """The design's decay on the fused score: a fresh close match gains, a weak one does not."""
+    now = datetime(2026, 3, 1, tzinfo=UTC)
+    settings = QuerySettings(
+        time_decay_half_life_days_tool=14.0, time_decay_boost=0.2, time_decay_min_similarity=0.35
+    )
+
+    def row(seq: int, similarity: float, age_days: float) -> SimpleNamespace:
+        return SimpleNamespace(
+            seq=seq,
+            candidate=True,
+            message_id=f"m{seq}",
+            sender_name=None,
+            sent_at=now - timedelta(days=age_days),
+            similarity=similarity,
+            bm25=0.0,
+            terms=None,
+            tfs=None,
+            idfs=None,
+        )
+
+    # Far apart in time, so no neighbourhood: each scores on its own similarity.
+    rows = [row(1, 0.8, 140.0), row(2, 0.8, 14.0), row(3, 0.3, 0.0), row(4, 0.2, 140.0)]
+    off = settings.model_copy(update={"time_decay_enabled": False})
+    plain = {seq: score for seq, score, _ in rank_candidates(rows, "q", off, now)}
+    ranked = {seq: score for seq, score, _ in rank_candidates(rows, "q", settings, now)}
+    # Relevance scaled onto the candidates: the best 1, the worst 0.
+    assert plain[1] == plain[2] == 1.0 and plain[4] == 0.0 and 0 < plain[3] < 1
+    # One half-life old: x (1 + 0.2 * 0.5); ten half-lives: almost nothing.
+    assert ranked[2] == pytest.approx(1.1)
+    assert ranked[1] == pytest.approx(1 + 0.2 * 0.5**10)
+    # Below the similarity threshold, fresh or not: unchanged.
+    assert ranked[3] == pytest.approx(plain[3])
+    assert [seq for seq, _, _ in rank_candidates(rows, "q", settings, now)] == [2, 1, 3, 4]
+
+
+async def test_a_text_rewritten_in_place_is_searched_as_rewritten(
+    embedded: tuple[AppClient, TenantHandle], db_url: str
+) -> None:
+    """A redaction (text replaced, vector and terms cleared) leaves no old word findable;
+    the next embedding pass makes the new text searchable."""
+    client, tenant = embedded
+    await store(client, tenant, {**GROUP, "messages": messages(CHAT)})
+    await wait_for(lambda: all_embedded(db_url))
+    conn = await asyncpg.connect(plain_dsn(db_url))
+    try:
+        await conn.execute(
+            "UPDATE messages SET text = '我想去[已删除]划船', embedding = NULL,"
+            " lexical = ''::tsvector WHERE message_id = 'm1'"
+        )
+    finally:
+        await conn.close()
+    # Still there as a neighbour of others, but no longer found by its old words.
+    assert (await search(client, tenant, query="杭州西湖"))[0]["message_id"] != "m1"
+    later = {**messages([("阿明", "好的")], "2026-03-02")[0], "message_id": "m99"}
+    await store(client, tenant, {**GROUP, "messages": [later]})
+    await wait_for(lambda: all_embedded(db_url))
+    hits = await search(client, tenant, query="已删除", top_k=3)
+    assert hits[0]["message_id"] == "m1" and hits[0]["text"] == "我想去[已删除]划船"
+
+
+async def test_the_migration_segments_existing_messages(databases: DatabaseFactory) -> None:
+    url = await databases.create_empty()
+    config = alembic_config(url, Settings())
+    await asyncio.to_thread(command.upgrade, config, "0003")
+    tenant = uuid.uuid4()
+    conn = await asyncpg.connect(plain_dsn(url))
+    try:
+        await conn.execute("INSERT INTO tenants (id, name) VALUES ($1, 'old')", tenant)
+        await conn.execute(
+            "INSERT INTO messages (tenant_id, conversation_key, message_id, request_type,"
+            " group_id, text, sent_at) VALUES ($1, 'g:g1', 'a', 'group', 'g1', $2, now()),"
+            " ($1, 'g:g1', 'b', 'group', 'g1', $3, now())",
+            tenant,
+            "我想去杭州西湖划船",
+            "She painted sunsets",
+        )
+        await conn.execute(
+            "INSERT INTO conversations (tenant_id, conversation_key, request_type, group_id,"
+            " message_count) VALUES ($1, 'g:g1', 'group', 'g1', 2)",
+            tenant,
+        )
+        await asyncio.to_thread(command.upgrade, config, "head")
+        found = await conn.fetch(
+            "SELECT message_id FROM messages WHERE lexical @@ $1::tsquery ORDER BY 1",
+            "'西湖' | 'paint'",
+        )
+        assert [r["message_id"] for r in found] == ["a", "b"]
+        expected = len(set(terms("我想去杭州西湖划船"))) + len(set(terms("She painted sunsets")))
+        assert await conn.fetchval("SELECT term_count FROM conversations") == expected
+    finally:
+        await conn.close()

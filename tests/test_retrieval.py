@@ -1,0 +1,150 @@
+"""The retrieval building blocks: terms, fusion, time decay, MMR, neighbour scoring."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from service.retrieval.fusion import (
+    decay,
+    mmr,
+    reciprocal_rank_fusion,
+    scale_by_max,
+    scale_min_max,
+    similarity,
+    time_decayed,
+    weighted_fusion,
+)
+from service.retrieval.neighbours import StreamPassage, StreamWeights, idf, score_stream
+from service.retrieval.terms import (
+    names_in,
+    query_terms,
+    stem,
+    terms,
+    to_tsquery_literal,
+    to_tsvector_literal,
+)
+
+DAY = 86400.0
+
+
+def test_a_chinese_word_is_found_inside_an_unsegmented_sentence() -> None:
+    sentence = set(terms("我想去杭州西湖划船"))
+    assert set(query_terms("西湖")) <= sentence
+    assert "西湖" in sentence and "杭州" in sentence
+    # Function characters are not terms alone, but stay inside bigrams.
+    assert "的" not in terms("我的猫") and "我的" in terms("我的猫")
+
+
+def test_english_is_lowercased_stemmed_and_stopwords_dropped() -> None:
+    assert terms("She was PAINTING the sunsets") == ["paint", "sunset"]
+    for a, b in [
+        ("painted", "paints"),
+        ("hiking", "hike"),
+        ("studies", "studying"),
+        ("running", "runs"),
+        ("Caroline's", "caroline"),
+    ]:
+        assert stem(terms(a)[0]) == stem(terms(b)[0]), (a, b)
+    assert terms("what is it that you did?") == []
+
+
+def test_mixed_text_numbers_and_curly_apostrophes() -> None:
+    found = terms("Melanie’s 2023 trip 去了 Tokyo")
+    assert {"melani", "2023", "trip", "tokyo", "去了"} <= set(found)
+
+
+def test_literals_keep_term_frequency_and_quote_safely() -> None:
+    assert to_tsvector_literal(["paint", "lake", "paint"]) == "'paint':1,3 'lake':2"
+    assert to_tsquery_literal(["西湖", "西湖", "o'k"]) == "'西湖' | 'o\\'k'"
+
+
+def test_names_in_query() -> None:
+    assert names_in("What did Caroline paint?", "Caroline")
+    assert names_in("what did caroline's sister say", "Caroline Smith")
+    assert not names_in("what about Carol?", "Caroline")
+    assert names_in("小明昨天说了什么", "王小明")
+    assert not names_in("三点开会", "张三")
+    assert not names_in("anything", None)
+
+
+def test_reciprocal_rank_fusion() -> None:
+    scores = reciprocal_rank_fusion([["a", "b", "c"], ["b", "d"]], k=60)
+    assert scores["b"] == pytest.approx(1 / 62 + 1 / 61)
+    assert scores["a"] == pytest.approx(1 / 61)
+    assert max(scores, key=lambda item: scores[item]) == "b"
+
+
+def test_weighted_fusion_and_scaling() -> None:
+    assert scale_by_max([2.0, 1.0, 0.0]) == [1.0, 0.5, 0.0]
+    assert scale_by_max([0.0, 0.0]) == [0.0, 0.0]
+    assert scale_min_max([3.0, 1.0, 2.0]) == [1.0, 0.0, 0.5]
+    assert scale_min_max([2.0, 2.0]) == [1.0, 1.0]
+    fused = weighted_fusion(
+        {"dense": [0.8, 0.4], "lexical": [0.0, 1.0]}, {"dense": 3, "lexical": 1}
+    )
+    assert fused == pytest.approx([0.6, 0.55])
+    with pytest.raises(ValueError, match="positive weight"):
+        weighted_fusion({"dense": [1.0]}, {"dense": 0})
+
+
+def test_time_decay_worked_numbers() -> None:
+    settings = {"half_life_days": 14.0, "boost": 0.2, "min_similarity": 0.35}
+    # One half-life old: decay 0.5, so 0.8 * (1 + 0.2 * 0.5) = 0.88.
+    assert decay(14 * DAY, 14.0) == pytest.approx(0.5)
+    assert time_decayed(0.8, 0.8, 14 * DAY, **settings) == pytest.approx(0.88)
+    # Just now: the full boost.
+    assert time_decayed(0.8, 0.8, 0.0, **settings) == pytest.approx(0.96)
+    # Below the similarity threshold: unchanged, however fresh.
+    assert time_decayed(0.3, 0.3, 0.0, **settings) == 0.3
+    # Very old: no boost left; the future counts as now.
+    assert time_decayed(0.8, 0.8, 3650 * DAY, **settings) == pytest.approx(0.8)
+    assert decay(-DAY, 14.0) == 1.0
+    assert similarity(0.2) == pytest.approx(0.8)
+    assert similarity(1.7) == 0.0 and similarity(-0.1) == 1.0
+
+
+def test_mmr_drops_a_near_duplicate() -> None:
+    a = np.array([1.0, 0.0, 0.0])
+    almost_a = np.array([0.999, 0.0447, 0.0])
+    b = np.array([0.0, 1.0, 0.0])
+    vectors = np.stack([a, almost_a / np.linalg.norm(almost_a), b]).astype(np.float32)
+    relevance = [0.9, 0.89, 0.5]
+    assert mmr(relevance, vectors, 3) == [0, 1, 2]  # plain relevance order
+    assert mmr(relevance, vectors, 3, duplicate_threshold=0.97) == [0, 2]
+    # Diversity prefers the different item over the near-duplicate.
+    assert mmr(relevance, vectors, 2, diversity=0.5) == [0, 2]
+    assert mmr([], vectors[:0], 3) == []
+
+
+def test_idf_is_positive_and_falls_with_frequency() -> None:
+    assert idf(1000, 1) > idf(1000, 100) > idf(1000, 1000) > 0
+    assert idf(10, 50) == pytest.approx(idf(10, 10))
+
+
+def test_a_reply_is_found_through_the_message_it_answers() -> None:
+    """The short answer after a message naming the topic outranks an unrelated message with
+    the same similarity of its own."""
+    weights = StreamWeights(window=2, similarity_reach=1, lexical_reach=1)
+    stream = [
+        StreamPassage(0.70, 0.0, candidate=False),
+        StreamPassage(0.80, 2.0, {"trip": 1}),  # "how was the trip?"
+        StreamPassage(0.75, 0.0),  # "amazing, we saw the lake"
+        StreamPassage(0.70, 0.0),
+        StreamPassage(0.70, 0.0),
+        StreamPassage(0.75, 0.0),  # unrelated, equally similar
+        StreamPassage(0.70, 0.0, candidate=False),
+    ]
+    scores = score_stream(stream, {"trip": math.log(2.0)}, weights)
+    assert scores[0] is None and scores[-1] is None
+    assert scores[2] is not None and scores[5] is not None
+    assert scores[1] == max(s for s in scores if s is not None)
+    assert scores[2] > scores[5]
+
+
+def test_the_speaker_named_in_the_query_counts() -> None:
+    stream = [StreamPassage(0.8, 0.0, speaker_named=True), StreamPassage(0.8, 0.0)]
+    first, second = score_stream(stream, {})
+    assert first is not None and second is not None and first > second
