@@ -196,6 +196,7 @@ async def seed(db: Database, dsn: str, url: str, args: argparse.Namespace) -> La
         f"migration 0006 (copy into event_vectors + covering index build): "
         f"{time.perf_counter() - started:.1f} s"
     )
+    await asyncio.to_thread(migrate, url, "head")  # any later migrations, untimed
     conn = await asyncpg.connect(dsn)
     started = time.perf_counter()
     await conn.execute("VACUUM (ANALYZE) event_vectors")
