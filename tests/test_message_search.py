@@ -11,8 +11,8 @@ from typing import Any
 
 import asyncpg
 import pytest
-
 from alembic import command
+
 from service.app import create_app
 from service.db.migrate import alembic_config
 from service.messages.search import rank_candidates

@@ -340,9 +340,9 @@ async def test_two_merges_at_once_lose_nothing(db_url: str) -> None:
     real_get = repository.get
     reads = 0
 
-    async def get_then_wait(*args: Any) -> Any:
+    async def get_then_wait(*args: Any, **kwargs: Any) -> Any:
         nonlocal reads
-        row = await real_get(*args)
+        row = await real_get(*args, **kwargs)
         reads += 1
         if reads <= 2:
             await both_read.wait()  # both merges hold the same stale version before writing

@@ -27,6 +27,7 @@ def start_worker(db_url: str) -> subprocess.Popen[bytes]:
         MEMORIA_COGNITIVE__QUEUE__HEARTBEAT_SECONDS="0.5",
         MEMORIA_COGNITIVE__QUEUE__CONCURRENCY="8",
         MEMORIA_COGNITIVE__QUEUE__RETRY_BASE_SECONDS="0.1",
+        MEMORIA_COGNITIVE__QUEUE__RETRY_CAP_SECONDS="2",
         MEMORIA_COGNITIVE__QUEUE__JOB_MAX_RETRIES="20",
         MEMORIA_COGNITIVE__HISTORIAN__POLL_INTERVAL_SECONDS="0.2",
         MEMORIA_LOG_LEVEL="WARNING",
@@ -95,7 +96,7 @@ async def test_every_accepted_end_is_written_exactly_once_despite_kills(db_url: 
             started = time.monotonic()
             await asyncio.sleep(3)
             monkey.cancel()
-            await wait_for(drained, timeout=600, interval=0.5)
+            await wait_for(drained, timeout=900, interval=0.5)
             drain_seconds = time.monotonic() - started
         finally:
             monkey.cancel()

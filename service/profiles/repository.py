@@ -18,11 +18,18 @@ _COLUMNS = """profile_key, entity_type, entity_id, group_id, name, tags, documen
 _GET = text(f"SELECT {_COLUMNS} FROM profiles WHERE tenant_id = :tenant_id AND profile_key = :key")
 
 
+_GET_LOCKED = text(
+    f"SELECT {_COLUMNS} FROM profiles WHERE tenant_id = :tenant_id AND profile_key = :key"
+    " FOR UPDATE"
+)
+
+
 async def get(
-    session: AsyncSession, tenant_id: uuid.UUID, key: ProfileKey
+    session: AsyncSession, tenant_id: uuid.UUID, key: ProfileKey, *, lock: bool = False
 ) -> dict[str, Any] | None:
-    """The current profile row, or None."""
-    row = (await session.execute(_GET, {"tenant_id": tenant_id, "key": key.key})).first()
+    """The current profile row, or None (``lock``: held until the transaction ends)."""
+    query = _GET_LOCKED if lock else _GET
+    row = (await session.execute(query, {"tenant_id": tenant_id, "key": key.key})).first()
     return dict(row._mapping) if row is not None else None
 
 

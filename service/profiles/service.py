@@ -193,8 +193,10 @@ async def apply_merge(
     profile (or None: no change).
     Returns the new version, or None when nothing changed.
     """
-    for _ in range(attempts):
-        row = await repository.get(session, tenant_id, key)
+    for attempt in range(attempts):
+        # Optimistic first; after a lost race the row is locked, so the next try must win
+        # (a hot profile — a busy member of a busy group — would otherwise keep losing).
+        row = await repository.get(session, tenant_id, key, lock=attempt > 0)
         current = load(row) if row else None
         merged = await merge(current, row["version"] if row else None)
         if merged is None:
