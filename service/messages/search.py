@@ -96,8 +96,11 @@ async def search(
 def stream_of(rows: list[Any], query: str) -> tuple[list[StreamPassage], dict[str, float]]:
     """The candidate rows as a stream of passages, and the idf of the query terms seen."""
     idfs: dict[str, float] = {}
+    named: dict[str | None, bool] = {}
     passages = []
     for row in rows:
+        if row.sender_name not in named:
+            named[row.sender_name] = names_in(query, row.sender_name)
         counts: dict[str, int] = {}
         if row.terms:
             for term, tf, weight in zip(row.terms, row.tfs, row.idfs, strict=True):
@@ -108,7 +111,7 @@ def stream_of(rows: list[Any], query: str) -> tuple[list[StreamPassage], dict[st
                 similarity=float(row.similarity),
                 bm25=float(row.bm25),
                 term_counts=counts,
-                speaker_named=names_in(query, row.sender_name),
+                speaker_named=named[row.sender_name],
                 candidate=bool(row.candidate),
                 at=row.sent_at.timestamp(),
             )
