@@ -166,3 +166,7 @@ async def provide_system_session(request: Request[Any, Any, Any]) -> AsyncIterat
     """A transaction as the owning role (admin routes only)."""
     async with runtime(request).db.system() as session:
         yield session
+    # An error raised while the request's transaction closes (a translated database error)
+    # reaches here wrapped by Litestar's dependency cleanup.
+    while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
