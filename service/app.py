@@ -15,7 +15,14 @@ from service.audit.service import audit_middleware
 from service.ends.routes import EndController
 from service.events.routes import EventController
 from service.health.routes import healthz, readyz
-from service.http import error_response, provide_session, provide_tenant, request_id_middleware
+from service.http import (
+    MemoriaRequest,
+    error_response,
+    provide_session,
+    provide_tenant,
+    refuse_nul_parameters,
+    request_id_middleware,
+)
 from service.memories.routes import MemoryController
 from service.messages.routes import MessageController
 from service.privacy.routes import PrivacyController, TenantPrivacyController
@@ -75,6 +82,8 @@ def create_app(
         exception_handlers={Exception: error_response},
         middleware=[request_id_middleware, audit_middleware],
         request_max_body_size=settings.max_body_bytes,
+        request_class=MemoriaRequest,
+        before_request=refuse_nul_parameters,
         openapi_config=OpenAPIConfig(
             title="Memoria",
             version="0.1.0",

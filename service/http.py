@@ -6,17 +6,20 @@ import logging
 import re
 import uuid
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from litestar import Request, Response
 from litestar.enums import ScopeType
 from litestar.exceptions import HTTPException, ValidationException
+from litestar.params import Parameter
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.context import check_json
 from service.db.engine import translate_db_error
-from service.errors import MemoriaError, TooManyRequests, Unavailable
+from service.db.types import BIGINT_MAX
+from service.errors import BadRequest, Invalid, MemoriaError, TooManyRequests, Unavailable
 from service.tenants.service import TenantContext, check_admin_token
 
 if TYPE_CHECKING:
@@ -25,6 +28,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("service.http")
 
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+# A row id in a path: a bigint, so a larger number is refused by name rather than by the driver.
+RowId = Annotated[int, Parameter(ge=1, le=BIGINT_MAX)]
 
 
 def runtime(request: Request[Any, Any, Any]) -> Runtime:
@@ -60,6 +66,32 @@ def request_id_middleware(app: ASGIApp) -> ASGIApp:
     return middleware
 
 
+class MemoriaRequest(Request[Any, Any, Any]):
+    """A request whose JSON body is decodable, not too deep, and free of NUL characters.
+
+    PostgreSQL text cannot hold NUL, so a NUL anywhere in a body is refused naming its field
+    rather than half-stored or failing in the database.
+    """
+
+    async def json(self) -> Any:
+        """The decoded body; 400 when it is not UTF-8 JSON, 422 naming a refused value."""
+        try:
+            value = await super().json()
+        except UnicodeDecodeError:
+            raise BadRequest("the body is not valid UTF-8", field="body") from None
+        except RecursionError:
+            raise BadRequest("the body is nested too deeply", field="body") from None
+        check_json(value)
+        return value
+
+
+async def refuse_nul_parameters(request: Request[Any, Any, Any]) -> None:
+    """Refuse a NUL character in a query or path parameter, naming the parameter."""
+    for name, value in [*request.query_params.multi_items(), *request.path_params.items()]:
+        if isinstance(value, str) and "\x00" in value:
+            raise Invalid("text must not contain NUL characters", field=name)
+
+
 def _request_id(request: Request[Any, Any, Any]) -> str:
     # Routing errors (404, 405) happen before the route's middleware ran: make an id here.
     state = request.scope.setdefault("state", {})
@@ -71,6 +103,10 @@ def _request_id(request: Request[Any, Any, Any]) -> str:
 
 def error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[dict[str, Any]]:
     """The one exception handler: every error becomes a JSON body with status and message."""
+    # An error raised while the request's transaction closes (a translated database error)
+    # reaches here wrapped by Litestar's dependency cleanup.
+    while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
     if isinstance(exc, DBAPIError | OSError) and not isinstance(exc, MemoriaError):
         translated = (
             translate_db_error(exc)
@@ -110,6 +146,9 @@ def error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[
     elif isinstance(exc, HTTPException):
         status = exc.status_code
         body.update(status=status, error=_http_code(status), message=str(exc.detail))
+        if status == 404 and b"%2f" in bytes(request.scope.get("raw_path") or b"").lower():
+            # The router sees the decoded path, where an id's slash splits the id.
+            body.update(field="path", message="no such route: ids cannot contain '/' (%2F)")
         if exc.headers:
             headers.update(exc.headers)
     else:
@@ -166,7 +205,3 @@ async def provide_system_session(request: Request[Any, Any, Any]) -> AsyncIterat
     """A transaction as the owning role (admin routes only)."""
     async with runtime(request).db.system() as session:
         yield session
-    # An error raised while the request's transaction closes (a translated database error)
-    # reaches here wrapped by Litestar's dependency cleanup.
-    while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]

@@ -8,7 +8,7 @@ from litestar import Controller, get
 from litestar.params import Parameter
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.context import scope_of
+from service.context import checked_moment, scope_of
 from service.errors import Invalid, NotFound
 from service.events import repository
 from service.events.schemas import EventInfo, EventPage
@@ -23,6 +23,7 @@ def _cursor(value: str) -> tuple[datetime, str]:
         raise Invalid("not an ISO 8601 time or a page cursor", field="before") from None
     if at.tzinfo is None:
         raise Invalid("the time needs a UTC offset", field="before")
+    checked_moment(at, "before")
     return at, event_id
 
 

@@ -10,8 +10,9 @@ from litestar.params import Parameter
 from sqlalchemy import and_, true
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.db.types import BIGINT_MAX
 from service.errors import Invalid, NotFound
-from service.http import runtime
+from service.http import RowId, runtime
 from service.memories import repository, service
 from service.memories.models import Memory
 from service.memories.repository import ScopeFilter
@@ -68,7 +69,7 @@ class MemoryController(Controller):
         ),
         active: bool | None = None,
         limit: int = Parameter(default=50, ge=1, le=500),
-        before: int | None = Parameter(default=None, ge=1),
+        before: int | None = Parameter(default=None, ge=1, le=BIGINT_MAX),
     ) -> list[MemoryInfo]:
         """Memories by exact filters, newest first (``before``: an id, for the next page)."""
         conditions = [
@@ -118,7 +119,7 @@ class MemoryController(Controller):
 
     @get("/{memory_id:int}")
     async def get_memory(
-        self, tenant: TenantContext, session: AsyncSession, memory_id: int
+        self, tenant: TenantContext, session: AsyncSession, memory_id: RowId
     ) -> MemoryInfo:
         """One memory."""
         row = await repository.get(session, tenant.tenant_id, memory_id)
@@ -132,7 +133,7 @@ class MemoryController(Controller):
         request: Request[Any, Any, Any],
         tenant: TenantContext,
         session: AsyncSession,
-        memory_id: int,
+        memory_id: RowId,
         data: MemoryPatch,
     ) -> MemoryInfo:
         """Change a memory; the old content stays in its history."""
@@ -157,7 +158,7 @@ class MemoryController(Controller):
 
     @delete("/{memory_id:int}", status_code=200)
     async def delete_memory(
-        self, tenant: TenantContext, session: AsyncSession, memory_id: int
+        self, tenant: TenantContext, session: AsyncSession, memory_id: RowId
     ) -> dict[str, Any]:
         """Delete for real; the history keeps only that a deletion happened."""
         await service.hard_delete(session, tenant.tenant_id, memory_id, cause=_cause(tenant))
@@ -165,7 +166,7 @@ class MemoryController(Controller):
 
     @get("/{memory_id:int}/history")
     async def history(
-        self, tenant: TenantContext, session: AsyncSession, memory_id: int
+        self, tenant: TenantContext, session: AsyncSession, memory_id: RowId
     ) -> list[HistoryEntry]:
         """Every change of a memory, oldest first (also after a hard delete)."""
         rows = await repository.history(session, tenant.tenant_id, memory_id)
