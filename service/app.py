@@ -17,6 +17,7 @@ from service.events.routes import EventController
 from service.health.routes import healthz, readyz
 from service.http import (
     MemoriaRequest,
+    document_errors,
     error_response,
     provide_session,
     provide_tenant,
@@ -75,7 +76,7 @@ def create_app(
             "session": Provide(provide_session),
         },
     )
-    return Litestar(
+    app = Litestar(
         route_handlers=[healthz, readyz, AdminController, TenantPrivacyController, audit_log, v1],
         on_startup=[on_startup],
         on_shutdown=[on_shutdown],
@@ -94,6 +95,8 @@ def create_app(
         state=_state(rt),
         debug=False,
     )
+    document_errors(app)
+    return app
 
 
 def _state(rt: Runtime) -> Any:

@@ -8,11 +8,14 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Annotated, Any
 
-from litestar import Request, Response
+from litestar import Litestar, Request, Response
 from litestar.enums import ScopeType
 from litestar.exceptions import HTTPException, ValidationException
+from litestar.handlers import HTTPRouteHandler
+from litestar.openapi import ResponseSpec
 from litestar.params import Parameter
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
+from pydantic import BaseModel
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -99,6 +102,69 @@ def _request_id(request: Request[Any, Any, Any]) -> str:
         state["request_id"] = uuid.uuid4().hex
         state["request_id_unsent"] = True
     return str(state["request_id"])
+
+
+class FieldProblem(BaseModel):
+    """One invalid value of a request."""
+
+    field: str
+    message: str | None
+
+
+class ErrorBody(BaseModel):
+    """The body of every error answer."""
+
+    request_id: str
+    status: int
+    error: str
+    message: str
+    field: str | None = None
+    errors: list[FieldProblem] | None = None
+
+
+_ERROR_MEANINGS = {
+    400: "the request cannot be parsed (e.g. the body is not JSON)",
+    401: "missing, wrong or revoked credentials",
+    403: "not allowed for this caller",
+    404: "no such thing in this tenant",
+    409: "conflicts with the current state",
+    413: "the body is over the size limit",
+    422: "a value is invalid; field names it",
+    429: "too busy; retry after Retry-After seconds",
+    503: "the database is unavailable; retry after Retry-After seconds",
+}
+
+
+def errors(*codes: int) -> dict[int, ResponseSpec]:
+    """OpenAPI entries for the error answers of a route, all with the one error body."""
+    return {
+        code: ResponseSpec(
+            data_container=ErrorBody, description=_ERROR_MEANINGS[code], generate_examples=False
+        )
+        for code in sorted(codes)
+    }
+
+
+def document_errors(app: Litestar) -> None:
+    """Add the error answers routes share to the document; a route declares its own others.
+
+    Every authenticated route answers 401 and may meet a busy or unreachable database; a
+    route with input may refuse it (400, 422), a route with a body also for its size (413).
+    """
+    for route in app.routes:
+        for handler in getattr(route, "route_handlers", ()):
+            if not isinstance(handler, HTTPRouteHandler):
+                continue
+            dependencies = handler.resolve_dependencies()
+            if not {"tenant", "admin"} & dependencies.keys():
+                continue
+            codes = {401, 429, 503}
+            inputs = handler.parsed_fn_signature.parameters.keys() - dependencies.keys()
+            if inputs - {"request", "self"}:
+                codes |= {400, 422}
+            if "data" in inputs:
+                codes.add(413)
+            handler.responses = {**errors(*codes), **(handler.responses or {})}
 
 
 def error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[dict[str, Any]]:

@@ -12,6 +12,7 @@ from service.context import checked_moment, scope_of
 from service.errors import Invalid, NotFound
 from service.events import repository
 from service.events.schemas import EventInfo, EventPage
+from service.http import errors
 from service.tenants.service import TenantContext
 
 
@@ -54,7 +55,7 @@ class EventController(Controller):
         next_before = f"{last.occurred_at.isoformat()}|{last.id}" if last else None
         return EventPage(events=events, next_before=next_before)
 
-    @get("/{event_id:str}")
+    @get("/{event_id:str}", responses=errors(404))
     async def get_event(
         self, tenant: TenantContext, session: AsyncSession, event_id: str
     ) -> EventInfo:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from litestar import Request, Response, get
+from litestar.openapi import ResponseSpec
 
 from service.http import runtime
 
@@ -15,7 +16,11 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@get("/readyz", tags=["health"])
+@get(
+    "/readyz",
+    tags=["health"],
+    responses={503: ResponseSpec(dict[str, str], description="not ready", generate_examples=False)},
+)
 async def readyz(request: Request[Any, Any, Any]) -> Response[dict[str, str]]:
     """200 when the database answers and its schema is at this code's head, else 503."""
     ready, detail = await runtime(request).is_ready()

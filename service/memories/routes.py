@@ -6,13 +6,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from litestar import Controller, Request, Response, delete, get, patch, post
+from litestar.openapi import ResponseSpec
 from litestar.params import Parameter
 from sqlalchemy import and_, true
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db.types import BIGINT_MAX
 from service.errors import Invalid, NotFound
-from service.http import RowId, runtime
+from service.http import RowId, errors, runtime
 from service.memories import repository, service
 from service.memories.models import Memory
 from service.memories.repository import ScopeFilter
@@ -84,7 +85,14 @@ class MemoryController(Controller):
         )
         return [_info(r) for r in rows]
 
-    @post("/")
+    @post(
+        "/",
+        responses={
+            200: ResponseSpec(
+                MemoryCreated, description="an active duplicate, returned", generate_examples=False
+            )
+        },
+    )
     async def add_memory(
         self,
         request: Request[Any, Any, Any],
@@ -117,7 +125,7 @@ class MemoryController(Controller):
         body = MemoryCreated(duplicate=not created, **_info(row).model_dump())
         return Response(body, status_code=201 if created else 200)
 
-    @get("/{memory_id:int}")
+    @get("/{memory_id:int}", responses=errors(404))
     async def get_memory(
         self, tenant: TenantContext, session: AsyncSession, memory_id: RowId
     ) -> MemoryInfo:
@@ -127,7 +135,7 @@ class MemoryController(Controller):
             raise NotFound("no such memory")
         return _info(row)
 
-    @patch("/{memory_id:int}")
+    @patch("/{memory_id:int}", responses=errors(404))
     async def change_memory(
         self,
         request: Request[Any, Any, Any],
@@ -156,7 +164,7 @@ class MemoryController(Controller):
         )
         return _info(row)
 
-    @delete("/{memory_id:int}", status_code=200)
+    @delete("/{memory_id:int}", status_code=200, responses=errors(404))
     async def delete_memory(
         self, tenant: TenantContext, session: AsyncSession, memory_id: RowId
     ) -> dict[str, Any]:
@@ -164,7 +172,7 @@ class MemoryController(Controller):
         await service.hard_delete(session, tenant.tenant_id, memory_id, cause=_cause(tenant))
         return {"deleted": memory_id}
 
-    @get("/{memory_id:int}/history")
+    @get("/{memory_id:int}/history", responses=errors(404))
     async def history(
         self, tenant: TenantContext, session: AsyncSession, memory_id: RowId
     ) -> list[HistoryEntry]:

@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db.types import BIGINT_MAX
 from service.errors import Conflict, NotFound
-from service.http import RowId
+from service.http import RowId, errors
 from service.queue import repository
 from service.tenants.service import TenantContext
 
@@ -61,7 +61,7 @@ class JobController(Controller):
         jobs = [JobInfo(**row) for row in rows]
         return JobPage(jobs=jobs, next_before=jobs[-1].id if len(jobs) == limit else None)
 
-    @get("/{job_id:int}")
+    @get("/{job_id:int}", responses=errors(404))
     async def get_job(self, tenant: TenantContext, session: AsyncSession, job_id: RowId) -> JobInfo:
         """One job."""
         row = await repository.get_job(session, tenant.tenant_id, job_id)
@@ -69,7 +69,7 @@ class JobController(Controller):
             raise NotFound("no such job")
         return JobInfo(**row)
 
-    @post("/{job_id:int}/retry", status_code=200)
+    @post("/{job_id:int}/retry", status_code=200, responses=errors(404, 409))
     async def retry_job(
         self, tenant: TenantContext, session: AsyncSession, job_id: RowId
     ) -> JobInfo:

@@ -9,7 +9,7 @@ from litestar.params import Parameter
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.context import checked_moment, scope_of
-from service.http import RowId
+from service.http import RowId, errors
 from service.tenants.service import TenantContext
 from service.todos import repository, service
 from service.todos.schemas import TodoInfo, TodoPatch
@@ -70,7 +70,7 @@ class TodoController(Controller):
         )
         return [_info(r) for r in rows]
 
-    @patch("/{todo_id:int}")
+    @patch("/{todo_id:int}", responses=errors(404))
     async def change(
         self, tenant: TenantContext, session: AsyncSession, todo_id: RowId, data: TodoPatch
     ) -> TodoInfo:
