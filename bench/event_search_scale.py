@@ -34,11 +34,11 @@ from typing import Any
 
 import asyncpg
 import numpy as np
+from alembic import command
 from alembic.script import ScriptDirectory
 from pgvector import Vector
 from sqlalchemy import text
 
-from alembic import command
 from service.db.embedded import embedded_url, stop_embedded
 from service.db.engine import Database
 from service.db.migrate import alembic_config

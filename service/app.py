@@ -16,7 +16,15 @@ from service.ends.routes import EndController
 from service.events.routes import EventController
 from service.guard import shedding_middleware
 from service.health.routes import healthz, metrics, readyz
-from service.http import error_response, provide_session, provide_tenant, request_id_middleware
+from service.http import (
+    MemoriaRequest,
+    document_errors,
+    error_response,
+    provide_session,
+    provide_tenant,
+    refuse_nul_parameters,
+    request_id_middleware,
+)
 from service.memories.routes import MemoryController
 from service.messages.routes import MessageController
 from service.observability import metrics_middleware
@@ -70,7 +78,7 @@ def create_app(
             "session": Provide(provide_session),
         },
     )
-    return Litestar(
+    app = Litestar(
         route_handlers=[
             healthz,
             readyz,
@@ -90,6 +98,8 @@ def create_app(
             audit_middleware,
         ],
         request_max_body_size=settings.max_body_bytes,
+        request_class=MemoriaRequest,
+        before_request=refuse_nul_parameters,
         openapi_config=OpenAPIConfig(
             title="Memoria",
             version="0.1.0",
@@ -100,6 +110,8 @@ def create_app(
         state=_state(rt),
         debug=False,
     )
+    document_errors(app)
+    return app
 
 
 def _state(rt: Runtime) -> Any:

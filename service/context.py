@@ -2,16 +2,87 @@
 
 from __future__ import annotations
 
+from collections import deque
 from datetime import UTC, datetime, tzinfo
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from service.errors import Invalid
 
 DEFAULT_TIMEZONE = "Asia/Shanghai"
 ID_MAX = 128
+
+
+# PostgreSQL and the driver work in UTC, and a time within a day of Python's limits may have
+# none (0001-01-01T00:00+14:00): such times are refused by name instead of failing later.
+_EARLIEST = datetime(1, 1, 2)
+_LATEST = datetime(9999, 12, 30)
+
+
+def in_range(value: datetime) -> datetime:
+    """Refuse a time too close to the limits of the calendar to convert between zones."""
+    if not _EARLIEST <= value.replace(tzinfo=None) <= _LATEST:
+        raise ValueError("a time must lie between 0001-01-02 and 9999-12-30")
+    return value
+
+
+def checked_moment(value: datetime | None, field: str) -> datetime | None:
+    """``in_range`` for a query parameter: ``Invalid`` naming it."""
+    try:
+        return None if value is None else in_range(value)
+    except ValueError as exc:
+        raise Invalid(str(exc), field=field) from None
+
+
+Moment = Annotated[datetime, AfterValidator(in_range)]
+
+
+# No request needs more; deeper JSON is refused before it reaches a model, a jsonb column or
+# the historian (which renders what it is given).
+MAX_JSON_DEPTH = 64
+
+
+def check_json(value: Any, field: str = "") -> None:
+    """Refuse, naming the field (``messages.0.text``), the shallowest JSON value PostgreSQL
+    cannot store or that is nested too deeply: text holding a NUL character (text and jsonb
+    cannot hold one), or nesting beyond ``MAX_JSON_DEPTH``."""
+    # Iterative: a body may be nested as deep as the decoder allows.
+    pending: deque[tuple[str, Any, int]] = deque([(field, value, 0)])
+    while pending:
+        path, item, depth = pending.popleft()
+        if depth > MAX_JSON_DEPTH:
+            raise Invalid(f"nested more than {MAX_JSON_DEPTH} levels deep", field=path)
+        if isinstance(item, str) and "\x00" in item:
+            raise Invalid("text must not contain NUL characters", field=path or "body")
+        if isinstance(item, dict):
+            for key, child in item.items():
+                name = f"{path}.{key}" if path else str(key)
+                if "\x00" in str(key):
+                    raise Invalid("a key must not contain NUL characters", field=name)
+                pending.append((name, child, depth + 1))
+        elif isinstance(item, list):
+            pending.extend(
+                (f"{path}.{n}" if path else str(n), child, depth + 1)
+                for n, child in enumerate(item)
+            )
+
+
+def path_safe(value: Any) -> Any:
+    """Refuse an id holding '/': ids are URL path segments (``/v1/profiles/user/{id}``,
+    ``/v1/events/{request_id}:1``), where an encoded slash cannot be told from a separator, so
+    such an id could be stored but never read, exported or erased again."""
+    if isinstance(value, str) and "/" in value:
+        raise ValueError("an id must not contain '/' (ids appear in URL paths)")
+    return value
 
 
 def _as_id(value: Any) -> Any:
@@ -21,7 +92,7 @@ def _as_id(value: Any) -> Any:
     if isinstance(value, int):
         return str(value)
     if isinstance(value, str):
-        return value.strip()
+        return path_safe(value.strip())
     return value
 
 
@@ -46,9 +117,7 @@ class ConversationContext(BaseModel):
     bot_id: Id | None = Field(default=None, max_length=ID_MAX, description="the bot itself")
     bot_name: str | None = Field(default=None, max_length=200)
     message_ids: list[Id] = Field(default_factory=list, max_length=500)
-    timestamp: datetime | None = Field(
-        default=None, description="ISO 8601 with offset; default now"
-    )
+    timestamp: Moment | None = Field(default=None, description="ISO 8601 with offset; default now")
     timezone: str | None = Field(default=None, max_length=64, description="IANA name")
     location_abs: str | None = Field(default=None, max_length=500)
 

@@ -6,18 +6,24 @@ import logging
 import re
 import uuid
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-from litestar import Request, Response
+from litestar import Litestar, Request, Response
 from litestar.enums import ScopeType
 from litestar.exceptions import HTTPException, ValidationException
+from litestar.handlers import HTTPRouteHandler
+from litestar.openapi import ResponseSpec
+from litestar.params import Parameter
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
+from pydantic import BaseModel
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeout
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.context import check_json
 from service.db.engine import translate_db_error
-from service.errors import MemoriaError, TooManyRequests, Unavailable
+from service.db.types import BIGINT_MAX
+from service.errors import BadRequest, Invalid, MemoriaError, TooManyRequests, Unavailable
 from service.tenants.service import TenantContext, check_admin_token
 
 if TYPE_CHECKING:
@@ -26,6 +32,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("service.http")
 
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+# A row id in a path: a bigint, so a larger number is refused by name rather than by the driver.
+RowId = Annotated[int, Parameter(ge=1, le=BIGINT_MAX)]
 
 
 def runtime(request: Request[Any, Any, Any]) -> Runtime:
@@ -61,6 +70,32 @@ def request_id_middleware(app: ASGIApp) -> ASGIApp:
     return middleware
 
 
+class MemoriaRequest(Request[Any, Any, Any]):
+    """A request whose JSON body is decodable, not too deep, and free of NUL characters.
+
+    PostgreSQL text cannot hold NUL, so a NUL anywhere in a body is refused naming its field
+    rather than half-stored or failing in the database.
+    """
+
+    async def json(self) -> Any:
+        """The decoded body; 400 when it is not UTF-8 JSON, 422 naming a refused value."""
+        try:
+            value = await super().json()
+        except UnicodeDecodeError:
+            raise BadRequest("the body is not valid UTF-8", field="body") from None
+        except RecursionError:
+            raise BadRequest("the body is nested too deeply", field="body") from None
+        check_json(value)
+        return value
+
+
+async def refuse_nul_parameters(request: Request[Any, Any, Any]) -> None:
+    """Refuse a NUL character in a query or path parameter, naming the parameter."""
+    for name, value in [*request.query_params.multi_items(), *request.path_params.items()]:
+        if isinstance(value, str) and "\x00" in value:
+            raise Invalid("text must not contain NUL characters", field=name)
+
+
 def _request_id(request: Request[Any, Any, Any]) -> str:
     # Routing errors (404, 405) happen before the route's middleware ran: make an id here.
     state = request.scope.setdefault("state", {})
@@ -70,8 +105,75 @@ def _request_id(request: Request[Any, Any, Any]) -> str:
     return str(state["request_id"])
 
 
+class FieldProblem(BaseModel):
+    """One invalid value of a request."""
+
+    field: str
+    message: str | None
+
+
+class ErrorBody(BaseModel):
+    """The body of every error answer."""
+
+    request_id: str
+    status: int
+    error: str
+    message: str
+    field: str | None = None
+    errors: list[FieldProblem] | None = None
+
+
+_ERROR_MEANINGS = {
+    400: "the request cannot be parsed (e.g. the body is not JSON)",
+    401: "missing, wrong or revoked credentials",
+    403: "not allowed for this caller",
+    404: "no such thing in this tenant",
+    409: "conflicts with the current state",
+    413: "the body is over the size limit",
+    422: "a value is invalid; field names it",
+    429: "too busy; retry after Retry-After seconds",
+    503: "the database is unavailable; retry after Retry-After seconds",
+}
+
+
+def errors(*codes: int) -> dict[int, ResponseSpec]:
+    """OpenAPI entries for the error answers of a route, all with the one error body."""
+    return {
+        code: ResponseSpec(
+            data_container=ErrorBody, description=_ERROR_MEANINGS[code], generate_examples=False
+        )
+        for code in sorted(codes)
+    }
+
+
+def document_errors(app: Litestar) -> None:
+    """Add the error answers routes share to the document; a route declares its own others.
+
+    Every authenticated route answers 401 and may meet a busy or unreachable database; a
+    route with input may refuse it (400, 422), a route with a body also for its size (413).
+    """
+    for route in app.routes:
+        for handler in getattr(route, "route_handlers", ()):
+            if not isinstance(handler, HTTPRouteHandler):
+                continue
+            dependencies = handler.resolve_dependencies()
+            if not {"tenant", "admin"} & dependencies.keys():
+                continue
+            codes = {401, 429, 503}
+            inputs = handler.parsed_fn_signature.parameters.keys() - dependencies.keys()
+            if inputs - {"request", "self"}:
+                codes |= {400, 422}
+            if "data" in inputs:
+                codes.add(413)
+            handler.responses = {**errors(*codes), **(handler.responses or {})}
+
+
 def error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[dict[str, Any]]:
     """The one exception handler: every error becomes a JSON body with status and message."""
+    # An error raised while the request's transaction closes (a translated database error)
+    # reaches here wrapped by Litestar's dependency cleanup.
+    while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
     if isinstance(exc, SQLAlchemyTimeout):
         exc = Unavailable("the database is busy (no free connection); retry shortly")
     if isinstance(exc, DBAPIError | OSError) and not isinstance(exc, MemoriaError):
@@ -113,6 +215,9 @@ def error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[
     elif isinstance(exc, HTTPException):
         status = exc.status_code
         body.update(status=status, error=_http_code(status), message=str(exc.detail))
+        if status == 404 and b"%2f" in bytes(request.scope.get("raw_path") or b"").lower():
+            # The router sees the decoded path, where an id's slash splits the id.
+            body.update(field="path", message="no such route: ids cannot contain '/' (%2F)")
         if exc.headers:
             headers.update(exc.headers)
     else:

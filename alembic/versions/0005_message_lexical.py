@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import sqlalchemy as sa
+from alembic import op
 from sqlalchemy.dialects import postgresql
 
-from alembic import op
 from service.retrieval.terms import terms, to_tsvector_literal
 
 revision: str = "0005"

@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import sqlalchemy as sa
+from alembic import op
 from pgvector.sqlalchemy import HALFVEC
 
-from alembic import op
 from service.db.rls import embedding_dim, protect_tenant_table
 
 revision: str = "0006"

@@ -12,6 +12,7 @@ from litestar.params import Parameter
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.audit import service
+from service.context import checked_moment
 from service.http import provide_admin, provide_system_session
 
 
@@ -29,4 +30,5 @@ async def audit_log(
     limit: int = Parameter(default=100, ge=1, le=10_000),
 ) -> list[dict[str, Any]]:
     """Who did what, newest first; filter by tenant, time and outcome."""
+    checked_moment(since, "since")
     return await service.query(session, tenant_id, since, outcome, limit)

@@ -203,7 +203,7 @@ def translate_db_error(exc: BaseException) -> MemoriaError | BaseException:
     if isinstance(exc, asyncpg.PostgresError):
         return _from_sqlstate(str(getattr(exc, "sqlstate", "") or ""), exc) or exc
     orig: Any = getattr(exc, "orig", None)
-    sqlstate = str(getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None) or "")
+    sqlstate = _sqlstate(orig)
     if isinstance(exc, InterfaceError) or (
         isinstance(exc, DBAPIError) and exc.connection_invalidated
     ):
@@ -216,6 +216,16 @@ def translate_db_error(exc: BaseException) -> MemoriaError | BaseException:
     if isinstance(exc, OperationalError):
         return Unavailable("the database is unavailable; retry shortly")
     return exc
+
+
+def _sqlstate(orig: Any) -> str:
+    # A value the driver cannot even encode (an integer over 64 bits) reaches SQLAlchemy
+    # without a code; the driver's own exception, its cause, carries one (22000).
+    for error in (orig, getattr(orig, "__cause__", None)):
+        code = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
+        if code:
+            return str(code)
+    return ""
 
 
 def _from_sqlstate(sqlstate: str, orig: Any) -> MemoriaError | None:

@@ -6,6 +6,9 @@ from typing import Any
 
 from pgvector.sqlalchemy import Vector
 
+# The largest value of a bigint column (every row id): larger numbers are refused at the edge.
+BIGINT_MAX = 2**63 - 1
+
 # The ORM declares vectors without a dimension; the migrations create them with the
 # deployment's dimension (memoria_meta.embedding_dim), fixed when the schema is created.
 Embedding = Vector

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from litestar import Controller, Request, Response, get, post
+from litestar.openapi import ResponseSpec
 from litestar.params import Parameter
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -22,7 +23,15 @@ class EndController(Controller):
     path = "/v1"
     tags = ["write"]
 
-    @post("/end", status_code=202)
+    @post(
+        "/end",
+        status_code=202,
+        responses={
+            200: ResponseSpec(
+                EndAccepted, description="nothing to hand over or a repeat", generate_examples=False
+            )
+        },
+    )
     async def end(
         self, request: Request[Any, Any, Any], tenant: TenantContext, data: EndRequest
     ) -> Response[EndAccepted]:

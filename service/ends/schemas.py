@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from service.context import ConversationContext
+from service.context import ConversationContext, path_safe
 
 MAX_OBSERVATIONS = 50
 MAX_ITEM_CHARS = 4000
@@ -111,7 +111,7 @@ class EndRequest(ConversationContext):
     @field_validator("request_id", mode="before")
     @classmethod
     def _request_id(cls, value: Any) -> Any:
-        return str(value).strip() if isinstance(value, int | str) else value
+        return path_safe(str(value).strip()) if isinstance(value, int | str) else value
 
 
 class EndAccepted(BaseModel):

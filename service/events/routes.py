@@ -8,10 +8,11 @@ from litestar import Controller, get
 from litestar.params import Parameter
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.context import scope_of
+from service.context import checked_moment, scope_of
 from service.errors import Invalid, NotFound
 from service.events import repository
 from service.events.schemas import EventInfo, EventPage
+from service.http import errors
 from service.tenants.service import TenantContext
 
 
@@ -23,6 +24,7 @@ def _cursor(value: str) -> tuple[datetime, str]:
         raise Invalid("not an ISO 8601 time or a page cursor", field="before") from None
     if at.tzinfo is None:
         raise Invalid("the time needs a UTC offset", field="before")
+    checked_moment(at, "before")
     return at, event_id
 
 
@@ -53,7 +55,7 @@ class EventController(Controller):
         next_before = f"{last.occurred_at.isoformat()}|{last.id}" if last else None
         return EventPage(events=events, next_before=next_before)
 
-    @get("/{event_id:str}")
+    @get("/{event_id:str}", responses=errors(404))
     async def get_event(
         self, tenant: TenantContext, session: AsyncSession, event_id: str
     ) -> EventInfo:

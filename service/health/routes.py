@@ -6,6 +6,7 @@ import logging
 from typing import Any
 
 from litestar import Request, Response, get
+from litestar.openapi import ResponseSpec
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
@@ -38,7 +39,11 @@ async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
 
-@get("/readyz", tags=["health"])
+@get(
+    "/readyz",
+    tags=["health"],
+    responses={503: ResponseSpec(dict[str, str], description="not ready", generate_examples=False)},
+)
 async def readyz(request: Request[Any, Any, Any]) -> Response[dict[str, str]]:
     """200 when the database answers and its schema is at this code's head, else 503."""
     ready, detail = await runtime(request).is_ready()

@@ -6,12 +6,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from litestar import Controller, Request, Response, delete, get, patch, post
+from litestar.openapi import ResponseSpec
 from litestar.params import Parameter
 from sqlalchemy import and_, true
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.db.types import BIGINT_MAX
 from service.errors import Invalid, NotFound
-from service.http import runtime
+from service.http import RowId, errors, runtime
 from service.memories import repository, service
 from service.memories.models import Memory
 from service.memories.repository import ScopeFilter
@@ -68,7 +70,7 @@ class MemoryController(Controller):
         ),
         active: bool | None = None,
         limit: int = Parameter(default=50, ge=1, le=500),
-        before: int | None = Parameter(default=None, ge=1),
+        before: int | None = Parameter(default=None, ge=1, le=BIGINT_MAX),
     ) -> list[MemoryInfo]:
         """Memories by exact filters, newest first (``before``: an id, for the next page)."""
         conditions = [
@@ -83,7 +85,14 @@ class MemoryController(Controller):
         )
         return [_info(r) for r in rows]
 
-    @post("/")
+    @post(
+        "/",
+        responses={
+            200: ResponseSpec(
+                MemoryCreated, description="an active duplicate, returned", generate_examples=False
+            )
+        },
+    )
     async def add_memory(
         self,
         request: Request[Any, Any, Any],
@@ -116,9 +125,9 @@ class MemoryController(Controller):
         body = MemoryCreated(duplicate=not created, **_info(row).model_dump())
         return Response(body, status_code=201 if created else 200)
 
-    @get("/{memory_id:int}")
+    @get("/{memory_id:int}", responses=errors(404))
     async def get_memory(
-        self, tenant: TenantContext, session: AsyncSession, memory_id: int
+        self, tenant: TenantContext, session: AsyncSession, memory_id: RowId
     ) -> MemoryInfo:
         """One memory."""
         row = await repository.get(session, tenant.tenant_id, memory_id)
@@ -126,13 +135,13 @@ class MemoryController(Controller):
             raise NotFound("no such memory")
         return _info(row)
 
-    @patch("/{memory_id:int}")
+    @patch("/{memory_id:int}", responses=errors(404))
     async def change_memory(
         self,
         request: Request[Any, Any, Any],
         tenant: TenantContext,
         session: AsyncSession,
-        memory_id: int,
+        memory_id: RowId,
         data: MemoryPatch,
     ) -> MemoryInfo:
         """Change a memory; the old content stays in its history."""
@@ -155,17 +164,17 @@ class MemoryController(Controller):
         )
         return _info(row)
 
-    @delete("/{memory_id:int}", status_code=200)
+    @delete("/{memory_id:int}", status_code=200, responses=errors(404))
     async def delete_memory(
-        self, tenant: TenantContext, session: AsyncSession, memory_id: int
+        self, tenant: TenantContext, session: AsyncSession, memory_id: RowId
     ) -> dict[str, Any]:
         """Delete for real; the history keeps only that a deletion happened."""
         await service.hard_delete(session, tenant.tenant_id, memory_id, cause=_cause(tenant))
         return {"deleted": memory_id}
 
-    @get("/{memory_id:int}/history")
+    @get("/{memory_id:int}/history", responses=errors(404))
     async def history(
-        self, tenant: TenantContext, session: AsyncSession, memory_id: int
+        self, tenant: TenantContext, session: AsyncSession, memory_id: RowId
     ) -> list[HistoryEntry]:
         """Every change of a memory, oldest first (also after a hard delete)."""
         rows = await repository.history(session, tenant.tenant_id, memory_id)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from datetime import date, datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from service.context import Moment, path_safe
+from service.db.types import BIGINT_MAX
 
 Scope = Literal["GLOBAL", "GROUP", "MEMBER_IN_GROUP"]
 Category = Literal["PROFILE", "PREFERENCE", "FACT", "SUMMARY"]
@@ -50,9 +53,15 @@ class MemoryCreate(BaseModel):
     content: str = Field(min_length=1, max_length=2000)
     confidence: float = Field(default=0.8, ge=0, le=1)
     importance: float = Field(default=0.5, ge=0, le=1)
-    valid_from: datetime | None = None
-    valid_to: datetime | None = None
+    valid_from: Moment | None = None
+    valid_to: Moment | None = None
     reason: str | None = Field(default=None, max_length=500)
+
+    @field_validator("user_id", "group_id")
+    @classmethod
+    def _ids(cls, value: str | None) -> str | None:
+        """An empty id is no id (the scope's binding needs NULL); see ``path_safe``."""
+        return path_safe(value) or None
 
 
 class MemoryCreated(MemoryInfo):
@@ -70,7 +79,7 @@ class MemoryPatch(BaseModel):
     category: Category | None = None
     confidence: float | None = Field(default=None, ge=0, le=1)
     importance: float | None = Field(default=None, ge=0, le=1)
-    valid_to: datetime | None = None
+    valid_to: Moment | None = None
     is_active: bool | None = None
     reason: str | None = Field(default=None, max_length=500)
 
@@ -107,7 +116,9 @@ class ForgetRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    ids: list[int] | None = Field(default=None, max_length=1000)
+    ids: list[Annotated[int, Field(ge=1, le=BIGINT_MAX)]] | None = Field(
+        default=None, max_length=1000
+    )
     category: Category | None = None
     query: str | None = Field(default=None, min_length=1, max_length=4000)
     min_score: float = Field(default=0.8, ge=0, le=1)

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from service.context import ID_MAX, _as_id
+from service.context import ID_MAX, Moment, _as_id
 
 _INHERITED = (
     "request_type",
@@ -33,7 +33,7 @@ class MessageIn(BaseModel):
     sender_id: str | None = Field(default=None, max_length=ID_MAX)
     sender_name: str | None = Field(default=None, max_length=200)
     text: str = Field(max_length=1_000_000)
-    sent_at: datetime | None = None
+    sent_at: Moment | None = None
     timezone: str | None = Field(default=None, max_length=64)
 
     @field_validator("message_id", "group_id", "user_id", "sender_id", mode="before")
@@ -95,8 +95,8 @@ class MessageSearch(BaseModel):
     group_id: str | None = Field(default=None, max_length=ID_MAX)
     user_id: str | None = Field(default=None, max_length=ID_MAX)
     top_k: int = Field(default=12, ge=1, le=200)
-    time_from: datetime | None = None
-    time_to: datetime | None = None
+    time_from: Moment | None = None
+    time_to: Moment | None = None
 
     @field_validator("group_id", "user_id", mode="before")
     @classmethod

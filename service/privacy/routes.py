@@ -7,11 +7,12 @@ from typing import Any
 
 from litestar import Controller, Request, Response, delete, get
 from litestar.di import Provide
+from litestar.openapi import ResponseSpec
 from litestar.response import Stream
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.http import provide_admin, provide_system_session, runtime
+from service.http import errors, provide_admin, provide_system_session, runtime
 from service.privacy import service
 from service.queue import repository as jobs
 from service.queue.worker import JobContext
@@ -44,7 +45,15 @@ class PrivacyController(Controller):
             service.export_stream(runtime(request).db, tenant.tenant_id, "group", subject)
         )
 
-    @delete(f"/users/{_ID}", status_code=200)
+    @delete(
+        f"/users/{_ID}",
+        status_code=200,
+        responses={
+            202: ResponseSpec(
+                dict[str, Any], description="large: erased by a job", generate_examples=False
+            )
+        },
+    )
     async def erase_user(
         self,
         request: Request[Any, Any, Any],
@@ -93,7 +102,7 @@ class TenantPrivacyController(Controller):
     tags = ["admin"]
     dependencies = {"admin": Provide(provide_admin), "session": Provide(provide_system_session)}
 
-    @get("/{tenant_id:uuid}/export", media_type="application/x-ndjson")
+    @get("/{tenant_id:uuid}/export", media_type="application/x-ndjson", responses=errors(404))
     async def export_tenant(
         self, request: Request[Any, Any, Any], admin: None, tenant_id: uuid.UUID
     ) -> Stream:

@@ -8,7 +8,7 @@ from litestar import Controller, Request, get, post, put
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.errors import Conflict, Invalid, NotFound
-from service.http import runtime
+from service.http import errors, runtime
 from service.profiles import repository, service
 from service.profiles.document import ProfileKey
 from service.profiles.schemas import (
@@ -95,21 +95,23 @@ class ProfileController(Controller):
         )
         return await self._read(session, tenant, key)
 
-    @get("/member/{group_id:str}/{user_id:str}")
+    @get("/member/{group_id:str}/{user_id:str}", responses=errors(404))
     async def get_member(
         self, tenant: TenantContext, session: AsyncSession, group_id: str, user_id: str
     ) -> ProfileInfo:
         """How one group knows one person."""
         return await self._read(session, tenant, service.key_of("member", user_id, group_id))
 
-    @get("/member/{group_id:str}/{user_id:str}/revisions")
+    @get("/member/{group_id:str}/{user_id:str}/revisions", responses=errors(404))
     async def member_revisions(
         self, tenant: TenantContext, session: AsyncSession, group_id: str, user_id: str
     ) -> list[RevisionInfo]:
         """The kept previous texts, newest first."""
         return await self._revisions(session, tenant, service.key_of("member", user_id, group_id))
 
-    @post("/member/{group_id:str}/{user_id:str}/rollback", status_code=200)
+    @post(
+        "/member/{group_id:str}/{user_id:str}/rollback", status_code=200, responses=errors(404, 409)
+    )
     async def member_rollback(
         self,
         request: Request[Any, Any, Any],
@@ -123,7 +125,7 @@ class ProfileController(Controller):
         key = service.key_of("member", user_id, group_id)
         return await self._rollback(request, session, tenant, key, data)
 
-    @put("/member/{group_id:str}/{user_id:str}")
+    @put("/member/{group_id:str}/{user_id:str}", responses=errors(409))
     async def member_replace(
         self,
         request: Request[Any, Any, Any],
@@ -137,21 +139,23 @@ class ProfileController(Controller):
         key = service.key_of("member", user_id, group_id)
         return await self._replace(request, session, tenant, key, data)
 
-    @get("/{entity_type:str}/{entity_id:str}")
+    @get("/{entity_type:str}/{entity_id:str}", responses=errors(404))
     async def get_profile(
         self, tenant: TenantContext, session: AsyncSession, entity_type: str, entity_id: str
     ) -> ProfileInfo:
         """A user's or a group's profile."""
         return await self._read(session, tenant, _plain_key(entity_type, entity_id))
 
-    @get("/{entity_type:str}/{entity_id:str}/revisions")
+    @get("/{entity_type:str}/{entity_id:str}/revisions", responses=errors(404))
     async def revisions(
         self, tenant: TenantContext, session: AsyncSession, entity_type: str, entity_id: str
     ) -> list[RevisionInfo]:
         """The kept previous texts, newest first."""
         return await self._revisions(session, tenant, _plain_key(entity_type, entity_id))
 
-    @post("/{entity_type:str}/{entity_id:str}/rollback", status_code=200)
+    @post(
+        "/{entity_type:str}/{entity_id:str}/rollback", status_code=200, responses=errors(404, 409)
+    )
     async def rollback(
         self,
         request: Request[Any, Any, Any],
@@ -165,7 +169,7 @@ class ProfileController(Controller):
         key = _plain_key(entity_type, entity_id)
         return await self._rollback(request, session, tenant, key, data)
 
-    @put("/{entity_type:str}/{entity_id:str}")
+    @put("/{entity_type:str}/{entity_id:str}", responses=errors(409))
     async def replace(
         self,
         request: Request[Any, Any, Any],

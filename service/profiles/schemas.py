@@ -46,7 +46,7 @@ class Rollback(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    version: int = Field(ge=1)
+    version: int = Field(ge=1, le=2**31 - 1)
 
 
 class ProfileSearch(BaseModel):

@@ -10,7 +10,9 @@ from litestar.params import Parameter
 from pydantic import BaseModel
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.db.types import BIGINT_MAX
 from service.errors import Conflict, NotFound
+from service.http import RowId, errors
 from service.queue import repository
 from service.tenants.service import TenantContext
 
@@ -51,7 +53,7 @@ class JobController(Controller):
         tenant: TenantContext,
         session: AsyncSession,
         status: Literal["queued", "running", "done", "failed"] | None = None,
-        before: int | None = Parameter(default=None, ge=1),
+        before: int | None = Parameter(default=None, ge=1, le=BIGINT_MAX),
         limit: int = Parameter(default=50, ge=1, le=500),
     ) -> JobPage:
         """Jobs newest first, optionally of one status."""
@@ -59,16 +61,18 @@ class JobController(Controller):
         jobs = [JobInfo(**row) for row in rows]
         return JobPage(jobs=jobs, next_before=jobs[-1].id if len(jobs) == limit else None)
 
-    @get("/{job_id:int}")
-    async def get_job(self, tenant: TenantContext, session: AsyncSession, job_id: int) -> JobInfo:
+    @get("/{job_id:int}", responses=errors(404))
+    async def get_job(self, tenant: TenantContext, session: AsyncSession, job_id: RowId) -> JobInfo:
         """One job."""
         row = await repository.get_job(session, tenant.tenant_id, job_id)
         if row is None:
             raise NotFound("no such job")
         return JobInfo(**row)
 
-    @post("/{job_id:int}/retry", status_code=200)
-    async def retry_job(self, tenant: TenantContext, session: AsyncSession, job_id: int) -> JobInfo:
+    @post("/{job_id:int}/retry", status_code=200, responses=errors(404, 409))
+    async def retry_job(
+        self, tenant: TenantContext, session: AsyncSession, job_id: RowId
+    ) -> JobInfo:
         """Queue a failed job again with a fresh set of attempts."""
         if not await repository.retry(session, tenant.tenant_id, job_id):
             row = await repository.get_job(session, tenant.tenant_id, job_id)

@@ -9,7 +9,7 @@ from litestar import Controller, Request, delete, get, post, put
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.errors import NotFound
-from service.http import runtime
+from service.http import errors, runtime
 from service.recall import tools
 from service.recall.schemas import (
     ContextRequest,
@@ -42,7 +42,7 @@ class RecallController(Controller):
         """The memory context to inject this turn, with a ready ``prompt`` block."""
         return await Reader(runtime(request).embedder).context(session, tenant, data)
 
-    @post("/events/search", status_code=200)
+    @post("/events/search", status_code=200, responses=errors(403))
     async def search_events(
         self,
         request: Request[Any, Any, Any],
@@ -53,7 +53,7 @@ class RecallController(Controller):
         """``cognitive.search_events``: a conversation's events by meaning and time."""
         return await Reader(runtime(request).embedder).search_events(session, tenant, data)
 
-    @get("/persona")
+    @get("/persona", responses=errors(404))
     async def get_persona(self, tenant: TenantContext) -> Persona:
         """The tenant's persona block."""
         text = tenant.overrides.get("persona")
@@ -88,7 +88,7 @@ class RecallController(Controller):
         """OpenAI function-calling definitions of the memory tools (and of ``end``)."""
         return tools.DEFINITIONS
 
-    @post("/tools/call", status_code=200)
+    @post("/tools/call", status_code=200, responses=errors(403, 404))
     async def call_tool(
         self,
         request: Request[Any, Any, Any],

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from service.context import ID_MAX, ConversationContext
+from service.context import ID_MAX, ConversationContext, Moment
 
 
 class ContextRequest(ConversationContext):
@@ -62,8 +62,8 @@ class EventSearch(BaseModel):
     target_user_id: str | None = Field(default=None, max_length=ID_MAX)
     target_group_id: str | None = Field(default=None, max_length=ID_MAX)
     top_k: int | None = Field(default=None, ge=1, le=200)
-    time_from: datetime | None = None
-    time_to: datetime | None = None
+    time_from: Moment | None = None
+    time_to: Moment | None = None
     context: ConversationContext | None = None
 
 

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from sqlalchemy import and_
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.context import ConversationContext
+from service.context import ConversationContext, check_json
 from service.db.engine import Database
 from service.embedding import Embedder
 from service.ends.schemas import EndRequest
@@ -157,8 +157,9 @@ async def call(
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
-        except ValueError:
+        except (ValueError, RecursionError):
             raise Invalid("arguments are not valid JSON", field="arguments") from None
+        check_json(arguments, "arguments")
     if not isinstance(arguments, dict):
         raise Invalid("arguments must be an object", field="arguments")
     conversation = _context(context) if context else None

@@ -10,7 +10,7 @@ from litestar.di import Provide
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.errors import NotFound
-from service.http import provide_admin, provide_system_session, runtime
+from service.http import errors, provide_admin, provide_system_session, runtime
 from service.tenants import repository, service
 from service.tenants.schemas import (
     CreatedKey,
@@ -57,7 +57,7 @@ class AdminController(Controller):
         """Every tenant."""
         return [service.tenant_info(t) for t in await repository.list_tenants(session)]
 
-    @get("/{tenant_id:uuid}")
+    @get("/{tenant_id:uuid}", responses=errors(404))
     async def get_tenant(
         self, admin: None, session: AsyncSession, tenant_id: uuid.UUID
     ) -> TenantInfo:
@@ -67,7 +67,7 @@ class AdminController(Controller):
             raise NotFound("no such tenant")
         return service.tenant_info(tenant)
 
-    @patch("/{tenant_id:uuid}")
+    @patch("/{tenant_id:uuid}", responses=errors(404))
     async def update_tenant(
         self,
         request: Request[Any, Any, Any],
@@ -88,7 +88,7 @@ class AdminController(Controller):
         runtime(request).auth.forget(tenant_id)
         return service.tenant_info(tenant)
 
-    @delete("/{tenant_id:uuid}", status_code=200)
+    @delete("/{tenant_id:uuid}", status_code=200, responses=errors(404))
     async def erase_tenant(
         self,
         request: Request[Any, Any, Any],
@@ -105,7 +105,7 @@ class AdminController(Controller):
         runtime(request).auth.forget(tenant_id)
         return {"erased": "tenant", "counts": counts}
 
-    @post("/{tenant_id:uuid}/keys", status_code=201)
+    @post("/{tenant_id:uuid}/keys", status_code=201, responses=errors(404))
     async def create_key(
         self,
         admin: None,
@@ -116,7 +116,7 @@ class AdminController(Controller):
         """A new key for the tenant (shown once)."""
         return await service.create_key(session, tenant_id, data.name if data else "")
 
-    @get("/{tenant_id:uuid}/keys")
+    @get("/{tenant_id:uuid}/keys", responses=errors(404))
     async def list_keys(
         self, admin: None, session: AsyncSession, tenant_id: uuid.UUID
     ) -> list[KeyInfo]:
@@ -125,7 +125,7 @@ class AdminController(Controller):
             raise NotFound("no such tenant")
         return [service.key_info(k) for k in await repository.list_keys(session, tenant_id)]
 
-    @delete("/{tenant_id:uuid}/keys/{key_id:uuid}", status_code=200)
+    @delete("/{tenant_id:uuid}/keys/{key_id:uuid}", status_code=200, responses=errors(404))
     async def revoke_key(
         self,
         request: Request[Any, Any, Any],
@@ -169,7 +169,7 @@ class TenantController(Controller):
         """Another key for this tenant (shown once)."""
         return await service.create_key(session, tenant.tenant_id, data.name if data else "")
 
-    @delete("/keys/{key_id:uuid}", status_code=200)
+    @delete("/keys/{key_id:uuid}", status_code=200, responses=errors(404))
     async def revoke_key(
         self,
         request: Request[Any, Any, Any],

@@ -8,7 +8,8 @@ from litestar import Controller, get, patch
 from litestar.params import Parameter
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.context import scope_of
+from service.context import checked_moment, scope_of
+from service.http import RowId, errors
 from service.tenants.service import TenantContext
 from service.todos import repository, service
 from service.todos.schemas import TodoInfo, TodoPatch
@@ -44,7 +45,7 @@ class TodoController(Controller):
             tenant.tenant_id,
             status=status,
             conversation_key=key,
-            due_before=due_before,
+            due_before=checked_moment(due_before, "due_before"),
             limit=limit,
         )
         return [_info(r) for r in rows]
@@ -69,9 +70,9 @@ class TodoController(Controller):
         )
         return [_info(r) for r in rows]
 
-    @patch("/{todo_id:int}")
+    @patch("/{todo_id:int}", responses=errors(404))
     async def change(
-        self, tenant: TenantContext, session: AsyncSession, todo_id: int, data: TodoPatch
+        self, tenant: TenantContext, session: AsyncSession, todo_id: RowId, data: TodoPatch
     ) -> TodoInfo:
         """Complete, cancel, reopen, reschedule or reassign a todo."""
         values = data.model_dump(exclude_unset=True)

@@ -5,7 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from service.context import Moment, path_safe
 
 Status = Literal["PENDING", "COMPLETED", "CANCELLED", "EXPIRED"]
 
@@ -35,5 +37,7 @@ class TodoPatch(BaseModel):
 
     status: Status | None = None
     description: str | None = Field(default=None, min_length=1, max_length=2000)
-    trigger_time: datetime | None = None
+    trigger_time: Moment | None = None
     assignee_id: str | None = Field(default=None, max_length=128)
+
+    _assignee = field_validator("assignee_id")(path_safe)
