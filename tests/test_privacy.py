@@ -134,7 +134,8 @@ async def leftovers(db_url: str, needles: list[str]) -> list[str]:
             """
             SELECT table_name, column_name FROM information_schema.columns
             WHERE table_schema = 'public'
-              AND data_type IN ('text', 'character varying', 'jsonb', 'json', 'ARRAY')
+              AND (data_type IN ('text', 'character varying', 'jsonb', 'json', 'ARRAY', 'tsvector')
+                   OR udt_name = 'tsvector')
             """
         )
         for column in columns:

@@ -302,7 +302,15 @@ async def erase_user(
         " OR conversation_key = 'p:' || :u)",
     )
     # Others' messages that name the person keep their words but lose the person.
-    await _redact(session, "messages", "text", p, tokens, counts, extra="embedding = NULL")
+    await _redact(
+        session,
+        "messages",
+        "text",
+        p,
+        tokens,
+        counts,
+        extra="embedding = NULL, lexical = ''::tsvector",
+    )
     await run(
         "conversations",
         "DELETE FROM conversations WHERE tenant_id = :t AND conversation_key = 'p:' || :u",
