@@ -12,8 +12,7 @@ from service.db.meta import check_embedding_dimension
 from service.db.migrate import (
     alembic_config,
     current_revision,
-    head_revision,
-    known_revisions,
+    shipped_revisions,
     upgrade_to_head_async,
 )
 from service.embedding import Embedder, build_embedder
@@ -45,15 +44,15 @@ class Runtime:
     def build(cls, settings: Settings, *, db: Database | None = None) -> Runtime:
         """Wire the configured providers (nothing is started yet)."""
         db = db or Database.from_settings(settings)
-        config = alembic_config(db.url, settings)
+        head, known = shipped_revisions(alembic_config(db.url, settings))
         return cls(
             settings=settings,
             db=db,
             embedder=build_embedder(settings.models.embedding),
             llm=build_chat_model(settings.models.historian),
             auth=Authenticator(db, settings),
-            head=head_revision(config),
-            known_revisions=known_revisions(config),
+            head=head,
+            known_revisions=known,
             limiter=RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst),
         )
 

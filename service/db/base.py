@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import uuid
 from datetime import datetime
 
 from sqlalchemy import DateTime, MetaData, func
-from sqlalchemy.dialects.postgresql import UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 NAMING_CONVENTION = {
@@ -22,11 +20,6 @@ class Base(DeclarativeBase):
     """Base class of all ORM tables."""
 
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
-
-
-def tenant_id_column() -> Mapped[uuid.UUID]:
-    """The leading key column of every tenant-owned table."""
-    return mapped_column(UUID(as_uuid=True), primary_key=True)
 
 
 def created_at_column() -> Mapped[datetime]:

@@ -30,16 +30,10 @@ def alembic_config(url: str, settings: Settings) -> Config:
     return config
 
 
-def head_revision(config: Config) -> str | None:
-    """The newest migration shipped with this code."""
-    return ScriptDirectory.from_config(config).get_current_head()
-
-
-def known_revisions(config: Config) -> frozenset[str]:
-    """Every migration this code ships."""
-    return frozenset(
-        script.revision for script in ScriptDirectory.from_config(config).walk_revisions()
-    )
+def shipped_revisions(config: Config) -> tuple[str | None, frozenset[str]]:
+    """The newest migration this code ships, and all of them (one read of the scripts)."""
+    scripts = ScriptDirectory.from_config(config)
+    return scripts.get_current_head(), frozenset(s.revision for s in scripts.walk_revisions())
 
 
 def upgrade_to_head(url: str, settings: Settings) -> None:

@@ -16,6 +16,7 @@ from service.errors import Invalid, NotFound
 from service.memories import repository
 from service.memories.models import CATEGORIES, SCOPES, Memory
 from service.memories.repository import ScopeFilter
+from service.retrieval.terms import compact
 from service.settings import MemorySettings
 
 MAX_CONTENT = 2000
@@ -52,15 +53,11 @@ def check_category(category: str) -> str:
     return category
 
 
-def _normal(text: str) -> str:
-    return re.sub(r"[\s\W_]+", "", text.lower())
-
-
 def near_duplicate(a: str, b: str, cosine: float, threshold: float) -> bool:
     """The same statement: equal once spacing and punctuation go, or very close in meaning
     AND in wording. Meaning alone is not enough: small embedding models put "likes cats" and
     "likes dogs" (or two cities) within a few hundredths of each other."""
-    left, right = _normal(a), _normal(b)
+    left, right = compact(a), compact(b)
     if left == right:
         return True
     return cosine >= threshold and difflib.SequenceMatcher(None, left, right).ratio() >= 0.9

@@ -10,7 +10,6 @@ from datetime import UTC, date, datetime
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.context import DEFAULT_TIMEZONE, conversation_key
@@ -35,6 +34,7 @@ from service.queue import repository as jobs
 from service.queue.worker import JobContext
 from service.retrieval.terms import terms, to_tsvector_literal
 from service.settings import Settings
+from service.tenants.repository import get_tenant
 from service.tenants.service import TenantContext
 
 log = logging.getLogger("service.messages")
@@ -199,12 +199,8 @@ MAX_SPEAKER_TARGETS = 5
 
 
 async def _tenant_zone(session: AsyncSession, tenant_id: Any) -> ZoneInfo:
-    row = (
-        await session.execute(
-            text("SELECT settings FROM tenants WHERE id = :id"), {"id": tenant_id}
-        )
-    ).first()
-    name = (row.settings or {}).get("timezone") if row is not None else None
+    tenant = await get_tenant(session, tenant_id)
+    name = (tenant.settings or {}).get("timezone") if tenant is not None else None
     return ZoneInfo(name or DEFAULT_TIMEZONE)
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import difflib
-import re
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from service.embedding import Embedder
 from service.errors import Conflict, Invalid, NotFound
 from service.profiles import repository
 from service.profiles.document import Profile, ProfileKey, parse, render
+from service.retrieval.terms import compact
 
 RECORD_HEADING = "## 记录"
 _TITLES = {"user": "# 用户侧写", "group": "# 群侧写", "member": "# 成员侧写"}
@@ -110,15 +110,11 @@ async def rollback(
 # ---------------------------------------------------------------- merging facts
 
 
-def _normalize(text: str) -> str:
-    return re.sub(r"[\s\W_]+", "", text.lower())
-
-
 def is_duplicate(fact: str, known: list[str]) -> bool:
     """Exact or near-duplicate (≥ 90 % similar once spacing and punctuation are ignored)."""
-    target = _normalize(fact)
+    target = compact(fact)
     for line in known:
-        other = _normalize(line)
+        other = compact(line)
         if target == other or target in other:
             return True
         if difflib.SequenceMatcher(None, target, other).ratio() >= NEAR_DUPLICATE:

@@ -360,14 +360,3 @@ async def get_job(
     """One of a tenant's jobs."""
     row = (await session.execute(_GET, {"tenant_id": tenant_id, "id": job_id})).first()
     return dict(row._mapping) if row is not None else None
-
-
-_PAYLOAD = text("SELECT payload FROM jobs WHERE tenant_id = :tenant_id AND id = :id")
-
-
-async def get_payload(
-    session: AsyncSession, tenant_id: uuid.UUID, job_id: int
-) -> dict[str, Any] | None:
-    """A job's payload."""
-    row = (await session.execute(_PAYLOAD, {"tenant_id": tenant_id, "id": job_id})).first()
-    return dict(row.payload) if row is not None else None

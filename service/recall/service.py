@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import html
 import re
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -38,6 +37,7 @@ from service.recall.schemas import (
     EventSearch,
     EventSearchResult,
 )
+from service.retrieval.fusion import time_decayed
 from service.settings import QuerySettings
 from service.tenants.service import TenantContext
 from service.todos import repository as todos
@@ -50,10 +50,16 @@ _AT = re.compile(r"\[CQ:at,qq=(\w+)\]|<at[^>]*?(?:qq|id|user_id)=\"?(\w+)")
 def decayed(sim: float, age_seconds: float, half_life_days: float, q: QuerySettings) -> float:
     """The seeds' time decay: recent results rise, but only when they are relevant enough."""
     sim = min(max(sim, 0.0), 1.0)
-    if not q.time_decay_enabled or sim < q.time_decay_min_similarity:
+    if not q.time_decay_enabled:
         return sim
-    decay = float(0.5 ** (max(age_seconds, 0.0) / (half_life_days * 86400)))
-    return float(sim * (1 + q.time_decay_boost * decay))
+    return time_decayed(
+        sim,
+        sim,
+        age_seconds,
+        half_life_days=half_life_days,
+        boost=q.time_decay_boost,
+        min_similarity=q.time_decay_min_similarity,
+    )
 
 
 def build_query(request: ContextRequest) -> str:
@@ -433,8 +439,3 @@ def _render(
         lines.append(f"  </{tag}>")
     lines.append("</cognitive_context>")
     return "\n".join(lines)
-
-
-def new_id() -> str:
-    """A request id for tool calls that carry none."""
-    return uuid.uuid4().hex

@@ -253,18 +253,15 @@ async def _get_profile(
 
 
 def _context(value: dict[str, Any]) -> ConversationContext:
-    try:
-        return ConversationContext.model_validate(value)
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        where = ".".join(str(p) for p in error["loc"])
-        raise Invalid(error["msg"], field=f"context.{where}" if where else "context") from None
+    result: ConversationContext = _validate(ConversationContext, value, "context")
+    return result
 
 
-def _validate(model: Any, data: dict[str, Any]) -> Any:
+def _validate(model: Any, data: dict[str, Any], prefix: str = "arguments") -> Any:
+    """A model from data, or ``Invalid`` naming the field under ``prefix``."""
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         error = exc.errors()[0]
         where = ".".join(str(p) for p in error["loc"])
-        raise Invalid(error["msg"], field=f"arguments.{where}" if where else "arguments") from None
+        raise Invalid(error["msg"], field=f"{prefix}.{where}" if where else prefix) from None

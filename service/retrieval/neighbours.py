@@ -86,11 +86,6 @@ def idf(documents: int, document_frequency: int) -> float:
     return math.log(1.0 + (documents - df + 0.5) / (df + 0.5))
 
 
-def saturate(term_frequency: float, k1: float = BM25_K1) -> float:
-    """BM25's saturating term-frequency curve without length normalization."""
-    return term_frequency * (k1 + 1.0) / (term_frequency + k1)
-
-
 def _window_sums(
     values: npt.NDArray[np.float64],
     reach: int,

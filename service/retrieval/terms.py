@@ -50,6 +50,12 @@ _VOWEL = re.compile(r"[aeiouy]")
 _DOUBLE = re.compile(r"([bfgmnprt])\1$")
 
 
+def compact(text: str) -> str:
+    """Text reduced to lowercase letters and digits: two statements that differ only in
+    spacing and punctuation compact to the same string."""
+    return re.sub(r"[\s\W_]+", "", text.lower())
+
+
 def stem(word: str) -> str:
     """A light English suffix stripper: plural, possessive, -ing, -ed, -ly, final e.
 

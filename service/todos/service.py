@@ -16,6 +16,7 @@ from service.errors import Invalid, NotFound
 from service.queue import repository as jobs
 from service.queue.worker import JobContext, PermanentJobError
 from service.settings import Settings
+from service.tenants.repository import get_tenant
 from service.todos import repository
 
 log = logging.getLogger("service.todos")
@@ -76,7 +77,8 @@ class Courier:
         todo_id = int(job.job.payload["todo_id"])
         async with job.transaction() as session:
             todo = await repository.get(session, job.job.tenant_id, todo_id)
-            settings = (await _tenant_settings(session, job.job.tenant_id)) or {}
+            tenant = await get_tenant(session, job.job.tenant_id)
+            settings = dict(tenant.settings or {}) if tenant is not None else {}
         url = settings.get("webhook_url")
         if todo is None or todo["status"] != "PENDING" or todo["delivered_at"] is not None:
             return {"skipped": True}
@@ -97,17 +99,6 @@ class Courier:
                 session, job.job.tenant_id, todo_id, {"delivered_at": datetime.now(UTC)}
             )
         return {"delivered": todo_id, "status": response.status_code}
-
-
-async def _tenant_settings(session: Any, tenant_id: uuid.UUID) -> dict[str, Any] | None:
-    from sqlalchemy import text
-
-    row = (
-        await session.execute(
-            text("SELECT settings FROM tenants WHERE id = :id"), {"id": tenant_id}
-        )
-    ).first()
-    return dict(row.settings or {}) if row is not None else None
 
 
 def overdue_before(now: datetime, settings: Settings) -> datetime:
