@@ -29,7 +29,9 @@ from end_latency import ADMIN, Client, body, free_port, request
 ROOT = Path(__file__).resolve().parents[1]
 
 
-async def offer(port: int, key: str, rate: float, seconds: float, tag: str) -> tuple[float, float, list[float]]:
+async def offer(
+    port: int, key: str, rate: float, seconds: float, tag: str
+) -> tuple[float, float, list[float]]:
     idle: asyncio.Queue[Client] = asyncio.Queue()
     for _ in range(512):
         idle.put_nowait(Client(port, key))
@@ -80,7 +82,11 @@ async def main() -> None:
     parser.add_argument("--seconds", type=float, default=8)
     parser.add_argument("--inflight", type=int, default=64)
     args = parser.parse_args()
-    data_dir = Path(tempfile.mkdtemp(prefix="bench-overload-", dir=ROOT / "data" if (ROOT / "data").exists() else None))
+    data_dir = Path(
+        tempfile.mkdtemp(
+            prefix="bench-overload-", dir=ROOT / "data" if (ROOT / "data").exists() else None
+        )
+    )
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMORIA_")}
     env.update(
@@ -91,7 +97,10 @@ async def main() -> None:
     )
     server = subprocess.Popen(
         [sys.executable, "-m", "service", "serve", "--port", str(port), "--no-worker"],
-        env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     peak = 0
     try:
@@ -101,11 +110,17 @@ async def main() -> None:
                     break
             except OSError:
                 time.sleep(0.05)
-        key = str(request(port, "POST", "/admin/tenants", ADMIN, {"name": "overload"})["api_key"]["key"])  # type: ignore[index]
+        key = str(
+            request(port, "POST", "/admin/tenants", ADMIN, {"name": "overload"})["api_key"]["key"]
+        )  # type: ignore[index]
         process = psutil.Process(server.pid)
-        print(f"max_inflight_requests = {args.inflight}, capacity taken as {args.capacity:.0f} calls/s")
+        print(
+            f"max_inflight_requests = {args.inflight}, capacity taken as {args.capacity:.0f} calls/s"
+        )
         for factor in (1, 2, 4):
-            rate, shed, latencies = await offer(port, key, args.capacity * factor, args.seconds, f"x{factor}")
+            rate, shed, latencies = await offer(
+                port, key, args.capacity * factor, args.seconds, f"x{factor}"
+            )
             p50, p99 = _percentile(latencies, 0.5), _percentile(latencies, 0.99)
             peak = max(peak, process.memory_info().rss)
             print(

@@ -18,6 +18,7 @@ from service.db.migrate import (
 from service.embedding import Embedder, build_embedder
 from service.guard import RateLimiter
 from service.llm import ChatModel, build_chat_model
+from service.llm.rerank import Reranker, build_reranker
 from service.queue.worker import JobHandler, Periodic, Worker
 from service.settings import Settings
 from service.tenants.service import Authenticator
@@ -33,6 +34,7 @@ class Runtime:
     db: Database
     embedder: Embedder
     llm: ChatModel | None
+    reranker: Reranker | None
     auth: Authenticator
     head: str | None
     known_revisions: frozenset[str] = frozenset()
@@ -50,6 +52,7 @@ class Runtime:
             db=db,
             embedder=build_embedder(settings.models.embedding),
             llm=build_chat_model(settings.models.historian),
+            reranker=build_reranker(settings.models.reranker),
             auth=Authenticator(db, settings),
             head=head,
             known_revisions=known,
@@ -125,4 +128,6 @@ class Runtime:
         await self.embedder.close()
         if self.llm is not None:
             await self.llm.close()
+        if self.reranker is not None:
+            await self.reranker.close()
         await self.db.dispose()

@@ -39,6 +39,9 @@ class QuerySettings(_Section):
     tool_default_top_k: int = Field(12, ge=1, le=200)
     profile_top_k: int = Field(8, ge=1, le=200)
     rerank_candidate_multiplier: int = Field(3, ge=1, le=20)
+    # Lexical evidence closes this share of the gap between an event's similarity and 1
+    # (its BM25 relative to the best match's): 0 = dense only.
+    lexical_weight: float = Field(0.3, ge=0, le=1)
     context_token_budget: int = Field(2000, ge=100, le=100_000)
     allow_cross_group_tools: bool = False
 
@@ -113,7 +116,7 @@ class MemorySettings(_Section):
     """Scoped memories: retrieval for the historian, duplicates, forgetting, todos."""
 
     retrieve_top_k: int = Field(8, ge=1, le=100)
-    # Cosine AND wording must both be close (see memories.service.near_duplicate).
+    # Cosine AND wording must both be close (see retrieval.terms.near_duplicate).
     duplicate_threshold: float = Field(0.985, ge=0.5, le=1.0)
     consolidate_threshold: float = Field(0.985, ge=0.5, le=1.0)
     max_tool_turns: int = Field(3, ge=1, le=10)
@@ -173,11 +176,29 @@ class ChatModelSettings(_Section):
         return bool(self.api_url and self.model_name)
 
 
+class RerankerModelSettings(_Section):
+    """``[models.reranker]``: a ``POST {api_url}/rerank`` endpoint (the Jina/Cohere shape that
+    vLLM, Xinference and most hosted rerankers speak), or none (the default: no reranking)."""
+
+    api_url: str = ""
+    api_key: SecretStr = SecretStr("")
+    model_name: str = ""
+    # The read path waits this long at most; past it the fused ranking stands.
+    timeout_seconds: float = Field(2.0, gt=0)
+    max_documents: int = Field(100, ge=1, le=1000)
+
+    @property
+    def configured(self) -> bool:
+        """True when a rerank endpoint is set."""
+        return bool(self.api_url)
+
+
 class ModelsSettings(_Section):
     """``[models]``."""
 
     embedding: EmbeddingModelSettings = EmbeddingModelSettings()
     historian: ChatModelSettings = ChatModelSettings()
+    reranker: RerankerModelSettings = RerankerModelSettings()
 
 
 class Settings(BaseSettings):

@@ -1,7 +1,8 @@
 """A small OpenAI-compatible HTTP server that tests start and script.
 
 Chat completions answer from a queue of scripted replies (text, tool calls, HTTP errors,
-delays, garbage); embeddings are deterministic hash vectors. The production ``openai``
+delays, garbage); embeddings are deterministic hash vectors; ``/rerank`` scores documents
+with a function the test sets. The production ``openai``
 client talks to it over real HTTP, unchanged.
 """
 
@@ -54,6 +55,10 @@ class FakeLLM:
         self.default: Callable[[dict[str, Any]], Reply] | None = None
         self.chat_requests: list[dict[str, Any]] = []
         self.embedding_requests: list[dict[str, Any]] = []
+        # ``/rerank`` scores each document with this (query, document) -> score; None: 500.
+        self.rerank: Callable[[str, str], float] | None = None
+        self.rerank_delay = 0.0
+        self.rerank_requests: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
         self._server.daemon_threads = True
@@ -83,6 +88,9 @@ class FakeLLM:
             self.default = None
             self.chat_requests.clear()
             self.embedding_requests.clear()
+            self.rerank = None
+            self.rerank_delay = 0.0
+            self.rerank_requests.clear()
 
     def _next_reply(self, request: dict[str, Any]) -> Reply:
         with self._lock:
@@ -113,6 +121,18 @@ class FakeLLM:
                 self.end_headers()
                 self.wfile.write(body)
 
+            def _rerank(self, request: dict[str, Any]) -> None:
+                fake.rerank_requests.append(request)
+                if fake.rerank_delay:
+                    time.sleep(fake.rerank_delay)
+                if fake.rerank is None:
+                    self._send(500, b'{"error": {"message": "no reranker scripted"}}')
+                    return
+                scores = [fake.rerank(request["query"], d) for d in request["documents"]]
+                ranked = sorted(enumerate(scores), key=lambda pair: -pair[1])
+                results = [{"index": i, "relevance_score": score} for i, score in ranked]
+                self._send(200, json.dumps({"results": results}).encode())
+
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 request = json.loads(self.rfile.read(length) or b"{}")
@@ -135,6 +155,9 @@ class FakeLLM:
                         "usage": {"prompt_tokens": 1, "total_tokens": 1},
                     }
                     self._send(200, json.dumps(body).encode())
+                    return
+                if self.path.endswith("/rerank"):
+                    self._rerank(request)
                     return
                 if not self.path.endswith("/chat/completions"):
                     self._send(404, b'{"error": {"message": "not found"}}')

@@ -156,7 +156,8 @@ async def test_distance_is_the_cosine_distance_and_rows_carry_the_event(db: Data
     assert found[0]["distance"] == pytest.approx(expected, abs=1e-5)
     assert found[0]["text"] == best["text"]
     assert found[0]["occurred_at"] == best["occurred_at"]
-    assert "embedding" not in found[0]
+    # The full-precision vector comes along (the read path compares candidates with it).
+    assert np.allclose(found[0]["embedding"].to_numpy(), best["embedding"], atol=1e-6)
 
 
 async def test_other_conversations_and_tenants_never_appear_even_when_nearer(

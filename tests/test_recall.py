@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 from service.app import create_app
 from service.events import repository as events
 from service.memories import repository as memory_rows
+from service.recall.ranking import RankedEvent, decay_scores, fuse, without_duplicates
 from service.recall.schemas import ContextRequest
-from service.recall.service import build_query, decayed, estimate_tokens
+from service.recall.service import build_query, estimate_tokens
 from service.settings import QuerySettings
 from tests.conftest import (
     FAST_QUEUE,
@@ -28,6 +29,7 @@ from tests.conftest import (
     serve_app,
     until_finished,
 )
+from tests.fake_llm import FakeLLM
 
 GROUP = {
     "request_type": "group",
@@ -38,6 +40,17 @@ GROUP = {
     "bot_id": "20002",
     "bot_name": "小助手",
 }
+
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def decayed(sim: float, age_seconds: float, half_life_days: float, q: QuerySettings) -> float:
+    """The final score of one dense-only candidate of this similarity and age."""
+    row = {"id": "e", "distance": 1 - sim, "occurred_at": NOW - timedelta(seconds=age_seconds)}
+    (event,) = fuse([row], [], q.lexical_weight)
+    decay_scores([event], NOW, half_life_days, q)
+    return event.score
 
 
 def test_time_decay_matches_the_seeds_formula() -> None:
@@ -52,6 +65,40 @@ def test_time_decay_matches_the_seeds_formula() -> None:
     assert decayed(0.8, 0, 14, off) == pytest.approx(0.8)
     # A recent, slightly less similar event overtakes an old, slightly more similar one.
     assert decayed(0.78, 0, 14, q) > decayed(0.8, 90 * day, 14, q)
+
+
+def test_lexical_evidence_closes_part_of_the_gap_to_one() -> None:
+    at = NOW - timedelta(days=400)
+    dense = [
+        {"id": "a", "distance": 0.2, "occurred_at": at},
+        {"id": "b", "distance": 0.25, "occurred_at": at},
+    ]
+    lexical = [
+        {"id": "c", "distance": 0.4, "bm25": 6.0, "occurred_at": at},  # found by words only
+        {"id": "b", "distance": 0.25, "bm25": 3.0, "occurred_at": at},
+    ]
+    fused = {e.row["id"]: e for e in fuse(dense, lexical, 0.3)}
+    assert fused["a"].relevance == pytest.approx(0.8)  # no lexical match: its similarity
+    assert fused["b"].relevance == pytest.approx(0.75 + 0.3 * 0.5 * 0.25)
+    assert fused["c"].relevance == pytest.approx(0.6 + 0.3 * 1.0 * 0.4)
+    assert {e.row["id"]: e.relevance for e in fuse(dense, lexical, 0.0)} == pytest.approx(
+        {"a": 0.8, "b": 0.75, "c": 0.6}
+    )
+
+
+def test_near_duplicate_events_are_returned_once() -> None:
+    def event(event_id: str, text: str, vector: list[float]) -> RankedEvent:
+        row = {"id": event_id, "text": text, "embedding": np.array(vector, dtype=np.float32)}
+        return RankedEvent(row=row, similarity=0.9, lexical=0.0, relevance=0.9)
+
+    ranked = [
+        event("a", "2025-03-02 张三在杭州西湖划船。", [1.0, 0.0]),
+        event("b", "2025-03-02，张三在杭州西湖划船", [0.999, 0.04]),  # the same, punctuated
+        event("c", "2025-03-02 张三在杭州西湖喝茶。", [0.99, 0.14]),  # close, but another fact
+        event("d", "2025-03-05 李四养了一只猫。", [0.0, 1.0]),
+    ]
+    assert [e.row["id"] for e in without_duplicates(ranked, 3)] == ["a", "c", "d"]
+    assert [e.row["id"] for e in without_duplicates(ranked, 1)] == ["a"]
 
 
 def test_query_construction() -> None:
@@ -258,6 +305,95 @@ async def test_event_search_filters_are_hard(running: tuple[AppClient, TenantHan
         headers=tenant.headers,
     )
     assert allowed.status_code == 200 and allowed.json()["events"] == []
+
+
+PET_FACTS = [
+    "我的猫阿福昨天打翻了鱼缸",
+    "我昨天去超市买了猫粮和猫砂",
+    "我家的猫很喜欢在阳台晒太阳",
+    "我的狗今天咬坏了一双拖鞋",
+    "我昨天给猫洗了澡，它很不高兴",
+]
+
+
+async def remember_pets(client: AppClient, tenant: TenantHandle) -> None:
+    for n, fact in enumerate(PET_FACTS):
+        await end(
+            client,
+            tenant,
+            request_id=f"pet{n}",
+            observations=[fact],
+            timestamp=f"2025-06-0{n + 1}T12:00:00+08:00",
+        )
+
+
+async def search_hits(client: AppClient, tenant: TenantHandle, query: str) -> dict[str, Any]:
+    response = await client.post(
+        "/v1/events/search",
+        json={"query": query, "context": {"request_type": "group", "group_id": "g1"}},
+        headers=tenant.headers,
+    )
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+async def test_a_word_inside_an_unsegmented_chinese_sentence_is_a_lexical_hit(
+    running: tuple[AppClient, TenantHandle],
+) -> None:
+    client, tenant = running
+    await remember_pets(client, tenant)
+    # Without the decay, an event's score is its fused relevance: lexical evidence shows.
+    await client.patch(
+        "/v1/settings", json={"query": {"time_decay_enabled": False}}, headers=tenant.headers
+    )
+    hybrid = await search_hits(client, tenant, "阿福")
+    first = hybrid["events"][0]
+    assert "阿福" in first["text"]
+    assert first["score"] > first["similarity"]  # lifted by the word it holds
+    others = [e for e in hybrid["events"] if "阿福" not in e["text"]]
+    assert others and all(e["score"] == e["similarity"] for e in others)
+
+    await client.patch(
+        "/v1/settings", json={"query": {"lexical_weight": 0}}, headers=tenant.headers
+    )
+    dense = await search_hits(client, tenant, "阿福")
+    same = next(e for e in dense["events"] if e["id"] == first["id"])
+    assert same["score"] == same["similarity"] < first["score"]
+
+
+@pytest.fixture
+async def reranked(db_url: str, llm: FakeLLM) -> AsyncIterator[tuple[AppClient, TenantHandle]]:
+    reranker = {"api_url": llm.base_url, "model_name": "rerank-test", "timeout_seconds": 1.0}
+    settings = make_settings(db_url, cognitive={"queue": FAST_QUEUE}, models={"reranker": reranker})
+    async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
+        yield client, await new_tenant(client)
+
+
+async def test_a_configured_reranker_orders_the_candidates(
+    reranked: tuple[AppClient, TenantHandle], llm: FakeLLM
+) -> None:
+    client, tenant = reranked
+    await remember_pets(client, tenant)
+    llm.rerank = lambda query, document: 0.9 if "拖鞋" in document else 0.2
+    found = await search_hits(client, tenant, "我的宠物")
+    assert "拖鞋" in found["events"][0]["text"]
+    assert found["events"][0]["score"] > 0.9 > found["events"][1]["score"]
+    (asked,) = llm.rerank_requests
+    assert asked["query"] == "我的宠物" and asked["model"] == "rerank-test"
+    assert len(asked["documents"]) == len(PET_FACTS)  # all candidates (pool 12 × 3 ≥ 5)
+
+    # A failing reranker never fails the search: the fused order stands, and it says so.
+    llm.rerank = None
+    fallback = await search_hits(client, tenant, "我的宠物")
+    assert len(fallback["events"]) == len(PET_FACTS)
+    assert any("reranker" in w for w in fallback["warnings"])
+    # Off for the tenant: not asked at all.
+    await client.patch(
+        "/v1/settings", json={"query": {"enable_rerank": False}}, headers=tenant.headers
+    )
+    before = len(llm.rerank_requests)
+    await search_hits(client, tenant, "我的宠物")
+    assert len(llm.rerank_requests) == before
 
 
 async def test_tools_are_listed_and_callable(running: tuple[AppClient, TenantHandle]) -> None:

@@ -22,7 +22,7 @@ from sqlalchemy import (
 from sqlalchemy import (
     text as sql,
 )
-from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.dialects.postgresql import JSONB, TSVECTOR, UUID
 from sqlalchemy.orm import Mapped, mapped_column
 
 from service.db.base import Base, created_at_column
@@ -37,6 +37,8 @@ class Event(Base):
         Index(
             "ix_events_conversation_time", "tenant_id", "conversation_key", sql("occurred_at DESC")
         ),
+        # Lexical search: which events hold a term (filtered to the conversations after).
+        Index("ix_events_lexical", "lexical", postgresql_using="gin"),
     )
 
     tenant_id: Mapped[uuid.UUID] = mapped_column(
@@ -68,6 +70,10 @@ class Event(Base):
         "metadata", JSONB, nullable=False, server_default=sql("'{}'::jsonb")
     )
     embedding: Mapped[Any] = mapped_column(Embedding(), nullable=True)
+    # The text's terms as segmented by service.retrieval.terms, with positions.
+    lexical: Mapped[str] = mapped_column(
+        TSVECTOR, nullable=False, server_default=sql("''::tsvector")
+    )
     job_id: Mapped[int | None] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = created_at_column()
     updated_at: Mapped[datetime] = mapped_column(

@@ -14,6 +14,7 @@ from sqlalchemy import TextClause, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.errors import Invalid
+from service.retrieval.terms import terms, to_tsquery_literal, to_tsvector_literal
 
 # Upsert by event id: a retried job rewrites the same rows instead of adding new ones. The same
 # statement keeps the event's search vector (event_vectors) in step: written when there is an
@@ -24,16 +25,17 @@ _UPSERT = text(
         INSERT INTO events (tenant_id, id, conversation_key, request_type, group_id, user_id,
                             sender_id, request_id, end_seq, kind, perspective, text, source_text,
                             is_absolute, warnings, occurred_at, timezone, location_abs,
-                            message_ids, metadata, embedding, job_id)
+                            message_ids, metadata, embedding, lexical, job_id)
         VALUES (:tenant_id, :id, :conversation_key, :request_type, :group_id, :user_id,
                 :sender_id, :request_id, :end_seq, :kind, :perspective, :text, :source_text,
                 :is_absolute, CAST(:warnings AS jsonb), :occurred_at, :timezone, :location_abs,
-                CAST(:message_ids AS jsonb), CAST(:metadata AS jsonb), :embedding, :job_id)
+                CAST(:message_ids AS jsonb), CAST(:metadata AS jsonb), :embedding,
+                CAST(:lexical AS tsvector), :job_id)
         ON CONFLICT (tenant_id, id) DO UPDATE SET
             text = EXCLUDED.text, source_text = EXCLUDED.source_text,
             is_absolute = EXCLUDED.is_absolute, warnings = EXCLUDED.warnings,
             metadata = EXCLUDED.metadata, embedding = EXCLUDED.embedding,
-            job_id = EXCLUDED.job_id, updated_at = now()
+            lexical = EXCLUDED.lexical, job_id = EXCLUDED.job_id, updated_at = now()
         RETURNING tenant_id, id, conversation_key, occurred_at, embedding
     ), searchable AS (
         INSERT INTO event_vectors (tenant_id, event_id, conversation_key, occurred_at, embedding)
@@ -51,7 +53,7 @@ _UPSERT = text(
 
 
 async def upsert_events(session: AsyncSession, rows: list[dict[str, Any]]) -> None:
-    """Write events (one round trip for the batch)."""
+    """Write events (one round trip for the batch), with their lexical terms."""
     if not rows:
         return
     prepared = [
@@ -60,6 +62,7 @@ async def upsert_events(session: AsyncSession, rows: list[dict[str, Any]]) -> No
             "warnings": json.dumps(row["warnings"], ensure_ascii=False),
             "message_ids": json.dumps(row["message_ids"], ensure_ascii=False),
             "metadata": json.dumps(row["metadata"], ensure_ascii=False),
+            "lexical": to_tsvector_literal(terms(row["text"])),
         }
         for row in rows
     ]
@@ -148,7 +151,7 @@ def _filters(alias: str, time_from: bool, time_to: bool) -> str:
 
 _RESCORED = f"""
     SELECT {", ".join("e." + c.strip() for c in _COLUMNS.split(","))},
-           e.embedding <=> CAST(:query AS vector) AS distance{{extra}}
+           e.embedding, e.embedding <=> CAST(:query AS vector) AS distance{{extra}}
     FROM candidates c JOIN events e ON e.tenant_id = :tenant_id AND e.id = c.event_id
     ORDER BY distance, e.id
     LIMIT :limit
@@ -249,3 +252,85 @@ async def nearest_events(
         return rows
     params["ceiling"] = kth - 1.0 + error
     return [dict(r._mapping) for r in await session.execute(_second_pass(*bounds), params)]
+
+
+# Lexical candidates: events of the conversations holding any query term (the GIN index),
+# scored by BM25. The collection is the filtered events (an index-only count); lengths are
+# normalized by the mean over the matching events, which for short one-sentence events is
+# close to the collection's and costs nothing extra.
+@cache
+def _lexical(time_from: bool, time_to: bool) -> TextClause:
+    return text(
+        f"""
+        WITH hits AS MATERIALIZED (
+            SELECT e.id, t.lexeme AS term, coalesce(cardinality(t.positions), 1) AS tf,
+                   length(e.lexical) AS length
+            FROM events e, unnest(e.lexical) t
+            WHERE {_filters("e", time_from, time_to)}
+              AND e.lexical @@ CAST(:tsquery AS tsquery)
+              AND t.lexeme = ANY(CAST(:terms AS text[]))
+        ),
+        stats AS (
+            SELECT greatest(count(*), 1)::float8 AS documents,
+                   (SELECT greatest(avg(length), 1.0) FROM hits)::float8 AS mean_length
+            FROM events e WHERE {_filters("e", time_from, time_to)}
+        ),
+        idf AS (
+            SELECT h.term,
+                   ln(1 + (s.documents - least(count(DISTINCT h.id), s.documents) + 0.5)
+                          / (least(count(DISTINCT h.id), s.documents) + 0.5)) AS idf
+            FROM hits h CROSS JOIN stats s
+            GROUP BY h.term, s.documents
+        ),
+        best AS (
+            SELECT h.id,
+                   sum(i.idf * h.tf * (CAST(:k1 AS float8) + 1)
+                       / (h.tf + CAST(:k1 AS float8) * (1 - CAST(:b AS float8)
+                                + CAST(:b AS float8) * h.length / s.mean_length))) AS bm25
+            FROM hits h JOIN idf i USING (term) CROSS JOIN stats s
+            GROUP BY h.id
+            ORDER BY bm25 DESC, h.id
+            LIMIT :limit
+        )
+        SELECT {", ".join("e." + c.strip() for c in _COLUMNS.split(","))},
+               e.embedding, e.embedding <=> CAST(:query AS vector) AS distance, b.bm25
+        FROM best b JOIN events e ON e.tenant_id = :tenant_id AND e.id = b.id
+        ORDER BY b.bm25 DESC, e.id
+        """
+    )
+
+
+async def lexical_events(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    conversation_keys: list[str],
+    query_terms: list[str],
+    query: np.ndarray,
+    limit: int,
+    time_from: datetime | None = None,
+    time_to: datetime | None = None,
+    *,
+    k1: float = 1.2,
+    b: float = 0.75,
+) -> list[dict[str, Any]]:
+    """The ``limit`` events of ``conversation_keys`` best matching the query terms by BM25,
+    best first, each with its cosine ``distance`` to ``query`` (None without an embedding)
+    and its ``bm25`` score. Same filters as ``nearest_events``."""
+    if limit <= 0 or not conversation_keys or not query_terms:
+        return []
+    params: dict[str, Any] = {
+        "tenant_id": tenant_id,
+        "conversation_keys": list(conversation_keys),
+        "terms": list(query_terms),
+        "tsquery": to_tsquery_literal(query_terms),
+        "query": np.asarray(query, dtype=np.float32).ravel(),
+        "limit": limit,
+        "k1": k1,
+        "b": b,
+    }
+    if time_from is not None:
+        params["time_from"] = time_from
+    if time_to is not None:
+        params["time_to"] = time_to
+    statement = _lexical(time_from is not None, time_to is not None)
+    return [dict(r._mapping) for r in await session.execute(statement, params)]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import re
 import uuid
 from datetime import UTC, date, datetime, timedelta
@@ -16,7 +15,7 @@ from service.errors import Invalid, NotFound
 from service.memories import repository
 from service.memories.models import CATEGORIES, SCOPES, Memory
 from service.memories.repository import ScopeFilter
-from service.retrieval.terms import compact
+from service.retrieval.terms import near_duplicate
 from service.settings import MemorySettings
 
 MAX_CONTENT = 2000
@@ -51,16 +50,6 @@ def check_category(category: str) -> str:
     if category not in CATEGORIES:
         raise Invalid(f"category is one of {', '.join(CATEGORIES)}", field="category")
     return category
-
-
-def near_duplicate(a: str, b: str, cosine: float, threshold: float) -> bool:
-    """The same statement: equal once spacing and punctuation go, or very close in meaning
-    AND in wording. Meaning alone is not enough: small embedding models put "likes cats" and
-    "likes dogs" (or two cities) within a few hundredths of each other."""
-    left, right = compact(a), compact(b)
-    if left == right:
-        return True
-    return cosine >= threshold and difflib.SequenceMatcher(None, left, right).ratio() >= 0.9
 
 
 def same_binding(scope: str, user_id: str | None, group_id: str | None) -> Any:

@@ -40,7 +40,8 @@ class RecallController(Controller):
         data: ContextRequest,
     ) -> ContextResponse:
         """The memory context to inject this turn, with a ready ``prompt`` block."""
-        return await Reader(runtime(request).embedder).context(session, tenant, data)
+        rt = runtime(request)
+        return await Reader(rt.embedder, rt.reranker).context(session, tenant, data)
 
     @post("/events/search", status_code=200, responses=errors(403))
     async def search_events(
@@ -51,7 +52,8 @@ class RecallController(Controller):
         data: EventSearch,
     ) -> EventSearchResult:
         """``cognitive.search_events``: a conversation's events by meaning and time."""
-        return await Reader(runtime(request).embedder).search_events(session, tenant, data)
+        rt = runtime(request)
+        return await Reader(rt.embedder, rt.reranker).search_events(session, tenant, data)
 
     @get("/persona", responses=errors(404))
     async def get_persona(self, tenant: TenantContext) -> Persona:
@@ -107,6 +109,7 @@ class RecallController(Controller):
             tenant=tenant,
             embedder=rt.embedder,
             settings=rt.settings,
+            reranker=rt.reranker,
         )
         return ToolResult(
             name=tools.normalize(data.name),

@@ -3,8 +3,9 @@
 Hard filters first, always (seed 000 §4.1): in a group, only that group's events, its GROUP
 memories and member profiles, plus the GLOBAL memories and user profile of the people
 involved; in a private chat, only that user's. Nothing from another group is ever mixed in.
-Then ranking: cosine similarity with the seeds' time decay
-``final = sim × (1 + boost × 0.5^(age / half_life))`` when ``sim ≥ min_similarity``.
+Then ranking (service.recall.ranking): dense and lexical candidates fused, the seeds' time
+decay ``final = relevance × (1 + boost × 0.5^(age / half_life))`` when ``sim ≥
+min_similarity``, an optional reranker, near-duplicates dropped.
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ from service.context import ConversationContext
 from service.embedding import Embedder
 from service.ends import repository as memos
 from service.errors import Forbidden, Invalid
-from service.events import repository as events
 from service.historian.service import message_content
+from service.llm.rerank import Reranker
 from service.memories import repository as memories
 from service.memories.models import Memory
 from service.memories.repository import ScopeFilter
 from service.profiles import repository as profiles
 from service.profiles.document import ProfileKey
+from service.recall.ranking import EventQuery, rank_events
 from service.recall.schemas import (
     ContextItem,
     ContextRequest,
@@ -37,7 +39,6 @@ from service.recall.schemas import (
     EventSearch,
     EventSearchResult,
 )
-from service.retrieval.fusion import time_decayed
 from service.settings import QuerySettings
 from service.tenants.service import TenantContext
 from service.todos import repository as todos
@@ -45,21 +46,6 @@ from service.todos import repository as todos
 SHORT_QUERY = 20
 MEMORY_TOP_K = 5
 _AT = re.compile(r"\[CQ:at,qq=(\w+)\]|<at[^>]*?(?:qq|id|user_id)=\"?(\w+)")
-
-
-def decayed(sim: float, age_seconds: float, half_life_days: float, q: QuerySettings) -> float:
-    """The seeds' time decay: recent results rise, but only when they are relevant enough."""
-    sim = min(max(sim, 0.0), 1.0)
-    if not q.time_decay_enabled:
-        return sim
-    return time_decayed(
-        sim,
-        sim,
-        age_seconds,
-        half_life_days=half_life_days,
-        boost=q.time_decay_boost,
-        min_similarity=q.time_decay_min_similarity,
-    )
 
 
 def build_query(request: ContextRequest) -> str:
@@ -105,6 +91,7 @@ class Reader:
     """The read path of one request."""
 
     embedder: Embedder
+    reranker: Reranker | None = None
 
     async def context(
         self, session: AsyncSession, tenant: TenantContext, request: ContextRequest
@@ -121,38 +108,26 @@ class Reader:
                 query, False, persona, None, None, None, [], [], [], memo_items, request, q
             )
         vector = await self.embedder.query(query)
-        now = datetime.now(UTC)
-        rows = await events.nearest_events(
+        ranked = await rank_events(
             session,
             tenant.tenant_id,
-            keys,
-            vector,
-            q.auto_top_k * max(q.rerank_candidate_multiplier, 1),
+            EventQuery(query, vector, keys, q.auto_top_k, q.time_decay_half_life_days_auto),
+            q,
+            datetime.now(UTC),
+            self.reranker,
         )
-        ranked = sorted(
-            (
-                (
-                    decayed(
-                        1 - float(r["distance"]),
-                        (now - r["occurred_at"]).total_seconds(),
-                        q.time_decay_half_life_days_auto,
-                        q,
-                    ),
-                    r,
-                )
-                for r in rows
-            ),
-            key=lambda pair: -pair[0],
-        )[: q.auto_top_k]
         event_items = [
             ContextItem(
-                id=f"event:{r['id']}",
+                id=f"event:{e.row['id']}",
                 kind="event",
-                text=r["text"],
-                score=round(score, 4),
-                meta={"occurred_at": r["occurred_at"].isoformat(), "is_absolute": r["is_absolute"]},
+                text=e.row["text"],
+                score=round(e.score, 4),
+                meta={
+                    "occurred_at": e.row["occurred_at"].isoformat(),
+                    "is_absolute": e.row["is_absolute"],
+                },
             )
-            for score, r in ranked
+            for e in ranked
         ]
         memory_rows = await memories.nearest(
             session,
@@ -329,42 +304,44 @@ class Reader:
             time_from, time_to = time_to, time_from
             warnings.append("time_from was after time_to; the two were swapped")
         top_k = request.top_k or q.tool_default_top_k
+        wanted = request.target_user_id if request.target_group_id else None
         vector = await self.embedder.query(request.query)
-        rows = await events.nearest_events(
+        ranked = await rank_events(
             session,
             tenant.tenant_id,
-            keys,
-            vector,
-            top_k * max(q.rerank_candidate_multiplier, 1),
-            time_from,
-            time_to,
+            EventQuery(
+                request.query,
+                vector,
+                keys,
+                # One person within a group is filtered after ranking: rank a wider pool.
+                top_k * max(q.rerank_candidate_multiplier, 1) if wanted else top_k,
+                q.time_decay_half_life_days_tool,
+                time_from,
+                time_to,
+            ),
+            q,
+            datetime.now(UTC),
+            self.reranker,
+            warnings,
         )
-        if request.target_user_id and request.target_group_id:
-            wanted = request.target_user_id
-            rows = [r for r in rows if wanted in (r["user_id"], r["sender_id"])]
-        now = datetime.now(UTC)
-        hits = []
-        for r in rows:
-            sim = min(max(1 - float(r["distance"]), 0.0), 1.0)
-            score = decayed(
-                sim, (now - r["occurred_at"]).total_seconds(), q.time_decay_half_life_days_tool, q
+        if wanted:
+            ranked = [e for e in ranked if wanted in (e.row["user_id"], e.row["sender_id"])]
+        hits = [
+            EventHit(
+                id=e.row["id"],
+                text=e.row["text"],
+                occurred_at=e.row["occurred_at"],
+                group_id=e.row["group_id"],
+                user_id=e.row["user_id"],
+                sender_id=e.row["sender_id"],
+                kind=e.row["kind"],
+                is_absolute=e.row["is_absolute"],
+                similarity=round(e.similarity, 4),
+                score=round(e.score, 4),
             )
-            hits.append(
-                EventHit(
-                    id=r["id"],
-                    text=r["text"],
-                    occurred_at=r["occurred_at"],
-                    group_id=r["group_id"],
-                    user_id=r["user_id"],
-                    sender_id=r["sender_id"],
-                    kind=r["kind"],
-                    is_absolute=r["is_absolute"],
-                    similarity=round(sim, 4),
-                    score=round(score, 4),
-                )
-            )
-        hits.sort(key=lambda h: -h.score)
-        return EventSearchResult(events=hits[:top_k], warnings=warnings)
+            for e in ranked[:top_k]
+        ]
+        return EventSearchResult(events=hits, warnings=warnings)
 
 
 def event_scope(request: EventSearch, q: QuerySettings) -> tuple[list[str], list[str]]:

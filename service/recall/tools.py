@@ -19,6 +19,7 @@ from service.embedding import Embedder
 from service.ends.schemas import EndRequest
 from service.ends.service import accept_end
 from service.errors import Forbidden, Invalid, NotFound
+from service.llm.rerank import Reranker
 from service.memories import repository as memories
 from service.memories.models import Memory
 from service.profiles import repository as profiles
@@ -149,6 +150,7 @@ async def call(
     tenant: TenantContext,
     embedder: Embedder,
     settings: Settings,
+    reranker: Reranker | None = None,
 ) -> Any:
     """Execute one tool call within the caller's conversation."""
     tool = normalize(name)
@@ -163,7 +165,7 @@ async def call(
     if not isinstance(arguments, dict):
         raise Invalid("arguments must be an object", field="arguments")
     conversation = _context(context) if context else None
-    reader = Reader(embedder)
+    reader = Reader(embedder, reranker)
     if tool == "cognitive_search_events":
         request = _validate(EventSearch, {**arguments, "context": conversation})
         return (await reader.search_events(session, tenant, request)).model_dump(mode="json")

@@ -14,6 +14,7 @@ no extension for them: the application turns text into terms and stores them as 
 
 from __future__ import annotations
 
+import difflib
 import re
 import unicodedata
 from collections import Counter
@@ -46,6 +47,7 @@ _MAX_TOKEN = 40
 _MAX_POSITIONS = 256
 _MAX_POSITION = 16383
 
+_NUMBER = re.compile(r"\d+")
 _VOWEL = re.compile(r"[aeiouy]")
 _DOUBLE = re.compile(r"([bfgmnprt])\1$")
 
@@ -168,4 +170,19 @@ def names_in(query: str, name: str | None) -> bool:
     return any(
         len(part) >= 3 and part not in ENGLISH_STOPWORDS and part in words
         for part in (w.split("'")[0] for w in _TOKEN.findall(folded))
+    )
+
+
+def near_duplicate(a: str, b: str, cosine: float, threshold: float) -> bool:
+    """The same statement: equal once spacing and punctuation go, or very close in meaning
+    AND in wording with the same numbers. Meaning alone is not enough: small embedding models
+    put "likes cats" and "likes dogs" (or two cities) within a few hundredths of each other,
+    and one digit apart ("2026-03-01" and "2026-03-05") is another fact in the same words."""
+    left, right = compact(a), compact(b)
+    if left == right:
+        return True
+    return (
+        cosine >= threshold
+        and _NUMBER.findall(left) == _NUMBER.findall(right)
+        and difflib.SequenceMatcher(None, left, right).ratio() >= 0.9
     )

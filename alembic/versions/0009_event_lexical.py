@@ -1,0 +1,85 @@
+"""Event lexical search: each event's segmented terms as a tsvector with a GIN index.
+
+Events are short absolute sentences ("2025-03-02 小明在杭州西湖划船"): a name, a place or a
+rare word in the query is strong evidence that the embedding alone may rank too low, and
+Chinese needs the application's segmentation (service.retrieval.terms) to match at all.
+
+Revision ID: 0009
+Revises: 0008
+Create Date: 2026-11-22 03:00:00.000000
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+from sqlalchemy.dialects import postgresql
+
+from service.retrieval.terms import terms, to_tsvector_literal
+
+revision: str = "0009"
+down_revision: str | None = "0008"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+# Existing events are segmented here, in batches, by the same code as at write time.
+_BATCH = 5000
+
+_PAGE = sa.text(
+    """
+    SELECT tenant_id, id, text FROM events
+    WHERE (tenant_id, id) > (:tenant_id, :id)
+    ORDER BY tenant_id, id
+    LIMIT :limit
+    """
+)
+
+_FILL = sa.text(
+    """
+    UPDATE events AS e SET lexical = v.lexical
+    FROM unnest(CAST(:tenants AS uuid[]), CAST(:ids AS text[]), CAST(:lexicals AS tsvector[]))
+         AS v(tenant_id, id, lexical)
+    WHERE e.tenant_id = v.tenant_id AND e.id = v.id
+    """
+)
+
+
+def _backfill() -> None:
+    bind = op.get_bind()
+    last = {"tenant_id": "00000000-0000-0000-0000-000000000000", "id": ""}
+    while True:
+        rows = bind.execute(_PAGE, {**last, "limit": _BATCH}).all()
+        if not rows:
+            break
+        bind.execute(
+            _FILL,
+            {
+                "tenants": [r.tenant_id for r in rows],
+                "ids": [r.id for r in rows],
+                "lexicals": [to_tsvector_literal(terms(r.text)) for r in rows],
+            },
+        )
+        last = {"tenant_id": rows[-1].tenant_id, "id": rows[-1].id}
+
+
+def upgrade() -> None:
+    op.add_column(
+        "events",
+        sa.Column(
+            "lexical",
+            postgresql.TSVECTOR(),
+            server_default=sa.text("''::tsvector"),
+            nullable=False,
+        ),
+    )
+    _backfill()
+    op.create_index(
+        "ix_events_lexical", "events", ["lexical"], unique=False, postgresql_using="gin"
+    )
+
+
+def downgrade() -> None:
+    op.drop_index("ix_events_lexical", table_name="events", postgresql_using="gin")
+    op.drop_column("events", "lexical")

@@ -1,0 +1,200 @@
+"""Ranking events for a turn or a tool call: hybrid candidates, time decay, rerank, no twins.
+
+1. Candidates from both sides, under the same hard filters: the exact nearest events by
+   meaning (``nearest_events``) and the best lexical matches by BM25 over the application's
+   Chinese/English terms (``lexical_events``), each ``top_k × rerank_candidate_multiplier``.
+2. Fusion on the similarity scale, so that the seeds' thresholds keep their meaning: an
+   event's relevance is its cosine similarity, and lexical evidence closes a share
+   (``lexical_weight``) of the gap to 1, in proportion to its BM25 against the best match's.
+   Without a lexical match the relevance is exactly the similarity.
+3. The seeds' time decay, ``final = relevance × (1 + boost × 0.5^(age / half_life))`` for
+   events with ``sim ≥ time_decay_min_similarity``.
+4. With a reranker configured (and ``enable_rerank``), its relevance replaces the fused one
+   for the candidates, decayed the same way; if it fails or is slow, step 3's order stands.
+5. Near-duplicates (the same statement recorded twice on one day) are dropped, the better
+   one kept.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from service.events import repository as events
+from service.llm.base import LLMError
+from service.llm.rerank import Reranker
+from service.retrieval.fusion import scale_by_max, similarity, time_decayed
+from service.retrieval.terms import near_duplicate, query_terms
+from service.settings import QuerySettings
+
+log = logging.getLogger(__name__)
+
+# Two events this close in meaning AND wording are one statement (see near_duplicate).
+DUPLICATE_COSINE = 0.97
+# Long queries (a batch of messages) keep their most telling terms, at a bounded cost.
+MAX_QUERY_TERMS = 64
+
+
+@dataclass
+class RankedEvent:
+    """An event row with how it ranked."""
+
+    row: dict[str, Any]
+    similarity: float
+    lexical: float
+    relevance: float
+    score: float = 0.0
+
+
+@dataclass(frozen=True)
+class EventQuery:
+    """One ranked event search: the text, its vector, the filters, how many, which decay."""
+
+    text: str
+    vector: np.ndarray[Any, Any]
+    conversation_keys: list[str]
+    top_k: int
+    half_life_days: float
+    time_from: datetime | None = None
+    time_to: datetime | None = None
+
+
+def fuse(
+    dense: list[dict[str, Any]], lexical: list[dict[str, Any]], lexical_weight: float
+) -> list[RankedEvent]:
+    """One candidate per event: similarity from the exact distance, lexical evidence from
+    BM25 relative to the best lexical match, relevance ``sim + w × lex × (1 - sim)``."""
+    by_id: dict[str, RankedEvent] = {}
+    for row in dense + lexical:
+        if row["id"] not in by_id:
+            distance = row.get("distance")
+            sim = similarity(float(distance)) if distance is not None else 0.0
+            by_id[row["id"]] = RankedEvent(row=row, similarity=sim, lexical=0.0, relevance=sim)
+    for row, lex in zip(lexical, scale_by_max([float(r["bm25"]) for r in lexical]), strict=True):
+        event = by_id[row["id"]]
+        event.lexical = lex
+        event.relevance = event.similarity + lexical_weight * lex * (1.0 - event.similarity)
+    return list(by_id.values())
+
+
+def decay_scores(
+    candidates: list[RankedEvent], now: datetime, half_life_days: float, q: QuerySettings
+) -> None:
+    """Set each candidate's final score: its relevance with the seeds' time decay."""
+    for event in candidates:
+        if not q.time_decay_enabled:
+            event.score = event.relevance
+            continue
+        event.score = time_decayed(
+            event.relevance,
+            event.similarity,
+            (now - event.row["occurred_at"]).total_seconds(),
+            half_life_days=half_life_days,
+            boost=q.time_decay_boost,
+            min_similarity=q.time_decay_min_similarity,
+        )
+
+
+def without_duplicates(ranked: list[RankedEvent], k: int) -> list[RankedEvent]:
+    """The first ``k`` events, skipping any that repeats one already kept."""
+    kept: list[tuple[RankedEvent, np.ndarray[Any, Any] | None]] = []
+    for event in ranked:
+        if len(kept) == k:
+            break
+        vector = _unit(event.row.get("embedding"))
+        if any(
+            _same_day(event.row, other.row)
+            and near_duplicate(
+                event.row["text"],
+                other.row["text"],
+                float(vector @ other_vector)
+                if vector is not None and other_vector is not None
+                else 0.0,
+                DUPLICATE_COSINE,
+            )
+            for other, other_vector in kept
+        ):
+            continue
+        kept.append((event, vector))
+    return [event for event, _ in kept]
+
+
+async def rank_events(
+    session: AsyncSession,
+    tenant_id: Any,
+    search: EventQuery,
+    q: QuerySettings,
+    now: datetime,
+    reranker: Reranker | None = None,
+    warnings: list[str] | None = None,
+) -> list[RankedEvent]:
+    """The ``top_k`` best events for the query under the hard filters, best first."""
+    if search.top_k <= 0:
+        return []
+    pool = search.top_k * max(q.rerank_candidate_multiplier, 1)
+    filters = (search.time_from, search.time_to)
+    dense = await events.nearest_events(
+        session, tenant_id, search.conversation_keys, search.vector, pool, *filters
+    )
+    lexical: list[dict[str, Any]] = []
+    if q.lexical_weight > 0:
+        lexical = await events.lexical_events(
+            session,
+            tenant_id,
+            search.conversation_keys,
+            query_terms(search.text, MAX_QUERY_TERMS),
+            search.vector,
+            pool,
+            *filters,
+        )
+    candidates = fuse(dense, lexical, q.lexical_weight)
+    decay_scores(candidates, now, search.half_life_days, q)
+    candidates.sort(key=lambda e: (-e.score, e.row["id"]))
+    if reranker is not None and q.enable_rerank and candidates:
+        await _rerank(reranker, search, candidates, now, q, warnings)
+    return without_duplicates(candidates, search.top_k)
+
+
+async def _rerank(
+    reranker: Reranker,
+    search: EventQuery,
+    candidates: list[RankedEvent],
+    now: datetime,
+    q: QuerySettings,
+    warnings: list[str] | None,
+) -> None:
+    try:
+        relevance = await reranker.rerank(search.text, [e.row["text"] for e in candidates])
+    except LLMError as exc:
+        log.warning("reranking skipped: %s", exc)
+        if warnings is not None:
+            warnings.append("the reranker did not answer; results are in fused order")
+        return
+    for event, value in zip(candidates, relevance, strict=False):
+        event.relevance = value
+    # Candidates beyond what the reranker took (max_documents) rank after its picks.
+    for event in candidates[len(relevance) :]:
+        event.relevance = 0.0
+    decay_scores(candidates, now, search.half_life_days, q)
+    candidates.sort(key=lambda e: (-e.score, e.row["id"]))
+
+
+def _same_day(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    # The same words on two days are two happenings (a weekly meeting), not one repeated.
+    at, other = a.get("occurred_at"), b.get("occurred_at")
+    return at is None or other is None or at.date() == other.date()
+
+
+def _unit(vector: Any) -> np.ndarray[Any, Any] | None:
+    if vector is None:
+        return None
+    if hasattr(vector, "to_numpy"):  # pgvector's Vector, as the driver returns it
+        vector = vector.to_numpy()
+    array = np.asarray(vector, dtype=np.float32).ravel()
+    norm = float(np.linalg.norm(array))
+    return array / norm if norm > 0 else None
