@@ -59,6 +59,29 @@ COLUMNS = (
 )  # fmt: skip
 
 
+# Event texts vary like a chat's: a place, an activity and a mood each shared by a fraction of
+# a group's events, so that a query word matches some events of a group, not all of them.
+PLACES = (
+    "杭州西湖", "上海外滩", "北京故宫", "成都宽窄巷子", "公司楼下的咖啡馆", "学校图书馆",
+    "家附近的公园", "深圳湾", "南京夫子庙", "西安城墙", "武汉东湖", "广州塔", "超市",
+    "健身房", "电影院", "火锅店", "海边", "山里", "医院", "机场",
+)  # fmt: skip
+ACTIVITIES = (
+    "划船", "拍照", "跑步", "吃火锅", "看电影", "写代码", "读小说", "遛狗", "买菜", "开会",
+    "弹吉他", "打羽毛球", "学日语", "做蛋糕", "钓鱼", "爬山", "逛书店", "打游戏", "喝奶茶",
+    "修自行车", "面试", "搬家", "看展览", "练瑜伽",
+)  # fmt: skip
+MOODS = (
+    "心情很好",
+    "有点累",
+    "说下次还要去",
+    "拍了很多照片",
+    "和朋友一起",
+    "遇到了老同学",
+    "迟到了",
+)
+
+
 def percentiles(samples: list[float]) -> str:
     ordered = sorted(samples)
     pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000  # noqa: E731
@@ -115,7 +138,10 @@ def records(
         key = keys[group]
         at = START + timedelta(seconds=float(seconds[offset]))
         sender = str(10000 + n % 997)
-        words = f"成员{sender}在群{key[2:]}说：周末想去杭州西湖划船，顺便看看第{n}家书店"
+        words = (
+            f"{at:%Y-%m-%d} 成员{sender}在{PLACES[n % len(PLACES)]}"
+            f"{ACTIVITIES[(n // len(PLACES)) % len(ACTIVITIES)]}，{MOODS[n % len(MOODS)]}"
+        )
         meta = {
             "tenant_id": str(tenant), "request_id": f"r{n}", "end_seq": 1,
             "timestamp_utc": at.isoformat(), "timestamp_local": at.isoformat(),

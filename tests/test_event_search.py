@@ -4,6 +4,7 @@ range asked for, checked against brute force."""
 from __future__ import annotations
 
 import asyncio
+import math
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -11,10 +12,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from sqlalchemy import text
 
 from service.db.engine import Database
 from service.db.migrate import upgrade_to_head
 from service.errors import Invalid
+from service.events import repository as events_repository
 from service.events.repository import nearest_events, upsert_events
 from service.settings import Settings
 from service.tenants.service import create_tenant
@@ -288,3 +291,39 @@ async def test_vectors_too_wide_for_the_index_are_still_searched_exactly(
             assert [e["id"] for e in found] == corpus.brute_force(tenant, ["g:1"], query, 10)
     finally:
         await db.dispose()
+
+
+async def test_lexical_search_skips_terms_common_to_many_events(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rng = np.random.default_rng(23)
+    tenant, other = await new_tenant_id(db, "acme"), await new_tenant_id(db, "other")
+    rows = [
+        {**event_row(tenant, f"e{n}", "g:1", START + timedelta(hours=n), v), "text": text}
+        for n, (v, text) in enumerate(
+            zip(
+                unit(rng, 300),
+                ["张三的猫阿福打翻了鱼缸"] + [f"大家在西湖边散步，第{n}次" for n in range(299)],
+                strict=True,
+            )
+        )
+    ]
+    async with db.tenant(tenant) as session:
+        await upsert_events(session, rows)
+    async with db.tenant(other) as session:
+        await upsert_events(session, [{**rows[0], "tenant_id": other}])
+    async with db.system() as session:
+        await session.execute(text("ANALYZE events"))
+    monkeypatch.setattr(events_repository, "_common", (-math.inf, frozenset()))
+    async with db.tenant(tenant) as session:
+        common = await events_repository.common_terms(session)
+        assert {"西湖", "散步"} <= common and "阿福" not in common and "鱼缸" not in common
+        query = unit(rng, 1)[0]
+        found = await events_repository.lexical_events(
+            session, tenant, ["g:1"], ["阿福", "湖边"], query, 5
+        )
+    # "阿福" is inside an unsegmented sentence; the other tenant's copy never shows up.
+    assert [r["id"] for r in found][:1] == ["e0"]
+    assert found[0]["bm25"] > found[-1]["bm25"] > 0
+    assert all(r["conversation_key"] == "g:1" for r in found)
+    assert found[0]["distance"] == pytest.approx(1 - float(rows[0]["embedding"] @ query), abs=1e-5)

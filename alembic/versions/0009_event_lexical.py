@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
+from service.db.engine import APP_ROLE
 from service.retrieval.terms import terms, to_tsvector_literal
 
 revision: str = "0009"
@@ -64,6 +65,25 @@ def _backfill() -> None:
         last = {"tenant_id": rows[-1].tenant_id, "id": rows[-1].id}
 
 
+# Terms in more than a small share of all events say little and match thousands of rows, so
+# the read path leaves them out of its lexical search. PostgreSQL already counts them: the
+# most common elements of the column in pg_stats (kept by ANALYZE). The app role cannot read
+# the statistics of a table under row-level security, so this function, run as the owner,
+# hands out only terms and table-wide frequencies, never a row.
+_COMMON_TERMS = """
+CREATE FUNCTION memoria_common_event_terms(min_frequency float8)
+RETURNS TABLE (term text, frequency float8)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+    SELECT e.term, e.frequency::float8
+    FROM pg_stats s,
+         unnest(s.most_common_elems::text::text[], s.most_common_elem_freqs)
+             AS e(term, frequency)
+    WHERE s.schemaname = 'public' AND s.tablename = 'events' AND s.attname = 'lexical'
+      AND e.term IS NOT NULL AND e.frequency >= min_frequency
+$$
+"""
+
+
 def upgrade() -> None:
     op.add_column(
         "events",
@@ -78,8 +98,11 @@ def upgrade() -> None:
     op.create_index(
         "ix_events_lexical", "events", ["lexical"], unique=False, postgresql_using="gin"
     )
+    op.execute(_COMMON_TERMS)
+    op.execute(f"GRANT EXECUTE ON FUNCTION memoria_common_event_terms(float8) TO {APP_ROLE}")
 
 
 def downgrade() -> None:
+    op.execute("DROP FUNCTION memoria_common_event_terms(float8)")
     op.drop_index("ix_events_lexical", table_name="events", postgresql_using="gin")
     op.drop_column("events", "lexical")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 import uuid
 from datetime import datetime
 from functools import cache
@@ -255,20 +256,49 @@ async def nearest_events(
 
 
 # Lexical candidates: events of the conversations holding any query term (the GIN index),
-# scored by BM25. The collection is the filtered events (an index-only count); lengths are
-# normalized by the mean over the matching events, which for short one-sentence events is
-# close to the collection's and costs nothing extra.
+# scored by BM25. At most :max_matches matching events are scored: the terms asked for are
+# the informative ones (see common_terms), so a conversation rarely holds more, and past it
+# the cost stays bounded (lexical evidence is a ranking signal; exactness is the dense
+# side's). The collection is the filtered events (an index-only count); lengths are
+# normalized by the mean over the matching events, close to the collection's for short
+# one-sentence events and free.
+MAX_LEXICAL_MATCHES = 2000
+# A term in at least this share of all events is left out of lexical search (it would match
+# thousands of events of a busy group and barely tell them apart: idf about ln(1/share)).
+COMMON_TERM_SHARE = 0.01
+_COMMON_TTL_SECONDS = 300.0
+_common: tuple[float, frozenset[str]] = (-math.inf, frozenset())
+
+
+async def common_terms(session: AsyncSession) -> frozenset[str]:
+    """Terms in at least COMMON_TERM_SHARE of all events, by the table's statistics (cached
+    for a few minutes: they change only as ANALYZE runs)."""
+    global _common
+    checked, terms_ = _common
+    if time.monotonic() - checked < _COMMON_TTL_SECONDS:
+        return terms_
+    rows = await session.execute(
+        text("SELECT term FROM memoria_common_event_terms(:share)"), {"share": COMMON_TERM_SHARE}
+    )
+    _common = (time.monotonic(), frozenset(r.term for r in rows))
+    return _common[1]
+
+
 @cache
 def _lexical(time_from: bool, time_to: bool) -> TextClause:
     return text(
         f"""
-        WITH hits AS MATERIALIZED (
-            SELECT e.id, t.lexeme AS term, coalesce(cardinality(t.positions), 1) AS tf,
-                   length(e.lexical) AS length
-            FROM events e, unnest(e.lexical) t
+        WITH matched AS MATERIALIZED (
+            SELECT e.id, e.lexical FROM events e
             WHERE {_filters("e", time_from, time_to)}
               AND e.lexical @@ CAST(:tsquery AS tsquery)
-              AND t.lexeme = ANY(CAST(:terms AS text[]))
+            LIMIT :max_matches
+        ),
+        hits AS MATERIALIZED (
+            SELECT m.id, t.lexeme AS term, coalesce(cardinality(t.positions), 1) AS tf,
+                   length(m.lexical) AS length
+            FROM matched m, unnest(m.lexical) t
+            WHERE t.lexeme = ANY(CAST(:terms AS text[]))
         ),
         stats AS (
             SELECT greatest(count(*), 1)::float8 AS documents,
@@ -327,6 +357,7 @@ async def lexical_events(
         "limit": limit,
         "k1": k1,
         "b": b,
+        "max_matches": MAX_LEXICAL_MATCHES,
     }
     if time_from is not None:
         params["time_from"] = time_from

@@ -3,6 +3,8 @@
 1. Candidates from both sides, under the same hard filters: the exact nearest events by
    meaning (``nearest_events``) and the best lexical matches by BM25 over the application's
    Chinese/English terms (``lexical_events``), each ``top_k × rerank_candidate_multiplier``.
+   Terms common to many events (by PostgreSQL's statistics) are left out of the lexical
+   side: they match too much and tell too little.
 2. Fusion on the similarity scale, so that the seeds' thresholds keep their meaning: an
    event's relevance is its cosine similarity, and lexical evidence closes a share
    (``lexical_weight``) of the gap to 1, in proportion to its BM25 against the best match's.
@@ -143,11 +145,12 @@ async def rank_events(
     )
     lexical: list[dict[str, Any]] = []
     if q.lexical_weight > 0:
+        common = await events.common_terms(session)
         lexical = await events.lexical_events(
             session,
             tenant_id,
             search.conversation_keys,
-            query_terms(search.text, MAX_QUERY_TERMS),
+            [t for t in query_terms(search.text, MAX_QUERY_TERMS) if t not in common],
             search.vector,
             pool,
             *filters,
