@@ -8,7 +8,7 @@ ids, content hashes), so a second run finds everything and adds nothing.
 
 Failed jobs are queued again like pending ones: the bot gave up on them because its LLM or
 embedder failed, and this historian never drops a job (its last attempt stores the rule
-rewrite). Their old error is counted in the summary.
+rewrite). The summary counts them apart.
 """
 
 from __future__ import annotations
@@ -162,13 +162,13 @@ class _Writer:
                     f"the tenant already has another profile of {key.describe()}; left as it is",
                 )
             return
+        keep = self.settings.cognitive.profile.revision_keep
         self.report.imported["profiles"] += 1
-        self.report.imported["revisions"] += len(history.versions) - 1
+        self.report.imported["revisions"] += min(len(history.versions) - 1, keep)
         if self.dry_run:
             return
         profiles = [parse(v.document, expected=key) for v in history.versions]
         [vector] = await self.embedder.passages([profiles[-1].body])
-        keep = self.settings.cognitive.profile.revision_keep
         async with self.db.tenant(self.tenant_id) as session:
             version: int | None = None
             for n, (source, profile) in enumerate(zip(history.versions, profiles, strict=True)):
