@@ -1,4 +1,4 @@
-"""The ``memoria`` command: serve, worker, migrate, tenants, keys, jobs, export, mcp."""
+"""The ``memoria`` command: serve, worker, migrate, tenants, keys, jobs, export, import, mcp."""
 
 from __future__ import annotations
 
@@ -59,6 +59,23 @@ def _parser() -> argparse.ArgumentParser:
     subject.add_argument("--user", help="a person's user id (JSON document)")
     subject.add_argument("--group", help="a group id (JSON document)")
     export.add_argument("--out", required=True, help="file to write (NDJSON for a whole tenant)")
+
+    imports = commands.add_parser(
+        "import", help="import another memory system's data into a tenant (idempotent)"
+    )
+    imports.add_argument(
+        "format", choices=["undefined"], help="undefined: the original bot's data directory"
+    )
+    imports.add_argument("data_dir", help="the bot's data/ directory")
+    imports.add_argument("--tenant", required=True, help="tenant id")
+    imports.add_argument("--dry-run", action="store_true", help="read and count, write nothing")
+    imports.add_argument(
+        "--events", help="a JSON export of the bot's ChromaDB events (default: found in DATA_DIR)"
+    )
+    imports.add_argument(
+        "--memo-conversation",
+        help="group:ID or private:ID for end_summaries.json entries that name no conversation",
+    )
 
     mcp = commands.add_parser(
         "mcp", help="serve the memory tools over the Model Context Protocol, for one API key"
@@ -283,6 +300,55 @@ async def _export(db: Database, settings: Settings, args: argparse.Namespace) ->
     print(f"\rexported {items} items, {written / 1e6:.2f} MB to {args.out}", file=sys.stderr)
 
 
+async def _import(db: Database, settings: Settings, args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from service.embedding import build_embedder
+    from service.importer.coerce import parse_chat
+    from service.importer.service import import_undefined
+
+    try:
+        tenant_id = uuid.UUID(args.tenant)
+    except ValueError:
+        raise MemoriaError(f"not a tenant id: {args.tenant}") from None
+    memo_chat = parse_chat(args.memo_conversation) if args.memo_conversation else None
+    embedder = build_embedder(settings.models.embedding)
+    try:
+        report = await import_undefined(
+            db,
+            settings,
+            embedder,
+            tenant_id,
+            Path(args.data_dir),
+            dry_run=args.dry_run,
+            events_file=Path(args.events) if args.events else None,
+            memo_chat=memo_chat,
+            progress=ProgressBar(),
+        )
+    finally:
+        await embedder.close()
+    print(report.summary())
+
+
+class ProgressBar:
+    """A plain-text progress bar on stderr, one line per stage."""
+
+    WIDTH = 30
+
+    def __init__(self) -> None:
+        self._shown: tuple[str, int] | None = None
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        """Show ``done`` of ``total`` for a stage (redrawn only when the bar moves)."""
+        filled = self.WIDTH * done // total if total else self.WIDTH
+        if self._shown == (stage, filled) and done < total:
+            return
+        self._shown = (stage, filled)
+        bar = "#" * filled + "." * (self.WIDTH - filled)
+        end = "\n" if done >= total else ""
+        print(f"\r{stage:<9} [{bar}] {done}/{total}", end=end, file=sys.stderr, flush=True)
+
+
 _ADMIN: dict[
     tuple[str, Any], Callable[[Database, Settings, argparse.Namespace], Awaitable[None]]
 ] = {
@@ -292,6 +358,7 @@ _ADMIN: dict[
     ("keys", "revoke"): _keys_revoke,
     ("jobs", None): _jobs,
     ("export", None): _export,
+    ("import", None): _import,
 }
 
 if __name__ == "__main__":

@@ -62,3 +62,21 @@ async def recent_memos(
         "before": before,
     }
     return [dict(r._mapping) for r in await session.execute(_RECENT, params)]
+
+
+# A memo from elsewhere (an import): idempotent by (request_id, end_seq) like the hot path's.
+_RECORD_MEMO = text(
+    """
+    INSERT INTO memos (tenant_id, conversation_key, request_type, group_id, user_id, sender_id,
+                       request_id, end_seq, memo, said_at)
+    VALUES (:tenant_id, :conversation_key, :request_type, :group_id, :user_id, :sender_id,
+            :request_id, :end_seq, :memo, :said_at)
+    ON CONFLICT (tenant_id, request_id, end_seq) DO NOTHING
+    RETURNING id
+    """
+)
+
+
+async def record_memo(session: AsyncSession, row: dict[str, Any]) -> bool:
+    """Add one memo; False when a memo of that (request_id, end_seq) is already there."""
+    return (await session.execute(_RECORD_MEMO, row)).first() is not None

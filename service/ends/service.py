@@ -42,6 +42,11 @@ def event_ids(request_id: str, end_seq: int, observations: int, memo: bool) -> l
     return [*ids, f"{base}:memo"] if memo else ids
 
 
+def dedupe_key(request_id: str, end_seq: int) -> str:
+    """The historian job's dedupe key: one job per (request_id, end_seq)."""
+    return f"end:{request_id}:{end_seq}"
+
+
 async def accept_end(
     db: Database, tenant: TenantContext, request: EndRequest, settings: Settings
 ) -> EndAccepted:
@@ -89,7 +94,7 @@ async def accept_end(
             END_JOB,
             json.dumps(payload, ensure_ascii=False),
             settings.cognitive.queue.job_max_retries + 1,
-            f"end:{request.request_id}:{request.end_seq}",
+            dedupe_key(request.request_id, request.end_seq),
             enqueue,
         )
     base: dict[str, Any] = {

@@ -194,6 +194,23 @@ class TenantContext:
         return bool(self.overrides.get("cognitive", {}).get("enabled", default))
 
 
+async def tenant_context(
+    session: AsyncSession, tenant_id: uuid.UUID, settings: Settings
+) -> TenantContext:
+    """The settings in force for a tenant outside any request (the command line's imports)."""
+    tenant = await repository.get_tenant(session, tenant_id)
+    if tenant is None:
+        raise NotFound(f"no tenant {tenant_id}")
+    return TenantContext(
+        tenant_id=tenant.id,
+        tenant_name=tenant.name,
+        key_id=None,
+        key_prefix=None,
+        overrides=dict(tenant.settings or {}),
+        defaults=settings,
+    )
+
+
 class Authenticator:
     """Checks bearer keys; caches good keys briefly so a request costs no extra round trip.
 

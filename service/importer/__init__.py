@@ -1,0 +1,1 @@
+"""Bringing another memory system's data into a tenant (``memoria import``)."""
