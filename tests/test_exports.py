@@ -3,14 +3,17 @@ pruned after its retention, and gone with an erasure of the person in it."""
 
 from __future__ import annotations
 
+import io
 import json
 from typing import Any
 
 import asyncpg
+import httpx
 import pytest
 
 from service.app import create_app
 from service.audit import service as audit
+from service.client import MemoriaClient, SyncMemoriaClient
 from service.exports import service as exports
 from service.runtime import Runtime
 from tests.conftest import (
@@ -24,6 +27,7 @@ from tests.conftest import (
     until_finished,
     wait_for,
 )
+from tests.served import create_tenant, served
 from tests.test_privacy import NAME, VICTIM, leftovers, populate
 
 
@@ -134,13 +138,37 @@ async def test_exports_expire_and_are_pruned(db_url: str) -> None:
         await until_finished(client, tenant, response.json()["job_id"])
         url = response.json()["export_url"]
         assert (await client.get(url, headers=tenant.headers)).status_code == 200
+        # The Python client waits for the job and streams what it wrote.
+        transport = httpx.ASGITransport(app=client.app)
+        async with MemoriaClient("http://memoria.test", tenant.key, transport=transport) as api:
+            out = io.BytesIO()
+            written = await api.export_user(VICTIM, out)
+        assert written == len(out.getvalue())
+        assert json.loads(out.getvalue())["subject"] == {"kind": "user", "id": VICTIM}
         conn = await asyncpg.connect(plain_dsn(db_url))
         try:
             await conn.execute("UPDATE exports SET expires_at = now() - interval '1 second'")
             # Past its retention it cannot be fetched, even before the prune runs.
             assert (await client.get(url, headers=tenant.headers)).status_code == 404
-            assert await exports.prune(_runtime(client).db) == 1
+            assert await exports.prune(_runtime(client).db) == 2
             assert await conn.fetchval("SELECT count(*) FROM exports") == 0
             assert await conn.fetchval("SELECT count(*) FROM export_chunks") == 0
         finally:
             await conn.close()
+
+
+def test_the_blocking_client_waits_for_a_large_export(db_url: str) -> None:
+    settings = make_settings(db_url, export_sync_limit=0, cognitive={"queue": FAST_QUEUE})
+    with served(settings) as base_url, SyncMemoriaClient(base_url, create_tenant(base_url)) as api:
+        api.store_messages(
+            {
+                "request_type": "group",
+                "group_id": "g7",
+                "messages": [{"message_id": "1", "sender_id": VICTIM, "text": "我家住在姑苏城外"}],
+            }
+        )
+        out = io.BytesIO()
+        written = api.export_group("g7", out)
+        assert written == len(out.getvalue())
+        assert json.loads(out.getvalue())["manifest"]["counts"]["messages"] == 1
+        assert api.list_jobs().jobs[0].kind == exports.EXPORT_JOB  # it did go through a job
