@@ -93,7 +93,7 @@ def _cpu_seconds(pid: int) -> float:
 async def test_a_worker_process_survives_a_database_restart_and_retries_its_job(
     llm: FakeLLM, tmp_path: Path
 ) -> None:
-    rewrite_delay, outage = 3.0, 6.0
+    rewrite_delay, outage = 4.0, 7.0
 
     def rewrite(place: str) -> Reply:
         return tool(
