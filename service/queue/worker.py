@@ -116,9 +116,10 @@ class Outage:
         if self.failures == 1:
             self.since = time.monotonic()
             log.warning(
-                "worker %s: %s: database unavailable (%s); retrying with backoff",
+                "worker %s: %s: %s (%s); retrying with backoff",
                 self.worker,
                 self.loop,
+                "database unavailable" if expected else "unexpected error",
                 exc,
                 exc_info=None if expected else exc,
             )
