@@ -14,6 +14,7 @@ from service.audit.routes import audit_log
 from service.audit.service import audit_middleware
 from service.ends.routes import EndController
 from service.events.routes import EventController
+from service.exports.routes import AdminExportController, ExportController
 from service.guard import shedding_middleware
 from service.health.routes import healthz, metrics, readyz
 from service.http import (
@@ -72,6 +73,7 @@ def create_app(
             TodoController,
             RecallController,
             PrivacyController,
+            ExportController,
         ],
         dependencies={
             "tenant": Provide(provide_tenant),
@@ -85,6 +87,7 @@ def create_app(
             metrics,
             AdminController,
             TenantPrivacyController,
+            AdminExportController,
             audit_log,
             v1,
         ],

@@ -206,10 +206,16 @@ async def _worker(settings: Settings, args: argparse.Namespace) -> int:
     assert task is not None
     waiter = asyncio.create_task(stopped.wait())
     await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    # The loop outlives database outages; if it ended on its own, something is broken: exit
+    # non-zero so that a supervisor restarts the process and the failure is seen.
+    died = task.done() and not stopped.is_set()
+    if died:
+        error = None if task.cancelled() else task.exception()
+        log.error("worker %s: the worker loop ended unexpectedly", worker.id, exc_info=error)
     log.info("worker %s: shutting down", worker.id)
     await runtime.close()
     waiter.cancel()
-    return 0
+    return 1 if died else 0
 
 
 async def _admin(settings: Settings, args: argparse.Namespace) -> int:

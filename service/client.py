@@ -663,6 +663,7 @@ class _Routes:
         """Stream everything held about a person (one JSON document) into ``out``.
 
         ``out`` is a binary file-like (``io.BytesIO()`` for bytes); returns the bytes written.
+        A large export is written by a job first: the call waits for it, then streams it.
         """
         return Call("GET", f"/v1/users/{_seg(user_id)}/export", _streamed, sink=out)
 
@@ -684,6 +685,20 @@ class _Routes:
 
 def _streamed(response: httpx.Response) -> int:
     return 0  # never called: a call with a sink returns the bytes it wrote
+
+
+# How long an export call waits for the job writing a large export.
+EXPORT_WAIT_SECONDS = 3600.0
+
+
+def _export_failed(job: JobInfo, request_id: str) -> MemoriaAPIError:
+    return MemoriaAPIError(
+        409,
+        "conflict",
+        f"the export's job {job.id} failed: {job.last_error}",
+        "export_id",
+        request_id,
+    )
 
 
 @dataclass
@@ -760,6 +775,16 @@ class MemoriaClient(_Routes):
                 raise TimeoutError(f"job {job_id} is still {job.status} after {timeout}s")
             await asyncio.sleep(interval)
 
+    async def _export_later(self, accepted: Any, call: Call[Any], request_id: str) -> int:
+        """A large export: wait for its job, then stream what it wrote."""
+        job = await self.wait_for_job(
+            int(accepted["job_id"]), timeout=EXPORT_WAIT_SECONDS, interval=0.5
+        )
+        if job.status != "done":
+            raise _export_failed(job, request_id)
+        fetch = Call("GET", str(accepted["export_url"]), _streamed, sink=call.sink)
+        return await self._once(fetch, request_id)
+
     async def _run(self, call: Call[T]) -> T:
         request_id = uuid.uuid4().hex
         attempt = 0
@@ -798,6 +823,11 @@ class MemoriaClient(_Routes):
                 await response.aread()
                 raise MemoriaAPIError.from_response(response)
             if call.sink is not None:
+                if response.status_code == 202:  # large: written by a job first
+                    await response.aread()
+                    return await self._export_later(  # type: ignore[return-value]  # Call[int]
+                        response.json(), call, request_id
+                    )
                 written = 0
                 async for chunk in response.aiter_bytes():
                     call.sink.write(chunk)
@@ -854,6 +884,14 @@ class SyncMemoriaClient(_Routes):
                 raise TimeoutError(f"job {job_id} is still {job.status} after {timeout}s")
             time.sleep(interval)
 
+    def _export_later(self, accepted: Any, call: Call[Any], request_id: str) -> int:
+        """A large export: wait for its job, then stream what it wrote."""
+        job = self.wait_for_job(int(accepted["job_id"]), timeout=EXPORT_WAIT_SECONDS, interval=0.5)
+        if job.status != "done":
+            raise _export_failed(job, request_id)
+        fetch = Call("GET", str(accepted["export_url"]), _streamed, sink=call.sink)
+        return self._once(fetch, request_id)
+
     def _run(self, call: Call[T]) -> T:
         request_id = uuid.uuid4().hex
         attempt = 0
@@ -891,6 +929,11 @@ class SyncMemoriaClient(_Routes):
                 response.read()
                 raise MemoriaAPIError.from_response(response)
             if call.sink is not None:
+                if response.status_code == 202:  # large: written by a job first
+                    response.read()
+                    return self._export_later(  # type: ignore[return-value]  # Call[int]
+                        response.json(), call, request_id
+                    )
                 written = 0
                 for chunk in response.iter_bytes():
                     call.sink.write(chunk)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from service.audit import service as audit
 from service.ends.service import END_JOB
+from service.exports import service as exports
 from service.historian.service import Historian
 from service.memories.upkeep import CONSOLIDATE_JOB, MAINTAIN_JOB, Upkeep
 from service.messages.service import EMBED_JOB, EXTRACT_JOB, Archivist
@@ -32,6 +33,7 @@ def handlers(runtime: Runtime) -> dict[str, JobHandler]:
         CONSOLIDATE_JOB: upkeep.run_consolidate,
         DELIVER_JOB: courier.run_deliver,
         ERASE_JOB: erase_handler(runtime),
+        exports.EXPORT_JOB: exports.ExportWriter(runtime.settings).run,
     }
 
 
@@ -47,6 +49,8 @@ def periodic(runtime: Runtime) -> list[Periodic]:
         Periodic("todo-delivery", check, courier.enqueue_due),
         Periodic("maintenance", min(maintenance, 300.0), upkeep.schedule_maintenance),
         Periodic("audit-prune", 3600.0, _audit_pruner(runtime)),
+        # Every few minutes, so an export outlives its retention by little.
+        Periodic("export-prune", 300.0, lambda: exports.prune(runtime.db)),
     ]
 
 

@@ -7,6 +7,7 @@ from service.db.base import Base
 from service.db.meta import MemoriaMeta
 from service.ends.models import Memo
 from service.events.models import Event
+from service.exports.models import Export, ExportChunk
 from service.memories.models import Memory, MemoryHistory
 from service.messages.models import Conversation, Message
 from service.privacy.models import Erasure
@@ -23,6 +24,8 @@ __all__ = [
     "Conversation",
     "Erasure",
     "Event",
+    "Export",
+    "ExportChunk",
     "Job",
     "Memo",
     "MemoriaMeta",

@@ -221,6 +221,12 @@ class Settings(BaseSettings):
     db_max_overflow: int = Field(10, ge=0, le=500)
     auth_cache_seconds: float = Field(2.0, ge=0)
     privacy_sync_limit: int = Field(5000, ge=0)
+    export_sync_limit: int = Field(
+        5000, ge=0, description="rows above which an export is written by a job, not streamed"
+    )
+    export_retention_hours: float = Field(
+        24.0, gt=0, description="how long a job's export can be fetched before it is pruned"
+    )
     audit_retention_days: float = Field(365.0, gt=0)
     rate_limit_per_second: float = Field(0.0, ge=0, description="per API key; 0 = off")
     rate_limit_burst: int = Field(100, ge=1)

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+from typing import IO
 
 import asyncpg
 import pytest
@@ -15,7 +16,10 @@ from tests.conftest import make_settings, new_tenant, plain_dsn, serve_app, wait
 from tests.fake_llm import FakeLLM, Reply, tool
 
 
-def start_worker(db_url: str, llm: FakeLLM) -> subprocess.Popen[bytes]:
+def start_worker(
+    db_url: str, llm: FakeLLM, log: IO[bytes] | None = None
+) -> subprocess.Popen[bytes]:
+    """A ``memoria worker`` process on this database and scripted model (logs to ``log``)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMORIA_")}
     env.update(
         MEMORIA_DATABASE_URL=db_url,
@@ -30,7 +34,7 @@ def start_worker(db_url: str, llm: FakeLLM) -> subprocess.Popen[bytes]:
         [sys.executable, "-m", "service", "worker"],
         env=env,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=log if log is not None else subprocess.DEVNULL,
     )
 
 

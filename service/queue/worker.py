@@ -8,6 +8,7 @@ import logging
 import os
 import random
 import socket
+import time
 import traceback
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -88,6 +89,57 @@ def retry_delay(attempt: int, base: float, cap: float) -> float:
     return float(random.uniform(ceiling / 2, ceiling))  # noqa: S311
 
 
+# The longest wait between two tries of an unreachable database (the wake-up on the LISTEN
+# connection's return usually ends a wait sooner).
+OUTAGE_BACKOFF_CAP = 5.0
+
+
+class Outage:
+    """Consecutive failures of one of the worker's database loops: an exponential backoff,
+    and one log line when the outage starts and one when it ends (not one per try)."""
+
+    def __init__(self, worker: str, loop: str, base: float, cap: float) -> None:
+        self.worker = worker
+        self.loop = loop
+        self.base = base
+        self.cap = cap
+        self.failures = 0
+        self.since = 0.0
+
+    def failed(self, exc: BaseException) -> float:
+        """Count a failed try; returns how long to wait before the next one."""
+        self.failures += 1
+        # A lost connection needs no traceback; anything else gets one.
+        expected = isinstance(
+            exc, Unavailable | OSError | asyncpg.PostgresError | asyncpg.InterfaceError
+        )
+        if self.failures == 1:
+            self.since = time.monotonic()
+            log.warning(
+                "worker %s: %s: %s (%s); retrying with backoff",
+                self.worker,
+                self.loop,
+                "database unavailable" if expected else "unexpected error",
+                exc,
+                exc_info=None if expected else exc,
+            )
+        else:
+            log.debug("worker %s: %s: still failing (%s)", self.worker, self.loop, exc)
+        return retry_delay(self.failures, self.base, self.cap)
+
+    def recovered(self) -> None:
+        """A try succeeded: say so once if an outage ends here."""
+        if self.failures:
+            log.info(
+                "worker %s: %s: database reachable again after %.1fs (%d failed tries)",
+                self.worker,
+                self.loop,
+                time.monotonic() - self.since,
+                self.failures,
+            )
+            self.failures = 0
+
+
 def listen_dsn(db: Database) -> str:
     """A plain asyncpg DSN for the listening connection (same server as the engine)."""
     url = db.engine.url.set(drivername="postgresql")
@@ -127,6 +179,7 @@ class Worker:
             asyncio.create_task(self._heartbeats(), name="worker-heartbeat"),
             *(asyncio.create_task(self._every(p), name=f"worker-{p.name}") for p in self._periodic),
         ]
+        outage = self._outage("queue")
         loops = 0
         try:
             while not self._stopping.is_set():
@@ -139,10 +192,12 @@ class Worker:
                     if interval and loops % interval == 0:
                         await self._prune()
                     claimed = await self._claim()
-                except (Unavailable, OSError, asyncpg.PostgresError) as exc:
-                    log.warning("worker %s: database unavailable (%s); retrying", self.id, exc)
-                    await self._sleep(min(5.0, self.poll_interval * 2))
+                except Exception as exc:
+                    # Whatever went wrong (mostly: the database is away), the worker stays
+                    # up and tries again later; jobs in hand go on meanwhile.
+                    await self._sleep(outage.failed(exc))
                     continue
+                outage.recovered()
                 if claimed == 0 or len(self._inflight) >= self.settings.concurrency:
                     await self._sleep(self.poll_interval)
         finally:
@@ -165,6 +220,11 @@ class Worker:
                 task.cancel()
             if still:
                 await asyncio.wait(still, timeout=5)
+
+    def _outage(self, loop: str) -> Outage:
+        return Outage(
+            self.id, loop, self.poll_interval, max(OUTAGE_BACKOFF_CAP, self.poll_interval)
+        )
 
     async def _sleep(self, seconds: float) -> None:
         self._wake.clear()
@@ -245,8 +305,14 @@ class Worker:
                     JOB_RETRIES.labels(job.kind).inc()
                 return
             except (Unavailable, OSError):
-                # The lease will expire and the job will be reclaimed; nothing is lost.
                 await asyncio.sleep(1)
+        # The lease will expire and the job will be reclaimed; nothing is lost.
+        log.warning(
+            "job %s (%s): its failure could not be recorded (database unavailable);"
+            " it runs again once its lease expires",
+            job.id,
+            job.kind,
+        )
 
     async def _release(self, job: ClaimedJob) -> None:
         with contextlib.suppress(Exception):
@@ -257,7 +323,7 @@ class Worker:
         async with self.db.system() as session:
             count = await repository.reclaim_expired(session)
         if count:
-            log.warning("requeued %d job(s) whose worker stopped without finishing", count)
+            log.warning("requeued %d job(s) whose lease ran out before they finished", count)
 
     async def _prune(self) -> None:
         async with self.db.system() as session:
@@ -271,6 +337,8 @@ class Worker:
             log.info("pruned %d finished job(s)", deleted)
 
     async def _heartbeats(self) -> None:
+        # Beats keep their pace through an outage, so leases renew as soon as it ends.
+        outage = self._outage("heartbeat")
         while True:
             await asyncio.sleep(self.settings.heartbeat_seconds)
             ids = list(self._inflight)
@@ -282,8 +350,9 @@ class Worker:
                         session, self.id, ids, self.settings.lease_seconds
                     )
             except Exception as exc:
-                log.warning("worker %s: heartbeat failed: %s", self.id, exc)
+                outage.failed(exc)
                 continue
+            outage.recovered()
             for job_id in set(ids) - held:
                 entry = self._inflight.get(job_id)
                 if entry is not None:
@@ -301,20 +370,21 @@ class Worker:
     async def _listen(self) -> None:
         """Keep a LISTEN connection open; reconnect when it drops. Polling covers the gaps."""
         dsn = listen_dsn(self.db)
+        outage = self._outage("LISTEN")
         while True:
             try:
                 if self._listener is None or self._listener.is_closed():
                     self._listener = await asyncpg.connect(dsn, timeout=10)
                     await self._listener.add_listener(CHANNEL, self._notified)
+                    outage.recovered()
                     self._wake.set()  # catch up on anything enqueued while we were away
                 await asyncio.sleep(5)
                 await self._listener.execute("SELECT 1")  # notices a dead connection
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.info("worker %s: LISTEN connection lost (%s); reconnecting", self.id, exc)
                 await self._close_listener()
-                await asyncio.sleep(min(5.0, self.poll_interval))
+                await asyncio.sleep(outage.failed(exc))
 
     def _notified(self, *_: Any) -> None:
         self._wake.set()

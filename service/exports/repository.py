@@ -1,0 +1,159 @@
+"""The SQL of exports: create, fill in chunks, finish, read back, prune, erase."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
+
+
+def _rowcount(result: Any) -> int:
+    return int(getattr(result, "rowcount", 0) or 0)
+
+
+# A pending export; it expires like a finished one, so an export whose job never runs is
+# pruned all the same.
+_CREATE = text(
+    """
+    INSERT INTO exports (tenant_id, kind, subject_hash, expires_at)
+    VALUES (:t, :kind, :hash, now() + make_interval(secs => :keep))
+    RETURNING id
+    """
+)
+
+
+async def create(
+    session: AsyncSession, tenant_id: uuid.UUID, kind: str, subject_hash: str, keep_seconds: float
+) -> int:
+    """A pending export; returns its id."""
+    params = {"t": tenant_id, "kind": kind, "hash": subject_hash, "keep": keep_seconds}
+    return int((await session.execute(_CREATE, params)).scalar_one())
+
+
+async def attach_job(
+    session: AsyncSession, tenant_id: uuid.UUID, export_id: int, job_id: int
+) -> None:
+    """Record the job that writes the export."""
+    await session.execute(
+        text("UPDATE exports SET job_id = :job WHERE tenant_id = :t AND id = :id"),
+        {"t": tenant_id, "id": export_id, "job": job_id},
+    )
+
+
+# Only a pending export takes chunks: a retried job starts from nothing (its earlier attempt
+# rolled back), and a ready export is never written twice.
+_PENDING = text(
+    "SELECT 1 FROM exports WHERE tenant_id = :t AND id = :id AND ready_at IS NULL FOR UPDATE"
+)
+
+
+async def lock_pending(session: AsyncSession, tenant_id: uuid.UUID, export_id: int) -> bool:
+    """Lock a pending export for writing; False when it is gone or already written."""
+    row = (await session.execute(_PENDING, {"t": tenant_id, "id": export_id})).first()
+    return row is not None
+
+
+async def append_chunk(
+    session: AsyncSession, tenant_id: uuid.UUID, export_id: int, seq: int, data: str
+) -> None:
+    """Store the next piece of the document."""
+    await session.execute(
+        text(
+            "INSERT INTO export_chunks (tenant_id, export_id, seq, data)"
+            " VALUES (:t, :id, :seq, :data)"
+        ),
+        {"t": tenant_id, "id": export_id, "seq": seq, "data": data},
+    )
+
+
+# Ready from now; the retention counts from when the document can be fetched.
+_FINISH = text(
+    """
+    UPDATE exports
+    SET ready_at = now(), size_bytes = :size, manifest = CAST(:manifest AS jsonb),
+        expires_at = now() + make_interval(secs => :keep)
+    WHERE tenant_id = :t AND id = :id AND ready_at IS NULL
+    """
+)
+
+
+async def finish(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    export_id: int,
+    size: int,
+    manifest: dict[str, int],
+    keep_seconds: float,
+) -> bool:
+    """Mark a written export ready; False when it was not pending."""
+    params = {
+        "t": tenant_id,
+        "id": export_id,
+        "size": size,
+        "manifest": json.dumps(manifest),
+        "keep": keep_seconds,
+    }
+    return _rowcount(await session.execute(_FINISH, params)) == 1
+
+
+# An expired export is as good as gone, even before the prune reaches it.
+_GET = text(
+    """
+    SELECT e.id, e.kind, e.job_id, e.size_bytes, e.manifest, e.created_at, e.ready_at,
+           e.expires_at, j.status AS job_status, j.last_error AS job_error
+    FROM exports AS e
+    LEFT JOIN jobs AS j ON j.tenant_id = e.tenant_id AND j.id = e.job_id
+    WHERE e.tenant_id = :t AND e.id = :id AND e.expires_at > now()
+    """
+)
+
+
+async def get(session: AsyncSession, tenant_id: uuid.UUID, export_id: int) -> dict[str, Any] | None:
+    """One unexpired export of a tenant, with the state of its job."""
+    row = (await session.execute(_GET, {"t": tenant_id, "id": export_id})).first()
+    return dict(row._mapping) if row is not None else None
+
+
+async def chunks(session: AsyncSession, tenant_id: uuid.UUID, export_id: int) -> AsyncIterator[str]:
+    """The document's pieces in order, from a server-side cursor."""
+    result = await session.stream(
+        text(
+            "SELECT data FROM export_chunks WHERE tenant_id = :t AND export_id = :id ORDER BY seq"
+        ),
+        {"t": tenant_id, "id": export_id},
+    )
+    async for row in result:
+        yield str(row.data)
+
+
+# Across tenants (the owning role): every export past its expiry, content included (cascade).
+_PRUNE = text("DELETE FROM exports WHERE expires_at <= now()")
+
+
+async def prune(session: AsyncSession) -> int:
+    """Delete expired exports; returns how many."""
+    return _rowcount(await session.execute(_PRUNE))
+
+
+# An erased subject's own exports, and any other export whose content names them.
+_ERASE = text(
+    """
+    DELETE FROM exports AS e
+    WHERE e.tenant_id = :t
+      AND (e.subject_hash = :hash
+           OR EXISTS (SELECT 1 FROM export_chunks AS c
+                      WHERE c.tenant_id = e.tenant_id AND c.export_id = e.id AND c.data ~ :p))
+    """
+)
+
+
+async def erase(
+    session: AsyncSession, tenant_id: uuid.UUID, subject_hash: str, pattern: str
+) -> int:
+    """Delete the exports of a subject and those mentioning them; returns how many."""
+    params = {"t": tenant_id, "hash": subject_hash, "p": pattern}
+    return _rowcount(await session.execute(_ERASE, params))

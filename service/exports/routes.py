@@ -1,0 +1,65 @@
+"""``/v1/exports/{id}`` and the admin's tenant exports: fetching what an export job wrote."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from litestar import Controller, Request, get
+from litestar.di import Provide
+from litestar.response import Stream
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from service.exports import service
+from service.http import RowId, errors, provide_admin, provide_system_session, runtime
+from service.tenants.service import TenantContext
+
+
+class ExportController(Controller):
+    """A tenant's exports that were too large to stream at once."""
+
+    path = "/v1/exports"
+    tags = ["privacy"]
+
+    @get("/{export_id:int}", media_type="application/json", responses=errors(404, 409))
+    async def fetch(
+        self,
+        request: Request[Any, Any, Any],
+        tenant: TenantContext,
+        session: AsyncSession,
+        export_id: RowId,
+    ) -> Stream:
+        """The export's document once its job finished; 409 while it is being written."""
+        export = await service.ready(session, tenant.tenant_id, export_id)
+        return Stream(
+            service.content(runtime(request).db, tenant.tenant_id, export_id),
+            media_type=service.media_type(export["kind"]),
+        )
+
+
+class AdminExportController(Controller):
+    """The admin's whole-tenant exports written by a job."""
+
+    path = "/admin/tenants"
+    tags = ["admin"]
+    dependencies = {"admin": Provide(provide_admin), "session": Provide(provide_system_session)}
+
+    @get(
+        "/{tenant_id:uuid}/exports/{export_id:int}",
+        media_type="application/x-ndjson",
+        responses=errors(404, 409),
+    )
+    async def fetch_tenant_export(
+        self,
+        request: Request[Any, Any, Any],
+        admin: None,
+        session: AsyncSession,
+        tenant_id: uuid.UUID,
+        export_id: RowId,
+    ) -> Stream:
+        """A tenant's export once its job finished; 409 while it is being written."""
+        export = await service.ready(session, tenant_id, export_id)
+        return Stream(
+            service.content(runtime(request).db, tenant_id, export_id),
+            media_type=service.media_type(export["kind"]),
+        )

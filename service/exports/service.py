@@ -1,0 +1,160 @@
+"""Large exports: written by a job into chunks, fetched once ready, pruned after a while."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from service.db.engine import Database
+from service.errors import Conflict, NotFound
+from service.exports import repository
+from service.privacy import service as privacy
+from service.queue import repository as jobs
+from service.queue.worker import JobContext
+from service.settings import Settings
+
+EXPORT_JOB = "privacy.export"
+# About this many characters per stored chunk; a chunk only ends between rows.
+CHUNK_CHARS = 256_000
+MEDIA_TYPES = {"user": "application/json", "group": "application/json"}
+NDJSON = "application/x-ndjson"
+
+
+def media_type(kind: str) -> str:
+    """What a fetched export is: a JSON document, or NDJSON for a whole tenant."""
+    return MEDIA_TYPES.get(kind, NDJSON)
+
+
+def export_url(tenant_id: uuid.UUID, kind: str, export_id: int) -> str:
+    """Where a finished export is fetched: by the tenant's key, or the admin's for a tenant."""
+    if kind == "tenant":
+        return f"/admin/tenants/{tenant_id}/exports/{export_id}"
+    return f"/v1/exports/{export_id}"
+
+
+@dataclass(frozen=True)
+class ExportJob:
+    """A pending export and the job that writes it."""
+
+    export_id: int
+    job_id: int
+    url: str
+
+
+async def export_later(
+    session: AsyncSession, tenant_id: uuid.UUID, kind: str, subject: str, settings: Settings
+) -> ExportJob | None:
+    """None when the export is small enough to stream now; else a pending export and its job,
+    enqueued in the caller's transaction."""
+    if await privacy.count_export_rows(session, tenant_id, kind, subject) <= (
+        settings.export_sync_limit
+    ):
+        return None
+    keep = settings.export_retention_hours * 3600
+    export_id = await repository.create(
+        session, tenant_id, kind, privacy.subject_hash(tenant_id, kind, subject), keep
+    )
+    job_id, _ = await jobs.enqueue(
+        session,
+        tenant_id,
+        EXPORT_JOB,
+        {"export_id": export_id, "kind": kind, "subject": subject},
+        max_attempts=settings.cognitive.queue.job_max_retries + 1,
+    )
+    await repository.attach_job(session, tenant_id, export_id, job_id)
+    return ExportJob(export_id, job_id, export_url(tenant_id, kind, export_id))
+
+
+async def write_chunks(
+    session: AsyncSession, tenant_id: uuid.UUID, export_id: int, parts: AsyncIterator[str]
+) -> int:
+    """Store a document's pieces as chunks of whole rows; returns its size in bytes."""
+    buffer: list[str] = []
+    held = size = seq = 0
+    async for part in parts:
+        buffer.append(part)
+        held += len(part)
+        if held >= CHUNK_CHARS:
+            data = "".join(buffer)
+            await repository.append_chunk(session, tenant_id, export_id, seq, data)
+            size += len(data.encode())
+            seq += 1
+            buffer, held = [], 0
+    if buffer or seq == 0:
+        data = "".join(buffer)
+        await repository.append_chunk(session, tenant_id, export_id, seq, data)
+        size += len(data.encode())
+    return size
+
+
+class ExportWriter:
+    """The ``privacy.export`` job: the document, written in the job's one transaction."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    async def run(self, job: JobContext) -> dict[str, Any]:
+        """Write the export's chunks and mark it ready, together with the job's completion."""
+        tenant_id = job.job.tenant_id
+        export_id = int(job.job.payload["export_id"])
+        kind = str(job.job.payload["kind"])
+        subject = str(job.job.payload["subject"])
+        async with job.finishing() as session:
+            if not await repository.lock_pending(session, tenant_id, export_id):
+                # Erased or pruned before the job ran (or written by an earlier attempt).
+                job.result = {"export_id": export_id, "skipped": "the export is gone or written"}
+                return job.result
+            counts: dict[str, int] = {}
+            parts = (
+                privacy.tenant_parts(session, tenant_id, counts)
+                if kind == "tenant"
+                else privacy.document_parts(
+                    session, tenant_id, kind, subject, counts, spare_job=job.job.id
+                )
+            )
+            size = await write_chunks(session, tenant_id, export_id, parts)
+            keep = self.settings.export_retention_hours * 3600
+            await repository.finish(session, tenant_id, export_id, size, counts, keep)
+            job.result = {
+                "export_id": export_id,
+                "export_url": export_url(tenant_id, kind, export_id),
+                "bytes": size,
+                "counts": counts,
+            }
+        return job.result
+
+
+async def ready(session: AsyncSession, tenant_id: uuid.UUID, export_id: int) -> dict[str, Any]:
+    """A tenant's export that can be fetched now; NotFound, or Conflict while it is written."""
+    row = await repository.get(session, tenant_id, export_id)
+    if row is None:
+        raise NotFound("no such export (or it expired)", field="export_id")
+    if row["ready_at"] is None:
+        job_id, status = row["job_id"], row["job_status"] or "gone"
+        if status == "failed":
+            raise Conflict(
+                f"the export could not be written: its job {job_id} failed ({row['job_error']})",
+                field="export_id",
+            )
+        raise Conflict(
+            f"the export is not ready yet: its job {job_id} is {status}; retry later",
+            field="export_id",
+        )
+    return row
+
+
+async def content(db: Database, tenant_id: uuid.UUID, export_id: int) -> AsyncIterator[bytes]:
+    """A ready export's document, streamed chunk by chunk from one tenant transaction."""
+    async with db.tenant(tenant_id) as session:
+        async for piece in repository.chunks(session, tenant_id, export_id):
+            yield piece.encode()
+
+
+async def prune(db: Database) -> int:
+    """Delete every tenant's expired exports; returns how many."""
+    async with db.system() as session:
+        return await repository.prune(session)

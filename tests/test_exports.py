@@ -1,0 +1,174 @@
+"""Large exports run as jobs: 202, a document kept for a while, fetched by its tenant only,
+pruned after its retention, and gone with an erasure of the person in it."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+
+from service.app import create_app
+from service.audit import service as audit
+from service.client import MemoriaClient, SyncMemoriaClient
+from service.exports import service as exports
+from service.runtime import Runtime
+from tests.conftest import (
+    ADMIN,
+    FAST_QUEUE,
+    AppClient,
+    make_settings,
+    new_tenant,
+    plain_dsn,
+    serve_app,
+    until_finished,
+    wait_for,
+)
+from tests.served import create_tenant, served
+from tests.test_privacy import NAME, VICTIM, leftovers, populate
+
+
+def _runtime(client: AppClient) -> Runtime:
+    rt: Runtime = client.app.state.runtime
+    return rt
+
+
+def _without_time(document: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in document.items() if k != "generated_at"}
+
+
+async def test_a_large_export_is_written_by_a_job_and_fetched_by_its_tenant_only(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(exports, "CHUNK_CHARS", 300)  # many chunks, each of whole rows
+    settings = make_settings(db_url, cognitive={"queue": FAST_QUEUE})
+    async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
+        tenant = await new_tenant(client)
+        other = await new_tenant(client, "other")
+        await populate(client, tenant)
+        rt = _runtime(client)
+        # What the synchronous export says, before the limit is lowered.
+        small = await client.get(f"/v1/users/{VICTIM}/export", headers=tenant.headers)
+        assert small.status_code == 200
+        expected = json.loads(small.content)
+
+        # Hold the worker, so the export is seen pending first.
+        assert rt.worker is not None
+        await rt.worker.stop(timeout=5)
+        rt.settings.export_sync_limit = 0
+        response = await client.get(f"/v1/users/{VICTIM}/export", headers=tenant.headers)
+        assert response.status_code == 202, response.text
+        body = response.json()
+        assert body["status_url"] == f"/v1/jobs/{body['job_id']}"
+        assert body["export_url"] == f"/v1/exports/{body['export_id']}"
+        pending = await client.get(body["export_url"], headers=tenant.headers)
+        assert pending.status_code == 409, pending.text
+        assert pending.json()["field"] == "export_id" and "not ready" in pending.json()["message"]
+
+        rt.start_worker()
+        job = await until_finished(client, tenant, body["job_id"])
+        assert job["status"] == "done", job
+        assert job["result"]["counts"] == expected["manifest"]["counts"]
+        fetched = await client.get(body["export_url"], headers=tenant.headers)
+        assert fetched.status_code == 200
+        assert fetched.headers["content-type"].startswith("application/json")
+        document = json.loads(fetched.content)
+        assert _without_time(document) == _without_time(expected)
+        assert len(fetched.content) == job["result"]["bytes"]
+        conn = await asyncpg.connect(plain_dsn(db_url))
+        try:
+            chunks = await conn.fetchval(
+                "SELECT count(*) FROM export_chunks WHERE export_id = $1", body["export_id"]
+            )
+        finally:
+            await conn.close()
+        assert chunks > 3
+
+        # Another tenant's key finds nothing there, nor does a wrong id.
+        stranger = await client.get(body["export_url"], headers=other.headers)
+        assert stranger.status_code == 404 and stranger.json()["field"] == "export_id"
+        missing = await client.get(f"/v1/exports/{body['export_id'] + 99}", headers=tenant.headers)
+        assert missing.status_code == 404
+
+        # A group's export and the admin's whole-tenant export go the same way.
+        group = await client.get("/v1/groups/g7/export", headers=tenant.headers)
+        assert group.status_code == 202
+        await until_finished(client, tenant, group.json()["job_id"])
+        group_doc = json.loads(
+            (await client.get(group.json()["export_url"], headers=tenant.headers)).content
+        )
+        assert group_doc["manifest"]["counts"]["messages"] == 3
+        whole = await client.get(f"/admin/tenants/{tenant.id}/export", headers=ADMIN)
+        assert whole.status_code == 202, whole.text
+        assert whole.json()["status_url"] == whole.json()["export_url"]
+
+        async def tenant_export() -> Any:
+            answer = await client.get(whole.json()["export_url"], headers=ADMIN)
+            assert answer.status_code in (200, 409), answer.text
+            return answer if answer.status_code == 200 else None
+
+        ndjson = await wait_for(tenant_export)
+        assert ndjson.headers["content-type"].startswith("application/x-ndjson")
+        lines = [json.loads(line) for line in ndjson.text.splitlines()]
+        assert lines[0]["table"] == "tenants"
+        messages = [line for line in lines if line["table"] == "messages"]
+        assert len(messages) == 4  # three in the group, one in private
+        assert (await client.get(group.json()["export_url"], headers=ADMIN)).status_code == 401
+
+        # Erasing the person removes their export and every other export that names them.
+        erased = await client.delete(f"/v1/users/{VICTIM}", headers=tenant.headers)
+        assert erased.status_code == 200, erased.text
+        assert erased.json()["counts"]["exports"] == 3
+        gone = await client.get(body["export_url"], headers=tenant.headers)
+        assert gone.status_code == 404
+        await audit.flush()
+    assert await leftovers(db_url, [VICTIM, NAME]) == []
+
+
+async def test_exports_expire_and_are_pruned(db_url: str) -> None:
+    settings = make_settings(db_url, export_sync_limit=0, cognitive={"queue": FAST_QUEUE})
+    async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
+        tenant = await new_tenant(client)
+        await populate(client, tenant)
+        response = await client.get("/v1/groups/g7/export", headers=tenant.headers)
+        assert response.status_code == 202
+        await until_finished(client, tenant, response.json()["job_id"])
+        url = response.json()["export_url"]
+        assert (await client.get(url, headers=tenant.headers)).status_code == 200
+        # The Python client waits for the job and streams what it wrote.
+        transport = httpx.ASGITransport(app=client.app)
+        async with MemoriaClient("http://memoria.test", tenant.key, transport=transport) as api:
+            out = io.BytesIO()
+            written = await api.export_user(VICTIM, out)
+        assert written == len(out.getvalue())
+        assert json.loads(out.getvalue())["subject"] == {"kind": "user", "id": VICTIM}
+        conn = await asyncpg.connect(plain_dsn(db_url))
+        try:
+            await conn.execute("UPDATE exports SET expires_at = now() - interval '1 second'")
+            # Past its retention it cannot be fetched, even before the prune runs.
+            assert (await client.get(url, headers=tenant.headers)).status_code == 404
+            assert await exports.prune(_runtime(client).db) == 2
+            assert await conn.fetchval("SELECT count(*) FROM exports") == 0
+            assert await conn.fetchval("SELECT count(*) FROM export_chunks") == 0
+        finally:
+            await conn.close()
+
+
+def test_the_blocking_client_waits_for_a_large_export(db_url: str) -> None:
+    settings = make_settings(db_url, export_sync_limit=0, cognitive={"queue": FAST_QUEUE})
+    with served(settings) as base_url, SyncMemoriaClient(base_url, create_tenant(base_url)) as api:
+        api.store_messages(
+            {
+                "request_type": "group",
+                "group_id": "g7",
+                "messages": [{"message_id": "1", "sender_id": VICTIM, "text": "我家住在姑苏城外"}],
+            }
+        )
+        out = io.BytesIO()
+        written = api.export_group("g7", out)
+        assert written == len(out.getvalue())
+        assert json.loads(out.getvalue())["manifest"]["counts"]["messages"] == 1
+        assert api.list_jobs().jobs[0].kind == exports.EXPORT_JOB  # it did go through a job
