@@ -1,7 +1,7 @@
 """Exports written by a job: their rows and their content in chunks.
 
 Revision ID: 0011
-Revises: 0008
+Revises: 0009
 Create Date: 2026-11-23 10:00:00.000000
 """
 
@@ -16,7 +16,7 @@ from sqlalchemy.dialects import postgresql
 from service.db.rls import APP_ROLE, protect_tenant_table
 
 revision: str = "0011"
-down_revision: str | None = "0008"
+down_revision: str | None = "0009"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
