@@ -189,10 +189,13 @@ async def _worker(settings: Settings, args: argparse.Namespace) -> int:
     assert task is not None
     waiter = asyncio.create_task(stopped.wait())
     await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    crashed = task.exception() if task.done() and not task.cancelled() else None
+    if crashed is not None:
+        log.error("worker %s stopped by an error", worker.id, exc_info=crashed)
     log.info("worker %s: shutting down", worker.id)
     await runtime.close()
     waiter.cancel()
-    return 0
+    return 1 if crashed is not None else 0
 
 
 async def _admin(settings: Settings, args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db.engine import Database
@@ -139,7 +140,9 @@ class Worker:
                     if interval and loops % interval == 0:
                         await self._prune()
                     claimed = await self._claim()
-                except (Unavailable, OSError, asyncpg.PostgresError) as exc:
+                except (Unavailable, OSError, asyncpg.PostgresError, DBAPIError) as exc:
+                    # Also a database not migrated yet: a worker may start before the release's
+                    # migration has run, and must wait for it rather than exit.
                     log.warning("worker %s: database unavailable (%s); retrying", self.id, exc)
                     await self._sleep(min(5.0, self.poll_interval * 2))
                     continue
