@@ -12,6 +12,7 @@ from litestar.openapi.plugins import ScalarRenderPlugin, SwaggerRenderPlugin
 
 from service.audit.routes import audit_log
 from service.audit.service import audit_middleware
+from service.console.routes import console
 from service.ends.routes import EndController
 from service.events.routes import EventController
 from service.exports.routes import AdminExportController, ExportController
@@ -85,6 +86,7 @@ def create_app(
             healthz,
             readyz,
             metrics,
+            console,
             AdminController,
             TenantPrivacyController,
             AdminExportController,

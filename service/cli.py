@@ -32,6 +32,12 @@ def _parser() -> argparse.ArgumentParser:
 
     worker = commands.add_parser("worker", help="run background workers only")
     worker.add_argument("--concurrency", type=int, help="jobs at a time (default from settings)")
+    worker.add_argument(
+        "--health-port", type=int, help="serve /healthz, /readyz and /metrics on this port"
+    )
+    worker.add_argument(
+        "--health-host", default="127.0.0.1", help="bind address of --health-port (127.0.0.1)"
+    )
 
     commands.add_parser("migrate", help="apply database migrations (alembic upgrade head)")
 
@@ -198,6 +204,11 @@ async def _worker(settings: Settings, args: argparse.Namespace) -> int:
     runtime = Runtime.build(settings)
     await runtime.start(migrate=False, run_worker=False)
     worker = runtime.start_worker()
+    probes = None
+    if args.health_port is not None:
+        from service.health.probes import serve_probes
+
+        probes = await serve_probes(runtime, args.health_host, args.health_port)
     stopped = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -213,6 +224,8 @@ async def _worker(settings: Settings, args: argparse.Namespace) -> int:
         error = None if task.cancelled() else task.exception()
         log.error("worker %s: the worker loop ended unexpectedly", worker.id, exc_info=error)
     log.info("worker %s: shutting down", worker.id)
+    if probes is not None:
+        probes.close()
     await runtime.close()
     waiter.cancel()
     return 1 if died else 0

@@ -24,7 +24,12 @@ from service.context import check_json
 from service.db.engine import translate_db_error
 from service.db.types import BIGINT_MAX
 from service.errors import BadRequest, Invalid, MemoriaError, TooManyRequests, Unavailable
-from service.tenants.service import TenantContext, check_admin_token
+from service.tenants.service import (
+    ACTING_TENANT_HEADER,
+    ADMIN_ACTOR,
+    TenantContext,
+    check_admin_token,
+)
 
 if TYPE_CHECKING:
     from service.runtime import Runtime
@@ -251,10 +256,18 @@ def _http_code(status: int) -> str:
 
 
 async def provide_tenant(request: Request[Any, Any, Any]) -> TenantContext:
-    """Authenticate ``Authorization: Bearer <key>`` and return the caller's tenant."""
+    """The caller's tenant: ``Authorization: Bearer <key>``, or the admin token with the
+    tenant named in ``X-Memoria-Tenant``."""
     rt = runtime(request)
-    context = await rt.auth.authenticate(request.headers.get("authorization"))
-    request.scope.setdefault("state", {})["tenant_id"] = str(context.tenant_id)
+    authorization = request.headers.get("authorization")
+    acting = request.headers.get(ACTING_TENANT_HEADER)
+    state = request.scope.setdefault("state", {})
+    if acting is not None:
+        context = await rt.auth.acting_admin(authorization, acting)
+        state["actor"] = ADMIN_ACTOR
+    else:
+        context = await rt.auth.authenticate(authorization)
+    state["tenant_id"] = str(context.tenant_id)
     rt.limiter.check(context.key_prefix or str(context.tenant_id))
     return context
 

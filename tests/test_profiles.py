@@ -421,6 +421,49 @@ async def test_search_by_meaning_keeps_members_in_their_group(client: AppClient)
     assert all(h["entity_type"] != "member" for h in anywhere)
 
 
+async def test_a_conversations_profiles_are_listed(client: AppClient) -> None:
+    tenant = await new_tenant(client)
+    other = await new_tenant(client, "other")
+
+    def document(entity: str, body: str) -> str:
+        return (
+            f"---\n{entity}name: n\ntags: []\n"
+            f'updated_at: "2026-02-22T10:30:00+08:00"\n---\n{body}\n'
+        )
+
+    for path, entity in (
+        ("member/g1/2", 'entity_type: member\nentity_id: "2"\ngroup_id: "g1"\n'),
+        ("member/g1/1", 'entity_type: member\nentity_id: "1"\ngroup_id: "g1"\n'),
+        ("member/g2/1", 'entity_type: member\nentity_id: "1"\ngroup_id: "g2"\n'),
+        ("group/g1", 'entity_type: group\nentity_id: "g1"\n'),
+        ("group/g10", 'entity_type: group\nentity_id: "g10"\n'),
+        ("user/1", 'entity_type: user\nentity_id: "1"\n'),
+    ):
+        response = await client.put(
+            f"/v1/profiles/{path}",
+            json={"document": document(entity, path)},
+            headers=tenant.headers,
+        )
+        assert response.status_code == 200, response.text
+
+    async def listed(query: str, headers: dict[str, str]) -> list[tuple[str, str, str | None]]:
+        response = await client.get(f"/v1/profiles?{query}", headers=headers)
+        assert response.status_code == 200, response.text
+        return [(p["entity_type"], p["entity_id"], p["group_id"]) for p in response.json()]
+
+    # A group's own profile first, then its members'; never another group's.
+    assert await listed("group_id=g1", tenant.headers) == [
+        ("group", "g1", None),
+        ("member", "1", "g1"),
+        ("member", "2", "g1"),
+    ]
+    assert await listed("user_id=1", tenant.headers) == [("user", "1", None)]
+    assert await listed("group_id=g1", other.headers) == []
+    for query in ("", "group_id=g1&user_id=1"):
+        response = await client.get(f"/v1/profiles?{query}", headers=tenant.headers)
+        assert response.status_code == 422 and response.json()["field"] == "group_id"
+
+
 async def test_remembered_messages_reach_the_members_profile_offline(db_url: str) -> None:
     settings = make_settings(
         db_url, cognitive={"queue": FAST_QUEUE, "extraction": {"every_n_messages": 100}}

@@ -221,3 +221,39 @@ async def test_bad_settings_are_refused_naming_the_field(client: AppClient) -> N
     )
     assert response.status_code == 422
     assert response.json()["field"] == "settings.query.auto_top_k"
+
+
+async def test_the_admin_token_acts_within_the_tenant_it_names(client: AppClient) -> None:
+    from service.audit import service as audit
+
+    tenant = await new_tenant(client, "acme")
+    other = await new_tenant(client, "other")
+    acting = {**ADMIN, "X-Memoria-Tenant": tenant.id}
+    me = (await client.get("/v1/tenant", headers=acting)).json()
+    assert (me["tenant_id"], me["name"], me["key_prefix"]) == (tenant.id, "acme", "admin")
+
+    memory = {"scope": "GROUP", "group_id": "g1", "content": "群规禁止发广告"}
+    created = await client.post("/v1/memories", json=memory, headers=acting)
+    assert created.status_code == 201, created.text
+    mine = (await client.get("/v1/memories?group_id=g1", headers=tenant.headers)).json()
+    assert [m["id"] for m in mine] == [created.json()["id"]]
+    assert (await client.get("/v1/memories?group_id=g1", headers=other.headers)).json() == []
+    history = await client.get(f"/v1/memories/{created.json()['id']}/history", headers=acting)
+    assert history.json()[0]["cause"]["key_prefix"] == "admin"
+    await audit.flush()
+    entries = (await client.get(f"/admin/audit?tenant_id={tenant.id}", headers=ADMIN)).json()
+    assert [(e["actor"], e["route"]) for e in entries] == [("admin", "/v1/memories")]
+
+    # Only the admin token may name a tenant; the tenant must exist.
+    wrong = {"Authorization": "Bearer not-the-token", "X-Memoria-Tenant": tenant.id}
+    assert (await client.get("/v1/tenant", headers=wrong)).status_code == 401
+    crossing = {**tenant.headers, "X-Memoria-Tenant": other.id}
+    assert (await client.get("/v1/memories?group_id=g1", headers=crossing)).status_code == 401
+    unknown = await client.get(
+        "/v1/tenant", headers={**ADMIN, "X-Memoria-Tenant": str(uuid.uuid4())}
+    )
+    assert unknown.status_code == 404 and unknown.json()["field"] == "X-Memoria-Tenant"
+    malformed = await client.get("/v1/tenant", headers={**ADMIN, "X-Memoria-Tenant": "acme"})
+    assert malformed.status_code == 422 and malformed.json()["field"] == "X-Memoria-Tenant"
+    # Without the header the admin token is no tenant key.
+    assert (await client.get("/v1/tenant", headers=ADMIN)).status_code == 401

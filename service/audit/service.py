@@ -89,10 +89,11 @@ def _schedule(scope: Scope, template: str, status: int, outcome: str) -> None:
         )
     headers = dict(scope.get("headers") or [])
     auth = headers.get(b"authorization", b"").decode("latin-1")
-    actor = None
-    if template.startswith("/admin"):
+    # The admin token acting within a tenant leaves its mark in the state (see provide_tenant).
+    actor = state.get("actor")
+    if actor is None and template.startswith("/admin"):
         actor = "admin"
-    elif auth.lower().startswith("bearer mk_"):
+    elif actor is None and auth.lower().startswith("bearer mk_"):
         actor = auth[7:20]
     entry = {
         "tenant_id": uuid.UUID(tenant) if tenant else _admin_target(params),

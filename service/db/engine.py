@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -63,9 +62,20 @@ async def _vector_codec(connection: asyncpg.Connection) -> None:
 
 def _register_vector(dbapi_connection: Any, connection_record: Any) -> None:
     """Binary vector I/O on every new connection (numpy arrays in, pgvector Vectors out)."""
-    # Before the first migration the vector type does not exist yet; plain text I/O then.
-    with contextlib.suppress(ValueError):
+    try:
         dbapi_connection.run_async(_vector_codec)
+    except ValueError:
+        # Before the first migration the vector type does not exist yet: try again at each
+        # checkout, so a process started before the migration (a worker waiting for it)
+        # stores vectors once it has run.
+        connection_record.info["vector_pending"] = True
+    else:
+        connection_record.info.pop("vector_pending", None)
+
+
+def _retry_vector(dbapi_connection: Any, connection_record: Any, connection_proxy: Any) -> None:
+    if connection_record.info.get("vector_pending"):
+        _register_vector(dbapi_connection, connection_record)
 
 
 def normalize_url(url: str) -> str:
@@ -99,6 +109,7 @@ class Database:
         )
         self.sessions = async_sessionmaker(self.engine, expire_on_commit=False)
         event.listen(self.engine.sync_engine, "connect", _register_vector)
+        event.listen(self.engine.sync_engine, "checkout", _retry_vector)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Database:

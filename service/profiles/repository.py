@@ -151,6 +151,33 @@ async def revisions(
     return [dict(r._mapping) for r in rows]
 
 
+# A conversation's profiles: a group's own and its members', or a person's (private chat).
+_CONVERSATION = text(
+    f"""
+    SELECT {_COLUMNS} FROM profiles
+    WHERE tenant_id = :tenant_id
+      AND ((CAST(:group_id AS text) IS NOT NULL
+            AND (profile_key = 'group:' || :group_id
+                 OR (entity_type = 'member' AND group_id = :group_id)))
+           OR (CAST(:user_id AS text) IS NOT NULL AND profile_key = 'user:' || :user_id))
+    ORDER BY entity_type = 'member', entity_type, entity_id
+    LIMIT :limit
+    """
+)
+
+
+async def of_conversation(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    group_id: str | None,
+    user_id: str | None,
+    limit: int,
+) -> list[dict[str, Any]]:
+    """The profiles of a group (its own, then its members') or of a person."""
+    params = {"tenant_id": tenant_id, "group_id": group_id, "user_id": user_id, "limit": limit}
+    return [dict(r._mapping) for r in await session.execute(_CONVERSATION, params)]
+
+
 _SEARCH = text(
     f"""
     SELECT {_COLUMNS}, 1 - (embedding <=> :query) AS score FROM profiles

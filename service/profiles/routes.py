@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from litestar import Controller, Request, get, post, put
+from litestar.params import Parameter
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.context import scope_of
 from service.errors import Conflict, Invalid, NotFound
 from service.http import errors, runtime
 from service.profiles import repository, service
@@ -94,6 +96,22 @@ class ProfileController(Controller):
             keep=rt.settings.cognitive.profile.revision_keep,
         )
         return await self._read(session, tenant, key)
+
+    @get("/")
+    async def list_profiles(
+        self,
+        tenant: TenantContext,
+        session: AsyncSession,
+        group_id: str | None = Parameter(default=None, max_length=128),
+        user_id: str | None = Parameter(default=None, max_length=128),
+        limit: int = Parameter(default=100, ge=1, le=500),
+    ) -> list[ProfileInfo]:
+        """A conversation's profiles: a group's (``group_id``) with its members', or a person's."""
+        scope_of(group_id, user_id)
+        rows = await repository.of_conversation(
+            session, tenant.tenant_id, group_id or None, user_id or None, limit
+        )
+        return [_info(r) for r in rows]
 
     @get("/member/{group_id:str}/{user_id:str}", responses=errors(404))
     async def get_member(
