@@ -289,10 +289,13 @@ def _lexical(time_from: bool, time_to: bool) -> TextClause:
     return text(
         f"""
         WITH matched AS MATERIALIZED (
-            SELECT e.id, e.lexical FROM events e
-            WHERE {_filters("e", time_from, time_to)}
-              AND e.lexical @@ CAST(:tsquery AS tsquery)
-            LIMIT :max_matches
+            -- The GIN index, through the tenant-bound function (see migration 0009).
+            SELECT e.id, e.lexical
+            FROM memoria_event_term_matches(
+                CAST(:conversation_keys AS text[]), CAST(:tsquery AS tsquery),
+                CAST(:time_from AS timestamptz), CAST(:time_to AS timestamptz), :max_matches
+            ) m
+            JOIN events e ON e.tenant_id = :tenant_id AND e.id = m.id
         ),
         hits AS MATERIALIZED (
             SELECT m.id, t.lexeme AS term, coalesce(cardinality(t.positions), 1) AS tf,
@@ -358,10 +361,8 @@ async def lexical_events(
         "k1": k1,
         "b": b,
         "max_matches": MAX_LEXICAL_MATCHES,
+        "time_from": time_from,
+        "time_to": time_to,
     }
-    if time_from is not None:
-        params["time_from"] = time_from
-    if time_to is not None:
-        params["time_to"] = time_to
     statement = _lexical(time_from is not None, time_to is not None)
     return [dict(r._mapping) for r in await session.execute(statement, params)]
