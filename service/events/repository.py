@@ -326,7 +326,7 @@ def _lexical(time_from: bool, time_to: bool) -> TextClause:
             LIMIT :limit
         )
         SELECT {", ".join("e." + c.strip() for c in _COLUMNS.split(","))},
-               e.embedding, e.embedding <=> CAST(:query AS vector) AS distance, b.bm25
+               e.embedding, b.bm25
         FROM best b JOIN events e ON e.tenant_id = :tenant_id AND e.id = b.id
         ORDER BY b.bm25 DESC, e.id
         """
@@ -338,7 +338,6 @@ async def lexical_events(
     tenant_id: uuid.UUID,
     conversation_keys: list[str],
     query_terms: list[str],
-    query: np.ndarray,
     limit: int,
     time_from: datetime | None = None,
     time_to: datetime | None = None,
@@ -347,8 +346,8 @@ async def lexical_events(
     b: float = 0.75,
 ) -> list[dict[str, Any]]:
     """The ``limit`` events of ``conversation_keys`` best matching the query terms by BM25,
-    best first, each with its cosine ``distance`` to ``query`` (None without an embedding)
-    and its ``bm25`` score. Same filters as ``nearest_events``."""
+    best first, each with its ``embedding`` (None without one) and its ``bm25`` score. Same
+    filters as ``nearest_events``. Needs no query vector: it can run while one is computed."""
     if limit <= 0 or not conversation_keys or not query_terms:
         return []
     params: dict[str, Any] = {
@@ -356,7 +355,6 @@ async def lexical_events(
         "conversation_keys": list(conversation_keys),
         "terms": list(query_terms),
         "tsquery": to_tsquery_literal(query_terms),
-        "query": np.asarray(query, dtype=np.float32).ravel(),
         "limit": limit,
         "k1": k1,
         "b": b,

@@ -55,15 +55,18 @@ class RankedEvent:
 
 @dataclass(frozen=True)
 class EventQuery:
-    """One ranked event search: the text, its vector, the filters, how many, which decay."""
+    """One ranked event search: the text, the filters, how many, which decay."""
 
     text: str
-    vector: np.ndarray[Any, Any]
     conversation_keys: list[str]
     top_k: int
     half_life_days: float
     time_from: datetime | None = None
     time_to: datetime | None = None
+
+    def pool(self, q: QuerySettings) -> int:
+        """Candidates taken from each side."""
+        return self.top_k * max(q.rerank_candidate_multiplier, 1)
 
 
 def fuse(
@@ -126,34 +129,55 @@ def without_duplicates(ranked: list[RankedEvent], k: int) -> list[RankedEvent]:
     return [event for event, _ in kept]
 
 
+async def lexical_candidates(
+    session: AsyncSession, tenant_id: Any, search: EventQuery, q: QuerySettings
+) -> list[dict[str, Any]]:
+    """The lexical side's candidates. It needs no query vector, so the read path runs it while
+    the query is being embedded."""
+    if search.top_k <= 0 or q.lexical_weight <= 0:
+        return []
+    common = await events.common_terms(session)
+    return await events.lexical_events(
+        session,
+        tenant_id,
+        search.conversation_keys,
+        [t for t in query_terms(search.text, MAX_QUERY_TERMS) if t not in common],
+        search.pool(q),
+        search.time_from,
+        search.time_to,
+    )
+
+
 async def rank_events(
     session: AsyncSession,
     tenant_id: Any,
     search: EventQuery,
+    vector: np.ndarray[Any, Any],
+    lexical: list[dict[str, Any]],
     q: QuerySettings,
     now: datetime,
     reranker: Reranker | None = None,
     warnings: list[str] | None = None,
 ) -> list[RankedEvent]:
-    """The ``top_k`` best events for the query under the hard filters, best first."""
+    """The ``top_k`` best events for the query under the hard filters, best first, from the
+    dense side (searched here) and the ``lexical`` candidates."""
     if search.top_k <= 0:
         return []
-    pool = search.top_k * max(q.rerank_candidate_multiplier, 1)
-    filters = (search.time_from, search.time_to)
     dense = await events.nearest_events(
-        session, tenant_id, search.conversation_keys, search.vector, pool, *filters
+        session,
+        tenant_id,
+        search.conversation_keys,
+        vector,
+        search.pool(q),
+        search.time_from,
+        search.time_to,
     )
-    lexical: list[dict[str, Any]] = []
-    if q.lexical_weight > 0:
-        common = await events.common_terms(session)
-        lexical = await events.lexical_events(
-            session,
-            tenant_id,
-            search.conversation_keys,
-            [t for t in query_terms(search.text, MAX_QUERY_TERMS) if t not in common],
-            search.vector,
-            pool,
-            *filters,
+    query = _unit(vector)
+    for row in lexical:
+        # The exact cosine distance, as the dense side computes it.
+        unit = _unit(row.get("embedding"))
+        row["distance"] = (
+            1.0 - float(query @ unit) if query is not None and unit is not None else None
         )
     candidates = fuse(dense, lexical, q.lexical_weight)
     decay_scores(candidates, now, search.half_life_days, q)

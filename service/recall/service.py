@@ -10,6 +10,7 @@ min_similarity``, an optional reranker, near-duplicates dropped.
 
 from __future__ import annotations
 
+import asyncio
 import html
 import re
 from collections.abc import Callable
@@ -30,7 +31,7 @@ from service.memories.models import Memory
 from service.memories.repository import ScopeFilter
 from service.profiles import repository as profiles
 from service.profiles.document import ProfileKey
-from service.recall.ranking import EventQuery, rank_events
+from service.recall.ranking import EventQuery, lexical_candidates, rank_events
 from service.recall.schemas import (
     ContextItem,
     ContextRequest,
@@ -107,14 +108,20 @@ class Reader:
             return self._assemble(
                 query, False, persona, None, None, None, [], [], [], memo_items, request, q
             )
-        vector = await self.embedder.query(query)
+        search = EventQuery(query, keys, q.auto_top_k, q.time_decay_half_life_days_auto)
+        # The query is embedded on the embedding thread while the reads that need no vector run.
+        embedding = asyncio.ensure_future(self.embedder.query(query))
+        try:
+            lexical = await lexical_candidates(session, tenant.tenant_id, search, q)
+            todo_items = await self._todos(session, tenant, request.conversation_key)
+            user_profile, group_profile, member_profile = await self._profiles(
+                session, tenant, request, person
+            )
+            vector = await embedding
+        finally:
+            embedding.cancel()
         ranked = await rank_events(
-            session,
-            tenant.tenant_id,
-            EventQuery(query, vector, keys, q.auto_top_k, q.time_decay_half_life_days_auto),
-            q,
-            datetime.now(UTC),
-            self.reranker,
+            session, tenant.tenant_id, search, vector, lexical, q, datetime.now(UTC), self.reranker
         )
         event_items = [
             ContextItem(
@@ -147,34 +154,6 @@ class Reader:
             )
             for r in memory_rows
         ]
-        todo_rows = await todos.listing(
-            session,
-            tenant.tenant_id,
-            status="PENDING",
-            conversation_key=request.conversation_key,
-            due_before=None,
-            limit=10,
-        )
-        todo_items = [
-            ContextItem(
-                id=f"todo:{t['id']}",
-                kind="todo",
-                text=t["description"],
-                meta={"trigger_time": t["trigger_time"].isoformat() if t["trigger_time"] else None},
-            )
-            for t in todo_rows
-        ]
-        user_profile = group_profile = member_profile = None
-        if person:
-            user_profile = await self._profile(session, tenant, ProfileKey("user", person))
-        if request.request_type == "group" and request.group_id:
-            group_profile = await self._profile(
-                session, tenant, ProfileKey("group", request.group_id)
-            )
-            if person:
-                member_profile = await self._profile(
-                    session, tenant, ProfileKey("member", person, request.group_id)
-                )
         return self._assemble(
             query,
             True,
@@ -189,6 +168,48 @@ class Reader:
             request,
             q,
         )
+
+    async def _todos(
+        self, session: AsyncSession, tenant: TenantContext, conversation_key: str
+    ) -> list[ContextItem]:
+        rows = await todos.listing(
+            session,
+            tenant.tenant_id,
+            status="PENDING",
+            conversation_key=conversation_key,
+            due_before=None,
+            limit=10,
+        )
+        return [
+            ContextItem(
+                id=f"todo:{t['id']}",
+                kind="todo",
+                text=t["description"],
+                meta={"trigger_time": t["trigger_time"].isoformat() if t["trigger_time"] else None},
+            )
+            for t in rows
+        ]
+
+    async def _profiles(
+        self,
+        session: AsyncSession,
+        tenant: TenantContext,
+        request: ContextRequest,
+        person: str | None,
+    ) -> tuple[ContextItem | None, ContextItem | None, ContextItem | None]:
+        """The (user, group, member) profiles of the conversation, where they exist."""
+        user_profile = group_profile = member_profile = None
+        if person:
+            user_profile = await self._profile(session, tenant, ProfileKey("user", person))
+        if request.request_type == "group" and request.group_id:
+            group_profile = await self._profile(
+                session, tenant, ProfileKey("group", request.group_id)
+            )
+            if person:
+                member_profile = await self._profile(
+                    session, tenant, ProfileKey("member", person, request.group_id)
+                )
+        return user_profile, group_profile, member_profile
 
     async def _profile(
         self, session: AsyncSession, tenant: TenantContext, key: ProfileKey
@@ -305,20 +326,27 @@ class Reader:
             warnings.append("time_from was after time_to; the two were swapped")
         top_k = request.top_k or q.tool_default_top_k
         wanted = request.target_user_id if request.target_group_id else None
-        vector = await self.embedder.query(request.query)
+        search = EventQuery(
+            request.query,
+            keys,
+            # One person within a group is filtered after ranking: rank a wider pool.
+            top_k * max(q.rerank_candidate_multiplier, 1) if wanted else top_k,
+            q.time_decay_half_life_days_tool,
+            time_from,
+            time_to,
+        )
+        embedding = asyncio.ensure_future(self.embedder.query(request.query))
+        try:
+            lexical = await lexical_candidates(session, tenant.tenant_id, search, q)
+            vector = await embedding
+        finally:
+            embedding.cancel()
         ranked = await rank_events(
             session,
             tenant.tenant_id,
-            EventQuery(
-                request.query,
-                vector,
-                keys,
-                # One person within a group is filtered after ranking: rank a wider pool.
-                top_k * max(q.rerank_candidate_multiplier, 1) if wanted else top_k,
-                q.time_decay_half_life_days_tool,
-                time_from,
-                time_to,
-            ),
+            search,
+            vector,
+            lexical,
             q,
             datetime.now(UTC),
             self.reranker,
