@@ -259,10 +259,12 @@ async def nearest_events(
 # scored by BM25. At most :max_matches matching events are scored: the terms asked for are
 # the informative ones (see common_terms), so a conversation rarely holds more, and past it
 # the cost stays bounded (lexical evidence is a ranking signal; exactness is the dense
-# side's). The collection is the filtered events (an index-only count); lengths are
-# normalized by the mean over the matching events, close to the collection's for short
-# one-sentence events and free.
+# side's). The collection is the filtered events, counted up to :max_documents (an index-only
+# count: beyond it a term's idf changes by the same amount for every term, and counting a
+# 50,000-event conversation in full would cost 5 ms a query); lengths are normalized by the
+# mean over the matching events, close to the collection's for short one-sentence events.
 MAX_LEXICAL_MATCHES = 2000
+MAX_COUNTED_DOCUMENTS = 10_000
 # A term in at least this share of all events is left out of lexical search (it would match
 # thousands of events of a busy group and barely tell them apart: idf about ln(1/share)).
 COMMON_TERM_SHARE = 0.01
@@ -306,7 +308,8 @@ def _lexical(time_from: bool, time_to: bool) -> TextClause:
         stats AS (
             SELECT greatest(count(*), 1)::float8 AS documents,
                    (SELECT greatest(avg(length), 1.0) FROM hits)::float8 AS mean_length
-            FROM events e WHERE {_filters("e", time_from, time_to)}
+            FROM (SELECT 1 FROM events e WHERE {_filters("e", time_from, time_to)}
+                  LIMIT :max_documents) counted
         ),
         idf AS (
             SELECT h.term,
@@ -359,6 +362,7 @@ async def lexical_events(
         "k1": k1,
         "b": b,
         "max_matches": MAX_LEXICAL_MATCHES,
+        "max_documents": MAX_COUNTED_DOCUMENTS,
         "time_from": time_from,
         "time_to": time_to,
     }
