@@ -1,4 +1,5 @@
-"""Event lexical search: each event's segmented terms as a tsvector with a GIN index.
+"""Event lexical search: each event's segmented terms as a tsvector with a GIN index; and
+term lookups that can use the GIN indexes under row-level security.
 
 Events are short absolute sentences ("2025-03-02 小明在杭州西湖划船"): a name, a place or a
 rare word in the query is strong evidence that the embedding alone may rank too low, and
@@ -107,6 +108,19 @@ $$
 """
 _TERM_MATCHES_ARGS = "text[], tsquery, timestamptz, timestamptz, integer"
 
+# The same for the message archive's lexical search (revision 0005), one conversation at a
+# time; its time bounds stay in the caller's query.
+_MESSAGE_TERM_MATCHES = """
+CREATE FUNCTION memoria_message_term_matches(conversation_key text, terms tsquery)
+RETURNS TABLE (seq bigint)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+    SELECT m.seq FROM messages m
+    WHERE m.tenant_id = memoria_current_tenant()
+      AND m.conversation_key = memoria_message_term_matches.conversation_key
+      AND m.lexical @@ terms
+$$
+"""
+
 
 def upgrade() -> None:
     op.add_column(
@@ -124,6 +138,10 @@ def upgrade() -> None:
     )
     op.execute(_COMMON_TERMS)
     op.execute(_TERM_MATCHES)
+    op.execute(_MESSAGE_TERM_MATCHES)
+    op.execute(
+        f"GRANT EXECUTE ON FUNCTION memoria_message_term_matches(text, tsquery) TO {APP_ROLE}"
+    )
     op.execute(
         f"GRANT EXECUTE ON FUNCTION memoria_event_term_matches({_TERM_MATCHES_ARGS}) TO {APP_ROLE}"
     )
@@ -131,6 +149,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.execute("DROP FUNCTION memoria_message_term_matches(text, tsquery)")
     op.execute(f"DROP FUNCTION memoria_event_term_matches({_TERM_MATCHES_ARGS})")
     op.execute("DROP FUNCTION memoria_common_event_terms(float8)")
     op.drop_index("ix_events_lexical", table_name="events", postgresql_using="gin")

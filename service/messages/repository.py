@@ -243,12 +243,14 @@ _SEARCH = text(
     ),
     -- Messages containing any query term (the GIN index), with the query terms they hold.
     hits AS MATERIALIZED (
+        -- The GIN index, through the tenant-bound function (see migration 0009).
         SELECT m.seq, t.lexeme AS term, coalesce(cardinality(t.positions), 1) AS tf,
                length(m.lexical) AS length
-        FROM messages m, unnest(m.lexical) t
-        WHERE m.tenant_id = :tenant_id AND m.conversation_key = :conversation_key
-          AND m.lexical @@ CAST(:tsquery AS tsquery)
-          AND t.lexeme = ANY(CAST(:terms AS text[]))
+        FROM memoria_message_term_matches(:conversation_key, CAST(:tsquery AS tsquery)) x
+        JOIN messages m ON m.tenant_id = :tenant_id AND m.conversation_key = :conversation_key
+                       AND m.seq = x.seq,
+             unnest(m.lexical) t
+        WHERE t.lexeme = ANY(CAST(:terms AS text[]))
           AND (CAST(:time_from AS timestamptz) IS NULL OR m.sent_at >= :time_from)
           AND (CAST(:time_to AS timestamptz) IS NULL OR m.sent_at <= :time_to)
     ),
