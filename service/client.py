@@ -53,7 +53,7 @@ from service.messages.schemas import (
     MessagesStored,
 )
 from service.profiles.schemas import ProfileHit, ProfileInfo, ProfileSearch, RevisionInfo
-from service.queue.routes import JobInfo, JobPage
+from service.queue.schemas import JobInfo, JobPage
 from service.recall.schemas import (
     ContextRequest,
     ContextResponse,

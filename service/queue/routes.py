@@ -2,43 +2,18 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 
 from litestar import Controller, get, post
 from litestar.params import Parameter
-from pydantic import BaseModel
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db.types import BIGINT_MAX
 from service.errors import Conflict, NotFound
 from service.http import RowId, errors
 from service.queue import repository
+from service.queue.schemas import JobInfo, JobPage
 from service.tenants.service import TenantContext
-
-
-class JobInfo(BaseModel):
-    """A job as its tenant sees it."""
-
-    id: int
-    kind: str
-    status: str
-    priority: int
-    attempts: int
-    max_attempts: int
-    run_after: datetime
-    last_error: str | None
-    result: dict[str, Any] | None
-    created_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
-
-
-class JobPage(BaseModel):
-    """One page of jobs; pass ``next_before`` as ``before`` for the next page."""
-
-    jobs: list[JobInfo]
-    next_before: int | None
 
 
 class JobController(Controller):
