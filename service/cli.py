@@ -320,7 +320,7 @@ async def _reembed(settings: Settings, args: argparse.Namespace) -> int:
             print(f"cancelled run {run.id}; the stored vectors stay {run.previous_model!r}")
             return 0
         if args.resume:
-            print(f"{await reembed.resume(db)} job(s) queued again")
+            print(f"{await reembed.resume(db, settings)} job(s) queued again")
             report = await reembed.report(db)
             return await _follow(db, report.run.id) if args.wait and report else 0
         if args.status:

@@ -510,3 +510,47 @@ async def test_the_command_starts_a_run_shows_it_and_waits_for_the_switch(
         assert "model_name = 'small-embed', dimensions = 64" in out
         code, _, err = await memoria("reembed", *model, "--dimensions", str(DIM), env=env)
         assert code == 1 and "already" in err
+
+
+async def test_a_stalled_run_is_resumed_once_its_cause_is_fixed(db_url: str, llm: FakeLLM) -> None:
+    settings = make_settings(
+        db_url,
+        cognitive={"queue": {**FAST_QUEUE, "job_max_retries": 0}},
+        models={"embedding_check_seconds": 0.2},
+    )
+    target = new_model(llm, settings)
+    llm.embedding_dims.clear()  # the model answers with 384 dimensions, not the 64 declared
+    async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
+        rt = runtime_of(client)
+        a, b = await new_tenant(client, "a"), await new_tenant(client, "b")
+        for tenant, facts in ((a, FACTS[:3]), (b, FACTS[3:6])):
+            for fact in facts:
+                await add_memory(client, tenant, fact)
+        run = await reembed.start(rt.db, settings, target, batch_size=2)
+
+        async def stalled() -> reembed.RunReport | None:
+            report = await reembed.report(rt.db, run.id)
+            return report if report is not None and report.stalled else None
+
+        report = await wait_for(stalled)
+        assert report.jobs["failed"] == 2 and "64" in (report.last_error or "")
+        # One tenant's failed job is deleted outright (an erasure whose pattern matched its
+        # payload would do that): its pass is left without any job.
+        await sql(
+            db_url,
+            "DELETE FROM jobs WHERE tenant_id = $1 AND kind = $2",
+            uuid.UUID(b.id),
+            reembed.BATCH_JOB,
+        )
+
+        llm.embedding_dims[NEW] = DIM  # the cause, fixed
+        assert await reembed.resume(rt.db, settings) == 2
+        assert await wait_for(run_ends(rt, run.id), timeout=60) == "done"
+        done = await reembed.report(rt.db, run.id)
+        assert done is not None
+        memories = next(t for t in done.tables if t.table == "memories")
+        assert (memories.rows_done, memories.rows_total) == (6, 6)
+    rows = await sql(db_url, "SELECT content, embedding FROM memories")
+    assert sorted(r["content"] for r in rows) == sorted(FACTS[:6])
+    for row in rows:
+        assert np.allclose(row["embedding"].to_numpy(), hash_vector(row["content"], DIM), atol=1e-5)

@@ -267,6 +267,29 @@ async def table_progress(session: AsyncSession, run_id: int) -> list[TableProgre
     return out
 
 
+async def passes_without_jobs(
+    session: AsyncSession, run_id: int, kind: str
+) -> list[tuple[uuid.UUID, str, int]]:
+    """Unfinished passes with no job queued or running (their job failed for good, or was
+    deleted, e.g. by an erasure whose pattern matched its payload): (tenant, table, batches)."""
+    rows = await session.execute(
+        text(
+            """
+            SELECT p.tenant_id, p.table_name, p.batches FROM reembed_progress p
+            WHERE p.run_id = :run_id AND p.finished_at IS NULL
+              AND NOT EXISTS (
+                  SELECT 1 FROM jobs j
+                  WHERE j.tenant_id = p.tenant_id AND j.kind = :kind
+                    AND j.status IN ('queued', 'running')
+                    AND j.payload @> jsonb_build_object('run_id', p.run_id, 'table', p.table_name)
+              )
+            """
+        ),
+        {"run_id": run_id, "kind": kind},
+    )
+    return [(r.tenant_id, r.table_name, int(r.batches)) for r in rows]
+
+
 async def delete_progress(session: AsyncSession, run_id: int) -> None:
     """Forget a cancelled run's passes."""
     await session.execute(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Row
@@ -203,12 +204,8 @@ class RunReport:
 
     @property
     def stalled(self) -> bool:
-        """Jobs failed for good and none is left to carry the run on."""
-        return (
-            self.run.status in ACTIVE
-            and self.jobs["failed"] > 0
-            and self.jobs["queued"] + self.jobs["running"] == 0
-        )
+        """Going on, but no job is left to carry it on (they failed, or were lost)."""
+        return self.run.status in ACTIVE and self.jobs["queued"] + self.jobs["running"] == 0
 
 
 async def report(db: Database, run_id: int | None = None) -> RunReport | None:
@@ -259,20 +256,33 @@ async def drop_shadows(db: Database, attempts: int = 6) -> None:
                 raise
 
 
-async def resume(db: Database) -> int:
-    """Give the active run's failed jobs new attempts; returns how many. ``NotFound`` when no
-    run is going on."""
+async def resume(db: Database, settings: Settings) -> int:
+    """Carry the active run on: failed jobs get new attempts, passes left without a job get
+    one. Returns how many jobs were queued; ``NotFound`` when no run is going on."""
     async with db.system() as session:
         run = await repository.active_run(session)
         if run is None:
             raise NotFound("no re-embedding run is going on")
-        retried = await jobs.retry_work(session, KINDS, {"run_id": run.id})
+        queued = await jobs.retry_work(session, KINDS, {"run_id": run.id})
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
+        for tenant_id, table, batches in await repository.passes_without_jobs(
+            session, run.id, BATCH_JOB
+        ):
+            await _enqueue_batch(session, settings, tenant_id, run.id, table, batches, again=stamp)
+            queued += 1
         if run.status == "embedding" and await repository.unfinished_passes(session, run.id) == 0:
             # Every pass ended but the switch was never asked for (its asker died).
             tenant = next(iter(await repository.tenant_ids(session)), None)
             if tenant is not None:
-                retried += await _ask_for_switch(session, run.id, tenant)
-    return retried
+                queued += await _ask_for_switch(session, run.id, tenant)
+        elif run.status == "switching":
+            switch = await jobs.work_status(session, [SWITCH_JOB], {"run_id": run.id})
+            if switch[0]["queued"] + switch[0]["running"] == 0:
+                tenant = next(iter(await repository.tenant_ids(session)), None)
+                if tenant is not None:
+                    await _enqueue_switch(session, run.id, tenant, again=stamp)
+                    queued += 1
+    return queued
 
 
 async def _enqueue_batch(
@@ -282,7 +292,11 @@ async def _enqueue_batch(
     run_id: int,
     table: str,
     batches: int,
+    again: str = "",
 ) -> None:
+    # One job per batch: a job retried after its batch committed finds its successor. A
+    # pass resumed by hand gets a key of its own (the lost job's may still be taken).
+    key = f"reembed:{run_id}:{table}:{batches}" + (f":{again}" if again else "")
     await jobs.enqueue(
         session,
         tenant_id,
@@ -290,8 +304,18 @@ async def _enqueue_batch(
         {"run_id": run_id, "table": table},
         priority=BATCH_PRIORITY,
         max_attempts=settings.cognitive.queue.job_max_retries + 1,
-        # One job per batch: a job retried after its batch committed finds its successor.
-        dedupe_key=f"reembed:{run_id}:{table}:{batches}",
+        dedupe_key=key,
+    )
+
+
+async def _enqueue_switch(
+    session: AsyncSession, run_id: int, tenant_id: uuid.UUID, again: str = ""
+) -> None:
+    # Queued under some tenant (every job belongs to one); many attempts, as the switch
+    # may not get its table locks at once while the service is busy.
+    key = f"reembed-switch:{run_id}" + (f":{again}" if again else "")
+    await jobs.enqueue(
+        session, tenant_id, SWITCH_JOB, {"run_id": run_id}, max_attempts=20, dedupe_key=key
     )
 
 
@@ -303,15 +327,7 @@ async def _ask_for_switch(session: AsyncSession, run_id: int, tenant_id: uuid.UU
     if await repository.unfinished_passes(session, run_id) > 0:
         return 0
     await repository.set_status(session, run_id, "switching")
-    # Queued under the tenant whose pass ended last: every job belongs to a tenant.
-    await jobs.enqueue(
-        session,
-        tenant_id,
-        SWITCH_JOB,
-        {"run_id": run_id},
-        max_attempts=20,
-        dedupe_key=f"reembed-switch:{run_id}",
-    )
+    await _enqueue_switch(session, run_id, tenant_id)
     return 1
 
 
