@@ -554,3 +554,18 @@ async def test_a_stalled_run_is_resumed_once_its_cause_is_fixed(db_url: str, llm
     assert sorted(r["content"] for r in rows) == sorted(FACTS[:6])
     for row in rows:
         assert np.allclose(row["embedding"].to_numpy(), hash_vector(row["content"], DIM), atol=1e-5)
+
+
+async def test_without_tenants_the_switch_is_immediate(db_url: str, llm: FakeLLM) -> None:
+    settings = app_settings(db_url)
+    async with serve_app(create_app(settings, migrate=False, run_worker=False)) as client:
+        rt = runtime_of(client)
+        run = await reembed.start(rt.db, settings, new_model(llm, settings))
+        assert run.status == "done"
+
+        async def followed() -> bool:
+            return rt.embedder.name == NEW
+
+        await wait_for(followed)
+    meta = {r["key"]: r["value"] for r in await sql(db_url, "SELECT * FROM memoria_meta")}
+    assert (meta["embedding_model"], meta["embedding_dim"]) == (NEW, str(DIM))

@@ -3,7 +3,7 @@
 While a run goes on, each table with vectors has a shadow column ``embedding_next`` of the
 new type, filled batch by batch; searches keep reading ``embedding``. A trigger empties a
 row's shadow whenever its vector changes (new text, a first vector), so a shadow vector is
-always one of the row's current text. The switch swaps the columns in one transaction.
+always made from the row's current text. The switch swaps the columns in one transaction.
 """
 
 from __future__ import annotations

@@ -232,7 +232,8 @@ async def cancel(db: Database) -> ReembedRun:
         # The switch locks the run first too: one of the two waits for the other.
         run = await repository.get_run(session, found.id, lock=True)
         if run is None or run.status not in ACTIVE:
-            raise NotFound("no re-embedding run is going on")
+            ended = run.status if run is not None else "gone"
+            raise Conflict(f"re-embedding run {found.id} has just ended ({ended})")
         await jobs.drop_work(session, KINDS, {"run_id": run.id})
         await repository.delete_progress(session, run.id)
         await repository.set_status(session, run.id, "cancelled")
