@@ -9,12 +9,15 @@ import signal
 import sys
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from service.db.engine import Database
 from service.errors import MemoriaError
 from service.observability import configure_logging
-from service.settings import Settings, load_settings
+from service.settings import EmbeddingModelSettings, Settings, load_settings
+
+if TYPE_CHECKING:
+    from service.reembed.service import RunReport
 
 log = logging.getLogger("service.cli")
 
@@ -346,7 +349,7 @@ async def _reembed(settings: Settings, args: argparse.Namespace) -> int:
         await db.dispose()
 
 
-def _reembed_target(settings: Settings, args: argparse.Namespace) -> Any:
+def _reembed_target(settings: Settings, args: argparse.Namespace) -> EmbeddingModelSettings:
     from service.embedding import LOCAL_MODEL
     from service.reembed.service import target_settings
 
@@ -365,7 +368,7 @@ def _reembed_target(settings: Settings, args: argparse.Namespace) -> Any:
     )
 
 
-async def _probe(target: Any) -> None:
+async def _probe(target: EmbeddingModelSettings) -> None:
     """Embed one text with the new model before anything changes: a wrong URL, name or
     dimension is reported here rather than by failing jobs."""
     from service.embedding import build_embedder, vector_space
@@ -385,7 +388,7 @@ async def _probe(target: Any) -> None:
         raise MemoriaError(f"the model {model!r} made {len(vector)} dimensions, not {dimensions}")
 
 
-def _describe(report: Any) -> str:
+def _describe(report: RunReport) -> str:
     run = report.run
     lines = [
         f"run {run.id}: {run.previous_model} ({run.previous_dimensions}) -> {run.model_name}"
