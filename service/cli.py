@@ -1,4 +1,5 @@
-"""The ``memoria`` command: serve, worker, migrate, tenants, keys, jobs, export, import, mcp."""
+"""The ``memoria`` command: serve, worker, migrate, tenants, keys, jobs, export, import,
+reembed, mcp."""
 
 from __future__ import annotations
 
@@ -9,12 +10,15 @@ import signal
 import sys
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from service.db.engine import Database
 from service.errors import MemoriaError
 from service.observability import configure_logging
-from service.settings import Settings, load_settings
+from service.settings import EmbeddingModelSettings, Settings, load_settings
+
+if TYPE_CHECKING:
+    from service.reembed.service import RunReport
 
 log = logging.getLogger("service.cli")
 
@@ -82,6 +86,30 @@ def _parser() -> argparse.ArgumentParser:
         "--memo-conversation",
         help="group:ID or private:ID for end_summaries.json entries that name no conversation",
     )
+    reembed = commands.add_parser(
+        "reembed",
+        help="remake every stored vector with another embedding model, then switch to it",
+    )
+    reembed.add_argument("--model", help="the new model's name")
+    reembed.add_argument(
+        "--dimensions", type=int, help="its vectors' dimension (default: as configured)"
+    )
+    reembed.add_argument(
+        "--provider",
+        choices=["local", "openai"],
+        help="default: openai when --api-url is given, else as configured",
+    )
+    reembed.add_argument("--api-url", help="its OpenAI-compatible API, e.g. http://host/v1")
+    reembed.add_argument(
+        "--batch-size", type=int, help="rows per job (default: models.embedding.batch_size)"
+    )
+    action = reembed.add_mutually_exclusive_group()
+    action.add_argument("--status", action="store_true", help="show the newest run's progress")
+    action.add_argument(
+        "--cancel", action="store_true", help="stop the run; the stored vectors stay as they are"
+    )
+    action.add_argument("--resume", action="store_true", help="retry the run's failed jobs")
+    reembed.add_argument("--wait", action="store_true", help="show progress until the run ends")
 
     mcp = commands.add_parser(
         "mcp", help="serve the memory tools over the Model Context Protocol, for one API key"
@@ -117,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
             return asyncio.run(_worker(settings, args))
         if args.command == "migrate":
             return _migrate(settings)
+        if args.command == "reembed":
+            return asyncio.run(_reembed(settings, args))
         return asyncio.run(_admin(settings, args))
     except MemoriaError as exc:
         print(f"memoria: {exc.message}", file=sys.stderr)
@@ -366,6 +396,143 @@ class ProgressBar:
         bar = "#" * filled + "." * (self.WIDTH - filled)
         end = "\n" if done >= total else ""
         print(f"\r{stage:<9} [{bar}] {done}/{total}", end=end, file=sys.stderr, flush=True)
+
+
+async def _reembed(settings: Settings, args: argparse.Namespace) -> int:
+    from service.reembed import service as reembed
+
+    db = Database.from_settings(settings)
+    try:
+        if args.cancel:
+            run = await reembed.cancel(db)
+            print(f"cancelled run {run.id}; the stored vectors stay {run.previous_model!r}")
+            return 0
+        if args.resume:
+            print(f"{await reembed.resume(db, settings)} job(s) queued again")
+            report = await reembed.report(db)
+            return await _follow(db, report.run.id) if args.wait and report else 0
+        if args.status:
+            report = await reembed.report(db)
+            if report is None:
+                print("no re-embedding has been run")
+                return 0
+            if args.wait:
+                return await _follow(db, report.run.id)
+            print(_describe(report))
+            return 0
+        target = _reembed_target(settings, args)
+        await reembed.check_startable(db, target)
+        await _probe(target)
+        run = await reembed.start(db, settings, target, args.batch_size)
+        print(
+            f"run {run.id}: {run.previous_model} ({run.previous_dimensions}) -> {run.model_name}"
+            f" ({run.dimensions}), {run.batch_size} rows a job; the workers (`memoria serve`,"
+            " `memoria worker`) do the work, searches use the old vectors until the switch"
+        )
+        return await _follow(db, run.id) if args.wait else 0
+    finally:
+        await db.dispose()
+
+
+def _reembed_target(settings: Settings, args: argparse.Namespace) -> EmbeddingModelSettings:
+    from service.embedding import LOCAL_MODEL
+    from service.reembed.service import target_settings
+
+    provider = args.provider or ("openai" if args.api_url else settings.models.embedding.provider)
+    if provider == "local":
+        if args.model not in (None, LOCAL_MODEL):
+            raise MemoriaError(f"the local provider has one model, {LOCAL_MODEL}")
+    elif not args.model:
+        raise MemoriaError("give --model (or --status, --cancel, --resume)")
+    return target_settings(
+        settings.models.embedding,
+        provider=provider,
+        model=args.model,
+        dimensions=args.dimensions,
+        api_url=args.api_url,
+    )
+
+
+async def _probe(target: EmbeddingModelSettings) -> None:
+    """Embed one text with the new model before anything changes: a wrong URL, name or
+    dimension is reported here rather than by failing jobs."""
+    from service.embedding import build_embedder, vector_space
+    from service.errors import ConfigurationError
+
+    model, dimensions = vector_space(target)
+    embedder = build_embedder(target)
+    try:
+        [vector] = await embedder.passages(["memoria"])
+    except ConfigurationError as exc:
+        raise MemoriaError(f"{exc.message} (give the model's --dimensions)") from exc
+    except Exception as exc:
+        raise MemoriaError(f"the model {model!r} did not answer: {exc}") from exc
+    finally:
+        await embedder.close()
+    if len(vector) != dimensions:
+        raise MemoriaError(f"the model {model!r} made {len(vector)} dimensions, not {dimensions}")
+
+
+def _describe(report: RunReport) -> str:
+    run = report.run
+    lines = [
+        f"run {run.id}: {run.previous_model} ({run.previous_dimensions}) -> {run.model_name}"
+        f" ({run.dimensions}), {run.status}, started {run.started_at:%Y-%m-%d %H:%M:%S}"
+        + (f", finished {run.finished_at:%Y-%m-%d %H:%M:%S}" if run.finished_at else "")
+    ]
+    for table in report.tables:
+        state = "done" if table.passes_open == 0 and run.status != "cancelled" else ""
+        lines.append(f"  {table.table:<9} {table.rows_done:>10,} / {table.rows_total:<10,} {state}")
+    lines.append(f"  written during the run, caught up: {run.caught_up:,}")
+    jobs = report.jobs
+    lines.append(
+        f"  jobs: {jobs['queued']} queued, {jobs['running']} running, {jobs['failed']} failed"
+    )
+    if report.last_error:
+        lines.append(f"  last error: {report.last_error}")
+    if report.stalled:
+        lines.append("  stalled: fix the cause above, then `memoria reembed --resume`")
+    return "\n".join(lines)
+
+
+async def _follow(db: Database, run_id: int) -> int:
+    """A progress bar until the run is switched (0), cancelled or stalled (1)."""
+    from service.reembed.service import report as read_report
+
+    tty = sys.stdout.isatty()
+    shown = ""
+    while True:
+        report = await read_report(db, run_id)
+        if report is None:
+            raise MemoriaError(f"run {run_id} is gone")
+        done = sum(t.rows_done for t in report.tables)
+        total = max(sum(t.rows_total for t in report.tables), 1)
+        width = 30
+        filled = min(width, width * done // total)
+        line = (
+            f"[{'#' * filled}{'.' * (width - filled)}] {min(100, 100 * done // total):3d}%"
+            f"  {done:,}/{total:,} rows  {report.run.status}"
+        )
+        if line != shown:
+            print(f"\r{line}" if tty else line, end="" if tty else "\n", flush=True)
+            shown = line
+        if report.run.status in ("done", "cancelled") or report.stalled:
+            if tty:
+                print()
+            print(_describe(report))
+            break
+        await asyncio.sleep(1.0)
+    run = report.run
+    if run.status != "done":
+        return 1
+    print(
+        f"switched: the stored vectors are {run.model_name} ({run.dimensions} dimensions), and"
+        f" running services embed with it. Set [models.embedding] provider = {run.provider!r},"
+        f" model_name = {run.model_name!r}, dimensions = {run.dimensions}"
+        + (f", api_url = {run.api_url!r}" if run.api_url else "")
+        + " to match."
+    )
+    return 0
 
 
 _ADMIN: dict[

@@ -13,6 +13,7 @@ from service.memories.upkeep import CONSOLIDATE_JOB, MAINTAIN_JOB, Upkeep
 from service.messages.service import EMBED_JOB, EXTRACT_JOB, Archivist
 from service.privacy.routes import ERASE_JOB, erase_handler
 from service.queue.worker import JobHandler, Periodic
+from service.reembed.service import BATCH_JOB, SWITCH_JOB, Reembedder
 from service.todos.service import DELIVER_JOB, Courier
 
 if TYPE_CHECKING:
@@ -25,6 +26,8 @@ def handlers(runtime: Runtime) -> dict[str, JobHandler]:
     archivist = Archivist(runtime.db, runtime.embedder, runtime.settings, runtime.llm)
     upkeep = Upkeep(runtime.db, runtime.settings)
     courier = Courier(runtime.db, runtime.settings)
+    reembedder = Reembedder(runtime.db, runtime.settings)
+    runtime.on_close.append(reembedder.close)
     return {
         END_JOB: historian.run_end,
         EMBED_JOB: archivist.run_embed,
@@ -34,6 +37,8 @@ def handlers(runtime: Runtime) -> dict[str, JobHandler]:
         DELIVER_JOB: courier.run_deliver,
         ERASE_JOB: erase_handler(runtime),
         exports.EXPORT_JOB: exports.ExportWriter(runtime.settings).run,
+        BATCH_JOB: reembedder.run_batch,
+        SWITCH_JOB: reembedder.run_switch,
     }
 
 

@@ -13,6 +13,7 @@ from service.messages.models import Conversation, Message
 from service.privacy.models import Erasure
 from service.profiles.models import ProfileRevision, ProfileRow
 from service.queue.models import Job
+from service.reembed.models import ReembedProgress, ReembedRun
 from service.tenants.models import ApiKey, Tenant
 from service.todos.models import Todo
 
@@ -34,6 +35,8 @@ __all__ = [
     "Message",
     "ProfileRevision",
     "ProfileRow",
+    "ReembedProgress",
+    "ReembedRun",
     "Tenant",
     "Todo",
     "metadata",

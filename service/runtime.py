@@ -5,21 +5,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from service.db.engine import Database
-from service.db.meta import check_embedding_dimension
 from service.db.migrate import (
     alembic_config,
     current_revision,
     shipped_revisions,
     upgrade_to_head_async,
 )
-from service.embedding import Embedder, build_embedder
+from service.embedding import CurrentEmbedder, build_embedder, vector_space
 from service.guard import RateLimiter
 from service.llm import ChatModel, build_chat_model
 from service.llm.rerank import Reranker, build_reranker
 from service.queue.worker import JobHandler, Periodic, Worker
+from service.reembed.service import settle, stored_space
 from service.settings import Settings
 from service.tenants.service import Authenticator
 
@@ -32,7 +33,7 @@ class Runtime:
 
     settings: Settings
     db: Database
-    embedder: Embedder
+    embedder: CurrentEmbedder
     llm: ChatModel | None
     reranker: Reranker | None
     auth: Authenticator
@@ -40,7 +41,10 @@ class Runtime:
     known_revisions: frozenset[str] = frozenset()
     limiter: RateLimiter = field(default_factory=lambda: RateLimiter(0, 1))
     worker: Worker | None = None
+    on_close: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     _worker_task: asyncio.Task[None] | None = field(default=None, repr=False)
+    _model_watch: asyncio.Task[None] | None = field(default=None, repr=False)
+    _stored_space: tuple[str, int] | None = field(default=None, repr=False)
 
     @classmethod
     def build(cls, settings: Settings, *, db: Database | None = None) -> Runtime:
@@ -50,7 +54,9 @@ class Runtime:
         return cls(
             settings=settings,
             db=db,
-            embedder=build_embedder(settings.models.embedding),
+            embedder=CurrentEmbedder(
+                build_embedder(settings.models.embedding), settings.models.embedding
+            ),
             llm=build_chat_model(settings.models.historian),
             reranker=build_reranker(settings.models.reranker),
             auth=Authenticator(db, settings),
@@ -67,15 +73,39 @@ class Runtime:
             # Not migrated yet: serve anyway; /readyz answers 503 until `memoria migrate` runs.
             log.warning("the database has no schema yet; run `memoria migrate`")
         else:
-            async with self.db.system() as session:
-                await check_embedding_dimension(
-                    session, self.embedder.dimension, self.embedder.name
-                )
-        warm_up = getattr(self.embedder, "warm_up", None)
-        if warm_up is not None:
-            await warm_up()
+            await self.settle_embedder()
+        await self.embedder.warm_up()
+        self._model_watch = asyncio.create_task(self._watch_model(), name="model-watch")
         if run_worker:
             self.start_worker()
+
+    async def settle_embedder(self) -> None:
+        """Embed with the model of the stored vectors (after a re-embedding, not necessarily
+        the configured one); refuse a model whose vectors could not be stored."""
+        async with self.db.system() as session:
+            chosen, warning = await settle(session, self.settings.models.embedding)
+            self._stored_space = await stored_space(session)
+        if warning:
+            log.warning("%s", warning)
+        if vector_space(chosen) != vector_space(self.embedder.settings):
+            log.warning("embedding with %r from now on", vector_space(chosen)[0])
+            self.embedder.use(build_embedder(chosen), chosen)
+
+    async def _watch_model(self) -> None:
+        """Follow a re-embedding's switch: the stored vectors' model changes, so does ours."""
+        while True:
+            await asyncio.sleep(self.settings.models.embedding_check_seconds)
+            try:
+                async with self.db.system() as session:
+                    stored = await stored_space(session)
+                if stored is not None and stored != self._stored_space:
+                    self._stored_space = stored  # one warning per change, not one per look
+                    await self.settle_embedder()
+                    await self.embedder.warm_up()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("checking the stored vectors' model failed: %s", exc)
 
     def job_handlers(self) -> dict[str, JobHandler]:
         """The job kinds this process knows how to run."""
@@ -123,6 +153,13 @@ class Runtime:
         if self._worker_task is not None:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(self._worker_task, timeout=10)
+        if self._model_watch is not None:
+            self._model_watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._model_watch
+        for close in self.on_close:
+            with contextlib.suppress(Exception):
+                await close()
         with contextlib.suppress(Exception):
             await self.auth.flush_usage()
         await self.embedder.close()

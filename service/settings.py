@@ -199,6 +199,9 @@ class ModelsSettings(_Section):
     embedding: EmbeddingModelSettings = EmbeddingModelSettings()
     historian: ChatModelSettings = ChatModelSettings()
     reranker: RerankerModelSettings = RerankerModelSettings()
+    embedding_check_seconds: float = Field(
+        2.0, gt=0, description="how often a running process looks for a finished re-embedding"
+    )
 
 
 class Settings(BaseSettings):

@@ -1,13 +1,15 @@
 """A small OpenAI-compatible HTTP server that tests start and script.
 
 Chat completions answer from a queue of scripted replies (text, tool calls, HTTP errors,
-delays, garbage); embeddings are deterministic hash vectors; ``/rerank`` scores documents
+delays, garbage); embeddings are deterministic hash vectors, of a width set per model, and
+can be held back to catch a caller in the middle of its work; ``/rerank`` scores documents
 with a function the test sets. The production ``openai``
 client talks to it over real HTTP, unchanged.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import threading
@@ -51,6 +53,11 @@ class FakeLLM:
 
     def __init__(self, embedding_dim: int = 384) -> None:
         self.embedding_dim = embedding_dim
+        self.embedding_dims: dict[str, int] = {}  # per model; others get embedding_dim
+        self.embeddings_waiting = 0
+        self._passes: int | None = None  # embedding requests let through before holding
+        self._released = threading.Event()
+        self._released.set()
         self.replies: deque[Reply] = deque()
         self.default: Callable[[dict[str, Any]], Reply] | None = None
         self.chat_requests: list[dict[str, Any]] = []
@@ -83,6 +90,7 @@ class FakeLLM:
             self.replies.extend(replies)
 
     def reset(self) -> None:
+        self.release_embeddings()
         with self._lock:
             self.replies.clear()
             self.default = None
@@ -91,6 +99,31 @@ class FakeLLM:
             self.rerank = None
             self.rerank_delay = 0.0
             self.rerank_requests.clear()
+            self.embedding_dims.clear()
+
+    def hold_embeddings(self, after: int = 0) -> None:
+        """Answer ``after`` more embedding requests, then hold the rest until released."""
+        with self._lock:
+            self._passes = after
+            self._released.clear()
+
+    def release_embeddings(self) -> None:
+        """Answer held embedding requests, and every later one at once."""
+        with self._lock:
+            self._passes = None
+            self._released.set()
+
+    def _admit_embedding(self, request: dict[str, Any]) -> bool:
+        """Record a request; True when it must wait for a release."""
+        with self._lock:
+            self.embedding_requests.append(request)
+            if self._passes is None:
+                return False
+            if self._passes > 0:
+                self._passes -= 1
+                return False
+            self.embeddings_waiting += 1
+            return True
 
     def _next_reply(self, request: dict[str, Any]) -> Reply:
         with self._lock:
@@ -137,15 +170,15 @@ class FakeLLM:
                 length = int(self.headers.get("Content-Length") or 0)
                 request = json.loads(self.rfile.read(length) or b"{}")
                 if self.path.endswith("/embeddings"):
-                    fake.embedding_requests.append(request)
+                    if fake._admit_embedding(request):
+                        fake._released.wait(timeout=60)
+                        with fake._lock:
+                            fake.embeddings_waiting -= 1
                     inputs = request["input"]
                     inputs = [inputs] if isinstance(inputs, str) else inputs
+                    dim = fake.embedding_dims.get(request.get("model", ""), fake.embedding_dim)
                     data = [
-                        {
-                            "object": "embedding",
-                            "index": i,
-                            "embedding": hash_vector(t, fake.embedding_dim),
-                        }
+                        {"object": "embedding", "index": i, "embedding": hash_vector(t, dim)}
                         for i, t in enumerate(inputs)
                     ]
                     body = {
@@ -154,7 +187,9 @@ class FakeLLM:
                         "model": request.get("model"),
                         "usage": {"prompt_tokens": 1, "total_tokens": 1},
                     }
-                    self._send(200, json.dumps(body).encode())
+                    # The caller may have given up on a held request meanwhile.
+                    with contextlib.suppress(OSError):
+                        self._send(200, json.dumps(body).encode())
                     return
                 if self.path.endswith("/rerank"):
                     self._rerank(request)

@@ -2,7 +2,7 @@
 conversation's term count (BM25's mean message length).
 
 Revision ID: 0005
-Revises: 0003
+Revises: 0004
 Create Date: 2026-11-22 00:40:00.000000
 """
 

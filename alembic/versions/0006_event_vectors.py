@@ -9,7 +9,7 @@ vector 2 bytes a dimension: above 1,100 dimensions the index carries only the id
 stay in the table's rows (kept inline, not in TOAST), and a search visits those rows instead.
 
 Revision ID: 0006
-Revises: 0004
+Revises: 0005
 Create Date: 2026-11-23 10:12:40.512907
 """
 

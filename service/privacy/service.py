@@ -276,7 +276,8 @@ TENANT_TABLES = [
     "erasures",
     "audit_log",
 ]
-_HIDDEN_COLUMNS = {"embedding", "key_hash"}
+# Vectors (and, during a re-embedding, their shadow copies) are derived from the texts.
+_HIDDEN_COLUMNS = {"embedding", "embedding_next", "key_hash"}
 
 
 async def tenant_parts(

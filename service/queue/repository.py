@@ -360,3 +360,61 @@ async def get_job(
     """One of a tenant's jobs."""
     row = (await session.execute(_GET, {"tenant_id": tenant_id, "id": job_id})).first()
     return dict(row._mapping) if row is not None else None
+
+
+# The jobs of one piece of work across tenants (e.g. a re-embedding run), found by kind and
+# by what their payload contains. Only for operators' commands: no index serves it.
+_WORK_STATUS = text(
+    """
+    SELECT status, count(*) AS n,
+           (array_agg(last_error ORDER BY updated_at DESC)
+                FILTER (WHERE last_error IS NOT NULL))[1] AS last_error
+    FROM jobs WHERE kind = ANY(:kinds) AND payload @> CAST(:match AS jsonb)
+    GROUP BY status
+    """
+)
+
+
+async def work_status(
+    session: AsyncSession, kinds: list[str], match: dict[str, Any]
+) -> tuple[dict[str, int], str | None]:
+    """Jobs of these kinds whose payload contains ``match``, per status; the latest error."""
+    counts = {"queued": 0, "running": 0, "done": 0, "failed": 0}
+    error: str | None = None
+    params = {"kinds": kinds, "match": json.dumps(match)}
+    for row in await session.execute(_WORK_STATUS, params):
+        counts[row.status] = int(row.n)
+        if row.status == "failed" or error is None:
+            error = row.last_error or error
+    return counts, error
+
+
+# Failed jobs of one piece of work get a fresh set of attempts (an operator fixed the cause).
+_RETRY_WORK = text(
+    """
+    UPDATE jobs
+    SET status = 'queued', attempts = 0, run_after = now(), finished_at = NULL, updated_at = now()
+    WHERE status = 'failed' AND kind = ANY(:kinds) AND payload @> CAST(:match AS jsonb)
+    """
+)
+
+
+async def retry_work(session: AsyncSession, kinds: list[str], match: dict[str, Any]) -> int:
+    """Queue again the failed jobs of these kinds whose payload contains ``match``."""
+    result = await session.execute(_RETRY_WORK, {"kinds": kinds, "match": json.dumps(match)})
+    return _rowcount(result)
+
+
+# Queued jobs of abandoned work are dropped; a running one finds its work gone and stops.
+_DROP_WORK = text(
+    """
+    DELETE FROM jobs
+    WHERE status = 'queued' AND kind = ANY(:kinds) AND payload @> CAST(:match AS jsonb)
+    """
+)
+
+
+async def drop_work(session: AsyncSession, kinds: list[str], match: dict[str, Any]) -> int:
+    """Delete the queued jobs of these kinds whose payload contains ``match``."""
+    result = await session.execute(_DROP_WORK, {"kinds": kinds, "match": json.dumps(match)})
+    return _rowcount(result)

@@ -65,9 +65,13 @@ class JobContext:
         """
         async with self.db.tenant(self.job.tenant_id) as session:
             yield session
-            if not await repository.complete(session, self.job, self.worker_id, self.result):
-                raise LeaseLost(f"job {self.job.id}: lease lost before completion")
-            self.finished = True
+            await self.complete_in(session)
+
+    async def complete_in(self, session: AsyncSession) -> None:
+        """Mark the job done in the caller's transaction, so it commits with the job's writes."""
+        if not await repository.complete(session, self.job, self.worker_id, self.result):
+            raise LeaseLost(f"job {self.job.id}: lease lost before completion")
+        self.finished = True
 
 
 JobHandler = Callable[[JobContext], Awaitable[dict[str, Any] | None]]

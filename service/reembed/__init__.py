@@ -1,0 +1,1 @@
+"""Re-embedding: every stored vector remade by another embedding model, then one switch."""
