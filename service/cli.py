@@ -355,13 +355,19 @@ async def _import(db: Database, settings: Settings, args: argparse.Namespace) ->
     from service.embedding import build_embedder
     from service.importer.coerce import parse_chat
     from service.importer.service import import_undefined
+    from service.reembed.service import settle
 
     try:
         tenant_id = uuid.UUID(args.tenant)
     except ValueError:
         raise MemoriaError(f"not a tenant id: {args.tenant}") from None
     memo_chat = parse_chat(args.memo_conversation) if args.memo_conversation else None
-    embedder = build_embedder(settings.models.embedding)
+    # The stored vectors' model, which a re-embedding may have changed from the configured one.
+    async with db.system() as session:
+        embedding, warning = await settle(session, settings.models.embedding)
+    if warning:
+        log.warning("%s", warning)
+    embedder = build_embedder(embedding)
     try:
         report = await import_undefined(
             db,
