@@ -581,6 +581,22 @@ async def test_the_analyst_cannot_read_tables_write_or_grant_itself_tenants(
         with pytest.raises(asyncpg.PostgresError):
             await analyst.execute(statement)
 
+    # Functions that run as the owner (the app's term lookups) trust app.tenant_id, which an
+    # analyst can set: none of them may be callable by the analyst.
+    definers = await owner.fetch(
+        "SELECT p.oid::regprocedure::text AS signature,"
+        " has_function_privilege($1, p.oid, 'EXECUTE') AS callable"
+        " FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+        " WHERE p.prosecdef AND n.nspname = 'public'",
+        role,
+    )
+    assert len(definers) >= 3 and not [d["signature"] for d in definers if d["callable"]]
+    await analyst.execute("SELECT set_config('app.tenant_id', $1, false)", str(s.b))
+    with pytest.raises(asyncpg.InsufficientPrivilegeError):
+        await analyst.fetch(
+            "SELECT * FROM memoria_event_term_matches(ARRAY['g:1'], 'x'::tsquery, NULL, NULL, 10)"
+        )
+
     assert _rows(
         await owner.fetch("SELECT tenant_id, role_name FROM analytics.analyst_grants")
     ) == [(s.a, role)]

@@ -122,6 +122,13 @@ $$
 """
 
 
+_DEFINER_FUNCTIONS = (
+    "memoria_common_event_terms(float8)",
+    f"memoria_event_term_matches({_TERM_MATCHES_ARGS})",
+    "memoria_message_term_matches(text, tsquery)",
+)
+
+
 def upgrade() -> None:
     op.add_column(
         "events",
@@ -139,18 +146,15 @@ def upgrade() -> None:
     op.execute(_COMMON_TERMS)
     op.execute(_TERM_MATCHES)
     op.execute(_MESSAGE_TERM_MATCHES)
-    op.execute(
-        f"GRANT EXECUTE ON FUNCTION memoria_message_term_matches(text, tsquery) TO {APP_ROLE}"
-    )
-    op.execute(
-        f"GRANT EXECUTE ON FUNCTION memoria_event_term_matches({_TERM_MATCHES_ARGS}) TO {APP_ROLE}"
-    )
-    op.execute(f"GRANT EXECUTE ON FUNCTION memoria_common_event_terms(float8) TO {APP_ROLE}")
+    # These run as the owner: only the app role may call them (PostgreSQL lets PUBLIC run a
+    # new function; an analyst who could set app.tenant_id would read any tenant's matches).
+    for signature in _DEFINER_FUNCTIONS:
+        op.execute(f"REVOKE ALL ON FUNCTION {signature} FROM PUBLIC")
+        op.execute(f"GRANT EXECUTE ON FUNCTION {signature} TO {APP_ROLE}")
 
 
 def downgrade() -> None:
-    op.execute("DROP FUNCTION memoria_message_term_matches(text, tsquery)")
-    op.execute(f"DROP FUNCTION memoria_event_term_matches({_TERM_MATCHES_ARGS})")
-    op.execute("DROP FUNCTION memoria_common_event_terms(float8)")
+    for signature in _DEFINER_FUNCTIONS:
+        op.execute(f"DROP FUNCTION {signature}")
     op.drop_index("ix_events_lexical", table_name="events", postgresql_using="gin")
     op.drop_column("events", "lexical")
