@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from typing import Any
 import event_search_scale as scale
 import httpx
 import numpy as np
+from measure import free_port, percentiles
 
 from service.client import MemoriaClient
 from service.db.embedded import embedded_url, stop_embedded
@@ -78,18 +78,6 @@ def messages(count: int, rng: np.random.Generator) -> list[str]:
             seen.add(framed)
             out.append(framed)
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def percentiles(samples: list[float]) -> str:
-    ordered = sorted(samples)
-    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000  # noqa: E731
-    return f"p50 {pick(0.50):6.2f} ms  p95 {pick(0.95):6.2f} ms  p99 {pick(0.99):6.2f} ms"
 
 
 def profile(kind: str, entity: str, group: str | None, name: str, fact: str) -> str:

@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,21 +26,10 @@ import urllib.request
 from pathlib import Path
 
 import asyncpg
+from measure import free_port, percentiles
 
 ROOT = Path(__file__).resolve().parents[1]
 ADMIN = "bench-admin"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def percentiles(samples: list[float]) -> str:
-    ordered = sorted(samples)
-    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000  # noqa: E731
-    return f"p50 {pick(0.50):6.2f} ms  p95 {pick(0.95):6.2f} ms  p99 {pick(0.99):6.2f} ms"
 
 
 class Client:

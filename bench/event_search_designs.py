@@ -28,6 +28,7 @@ from typing import Any
 
 import asyncpg
 import numpy as np
+from measure import percentiles
 from pgvector import Vector
 from sqlalchemy import text
 
@@ -37,12 +38,6 @@ from service.events.repository import nearest_events
 
 DIM = 384
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def percentiles(samples: list[float]) -> str:
-    ordered = sorted(samples)
-    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000  # noqa: E731
-    return f"p50 {pick(0.50):7.2f} ms  p95 {pick(0.95):7.2f} ms  p99 {pick(0.99):7.2f} ms"
 
 
 def unit_vectors(rng: np.random.Generator, n: int) -> np.ndarray:

@@ -36,6 +36,7 @@ import asyncpg
 import numpy as np
 from alembic import command
 from alembic.script import ScriptDirectory
+from measure import percentiles
 from pgvector import Vector
 from sqlalchemy import text
 
@@ -80,12 +81,6 @@ MOODS = (
     "遇到了老同学",
     "迟到了",
 )
-
-
-def percentiles(samples: list[float]) -> str:
-    ordered = sorted(samples)
-    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000  # noqa: E731
-    return f"p50 {pick(0.50):6.2f} ms  p95 {pick(0.95):6.2f} ms  p99 {pick(0.99):6.2f} ms"
 
 
 def unit_vectors(rng: np.random.Generator, n: int) -> np.ndarray:

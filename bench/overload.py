@@ -24,7 +24,8 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from end_latency import ADMIN, Client, body, free_port, request
+from end_latency import ADMIN, Client, body, request
+from measure import free_port, quantile_ms
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,13 +68,6 @@ async def offer(
     elapsed = time.perf_counter() - begin
     total = len(accepted) + shed
     return len(accepted) / elapsed, shed / total if total else 0.0, accepted
-
-
-def _percentile(samples: list[float], q: float) -> float:
-    if not samples:
-        return float("nan")
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
 
 
 async def main() -> None:
@@ -121,7 +115,7 @@ async def main() -> None:
             rate, shed, latencies = await offer(
                 port, key, args.capacity * factor, args.seconds, f"x{factor}"
             )
-            p50, p99 = _percentile(latencies, 0.5), _percentile(latencies, 0.99)
+            p50, p99 = quantile_ms(latencies, 0.5), quantile_ms(latencies, 0.99)
             peak = max(peak, process.memory_info().rss)
             print(
                 f"offered {factor}× ({args.capacity * factor:6.0f}/s): accepted {rate:6.0f}/s,"

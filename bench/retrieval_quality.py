@@ -51,6 +51,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from measure import quantile_ms
+
 from service.app import create_app
 from service.db.embedded import embedded_url, stop_embedded
 from service.messages import repository
@@ -89,9 +91,8 @@ HEADER = "  {:<14} {:>5}   hit@5   hit@10  rec@5   rec@10".format("", "n")
 
 
 def percentiles(samples: list[float]) -> str:
-    ordered = sorted(samples)
-    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000  # noqa: E731
-    return f"p50 {pick(0.50):6.1f} ms  p95 {pick(0.95):6.1f} ms  (n={len(ordered)})"
+    p50, p95 = quantile_ms(samples, 0.50), quantile_ms(samples, 0.95)
+    return f"p50 {p50:6.1f} ms  p95 {p95:6.1f} ms  (n={len(samples)})"
 
 
 def load_locomo(path: Path) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:

@@ -1,0 +1,27 @@
+"""What the benchmarks share: latency percentiles and a free local port."""
+
+from __future__ import annotations
+
+import socket
+
+
+def quantile_ms(samples: list[float], q: float) -> float:
+    """The ``q`` quantile of latencies in seconds, in milliseconds (nan without samples)."""
+    if not samples:
+        return float("nan")
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+
+def percentiles(samples: list[float]) -> str:
+    """p50, p95 and p99 of latencies in seconds, as one line."""
+    return "  ".join(
+        f"p{round(q * 100)} {quantile_ms(samples, q):6.2f} ms" for q in (0.50, 0.95, 0.99)
+    )
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
