@@ -87,6 +87,11 @@ class QueueSettings(_Section):
     retry_cap_seconds: float = Field(300.0, gt=0)
     shutdown_seconds: float = Field(20.0, ge=0, description="jobs in hand may finish this long")
 
+    @property
+    def max_attempts(self) -> int:
+        """Attempts a job gets: the first run and ``job_max_retries`` retries."""
+        return self.job_max_retries + 1
+
 
 class ExtractionSettings(_Section):
     """When the raw message stream is handed to an extraction job (seed 003 §5.1)."""

@@ -93,7 +93,7 @@ async def accept_end(
             moment,
             END_JOB,
             json.dumps(payload, ensure_ascii=False),
-            settings.cognitive.queue.job_max_retries + 1,
+            settings.cognitive.queue.max_attempts,
             dedupe_key(request.request_id, request.end_seq),
             enqueue,
         )

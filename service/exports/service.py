@@ -63,7 +63,7 @@ async def export_later(
         tenant_id,
         EXPORT_JOB,
         {"export_id": export_id, "kind": kind, "subject": subject},
-        max_attempts=settings.cognitive.queue.job_max_retries + 1,
+        max_attempts=settings.cognitive.queue.max_attempts,
     )
     await repository.attach_job(session, tenant_id, export_id, job_id)
     return ExportJob(export_id, job_id, export_url(tenant_id, kind, export_id))

@@ -24,7 +24,7 @@ from service.embedding import Embedder
 from service.ends import repository as memo_rows
 from service.ends.schemas import loose_bool
 from service.ends.service import accept_end, dedupe_key, event_ids
-from service.errors import ConfigurationError, Conflict, MemoriaError
+from service.errors import Conflict, MemoriaError
 from service.events.repository import upsert_events
 from service.importer import repository
 from service.importer.coerce import Chat, identifier, text_or_none
@@ -35,7 +35,6 @@ from service.privacy import pii
 from service.privacy.service import was_erased
 from service.profiles import repository as profile_rows
 from service.profiles.document import parse
-from service.reembed.service import stored_space
 from service.settings import Settings
 from service.tenants.service import TenantContext, tenant_context
 
@@ -59,16 +58,12 @@ async def import_undefined(
     memo_chat: Chat | None = None,
     progress: Progress = _quiet,
 ) -> Report:
-    """Import the bot's ``data/`` directory into a tenant (``dry_run``: only count)."""
+    """Import the bot's ``data/`` directory into a tenant (``dry_run``: only count).
+
+    ``embedder`` must make the stored vectors' kind (``reembed.service.settle`` picks it).
+    """
     async with db.system() as session:
         tenant = await tenant_context(session, tenant_id, settings)
-        if not dry_run:
-            stored = await stored_space(session)
-            if stored is not None and stored[1] != embedder.dimension:
-                raise ConfigurationError(
-                    f"the stored vectors are {stored[1]}-dimensional ({stored[0]!r}); "
-                    f"the configured embedder {embedder.name!r} makes {embedder.dimension}"
-                )
     source = await asyncio.to_thread(
         read_source, root, tenant.timezone, events_file=events_file, memo_chat=memo_chat
     )

@@ -40,7 +40,7 @@ class Upkeep:
                     tenant_id,
                     MAINTAIN_JOB,
                     {},
-                    max_attempts=self.settings.cognitive.queue.job_max_retries + 1,
+                    max_attempts=self.settings.cognitive.queue.max_attempts,
                     dedupe_key=f"maintain:{bucket}",
                 )
         return len(tenants)
@@ -84,6 +84,6 @@ async def enqueue_consolidation(
         tenant_id,
         CONSOLIDATE_JOB,
         {"conversation_key": conversation_key},
-        max_attempts=settings.cognitive.queue.job_max_retries + 1,
+        max_attempts=settings.cognitive.queue.max_attempts,
         dedupe_key=f"consolidate:{conversation_key}:{stamp}",
     )

@@ -7,14 +7,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
-from pgvector import Vector
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.context import scope_of
 from service.embedding import Embedder
 from service.messages import repository
 from service.messages.schemas import MessageHit, MessageSearch, MessageSearchResult
-from service.retrieval.fusion import mmr, scale_min_max, time_decayed
+from service.retrieval.fusion import mmr, scale_min_max, time_decayed, unit_vector
 from service.retrieval.neighbours import (
     BM25_B,
     BM25_K1,
@@ -155,8 +154,5 @@ def rank_candidates(
 
 def _unit(vector: Any, dimension: int) -> np.ndarray[Any, Any]:
     # A message not embedded yet (found by its words) is a duplicate of nothing.
-    if vector is None:
-        return np.zeros(dimension, dtype=np.float32)
-    array = np.asarray(vector.to_numpy() if isinstance(vector, Vector) else vector, np.float32)
-    norm = float(np.linalg.norm(array))
-    return array / norm if norm > 0 else array
+    unit = unit_vector(vector)
+    return unit if unit is not None else np.zeros(dimension, dtype=np.float32)

@@ -137,7 +137,7 @@ async def ingest(
             tenant.tenant_id,
             EMBED_JOB,
             {},
-            max_attempts=settings.cognitive.queue.job_max_retries + 1,
+            max_attempts=settings.cognitive.queue.max_attempts,
         )
     return MessagesStored(
         stored=len(inserted),
@@ -173,7 +173,7 @@ async def _enqueue_extraction(
         tenant_id,
         EXTRACT_JOB,
         {"conversation_key": key, "upto_seq": upto_seq, "reason": reason},
-        max_attempts=settings.cognitive.queue.job_max_retries + 1,
+        max_attempts=settings.cognitive.queue.max_attempts,
         dedupe_key=f"extract:{key}:{upto_seq}",
     )
     return job_id

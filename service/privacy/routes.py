@@ -87,7 +87,7 @@ class PrivacyController(Controller):
                 tenant.tenant_id,
                 ERASE_JOB,
                 {"user_id": subject, "requested_by": tenant.key_prefix},
-                max_attempts=rt.settings.cognitive.queue.job_max_retries + 1,
+                max_attempts=rt.settings.cognitive.queue.max_attempts,
             )
             body = {"job_id": job_id, "status_url": f"/v1/jobs/{job_id}"}
             return Response(body, status_code=202)

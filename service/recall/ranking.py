@@ -30,7 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from service.events import repository as events
 from service.llm.base import LLMError
 from service.llm.rerank import Reranker
-from service.retrieval.fusion import scale_by_max, similarity, time_decayed
+from service.retrieval.fusion import scale_by_max, similarity, time_decayed, unit_vector
 from service.retrieval.terms import near_duplicate, query_terms
 from service.settings import QuerySettings
 
@@ -111,7 +111,7 @@ def without_duplicates(ranked: list[RankedEvent], k: int) -> list[RankedEvent]:
     for event in ranked:
         if len(kept) == k:
             break
-        vector = _unit(event.row.get("embedding"))
+        vector = unit_vector(event.row.get("embedding"))
         if any(
             _same_day(event.row, other.row)
             and near_duplicate(
@@ -172,10 +172,10 @@ async def rank_events(
         search.time_from,
         search.time_to,
     )
-    query = _unit(vector)
+    query = unit_vector(vector)
     for row in lexical:
         # The exact cosine distance, as the dense side computes it.
-        unit = _unit(row.get("embedding"))
+        unit = unit_vector(row.get("embedding"))
         row["distance"] = (
             1.0 - float(query @ unit) if query is not None and unit is not None else None
         )
@@ -215,13 +215,3 @@ def _same_day(a: dict[str, Any], b: dict[str, Any]) -> bool:
     # The same words on two days are two happenings (a weekly meeting), not one repeated.
     at, other = a.get("occurred_at"), b.get("occurred_at")
     return at is None or other is None or at.date() == other.date()
-
-
-def _unit(vector: Any) -> np.ndarray[Any, Any] | None:
-    if vector is None:
-        return None
-    if hasattr(vector, "to_numpy"):  # pgvector's Vector, as the driver returns it
-        vector = vector.to_numpy()
-    array = np.asarray(vector, dtype=np.float32).ravel()
-    norm = float(np.linalg.norm(array))
-    return array / norm if norm > 0 else None

@@ -304,7 +304,7 @@ async def _enqueue_batch(
         BATCH_JOB,
         {"run_id": run_id, "table": table},
         priority=BATCH_PRIORITY,
-        max_attempts=settings.cognitive.queue.job_max_retries + 1,
+        max_attempts=settings.cognitive.queue.max_attempts,
         dedupe_key=key,
     )
 

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Mapping, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
+from pgvector import Vector
 
 K = TypeVar("K", bound=Hashable)
 
@@ -58,6 +59,18 @@ def weighted_fusion(
             for n, value in enumerate(values):
                 out[n] += weight * value
     return [value / total for value in out]
+
+
+def unit_vector(vector: Any) -> npt.NDArray[np.float32] | None:
+    """A stored or computed vector at unit length (pgvector's ``Vector`` as the driver returns
+    it, or any array); None for no vector or a zero one."""
+    if vector is None:
+        return None
+    if isinstance(vector, Vector):
+        vector = vector.to_numpy()
+    array = np.asarray(vector, dtype=np.float32).ravel()
+    norm = float(np.linalg.norm(array))
+    return array / norm if norm > 0 else None
 
 
 def similarity(distance: float) -> float:

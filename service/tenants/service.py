@@ -159,6 +159,25 @@ class TenantContext:
     overrides: dict[str, Any] = field(default_factory=dict)
     defaults: Settings | None = None
 
+    @classmethod
+    def of(
+        cls,
+        tenant: Tenant,
+        settings: Settings,
+        *,
+        key: ApiKey | None = None,
+        actor: str | None = None,
+    ) -> TenantContext:
+        """A tenant's context, called with ``key``, or by ``actor`` without one."""
+        return cls(
+            tenant_id=tenant.id,
+            tenant_name=tenant.name,
+            key_id=key.id if key else None,
+            key_prefix=key.prefix if key else actor,
+            overrides=dict(tenant.settings or {}),
+            defaults=settings,
+        )
+
     @property
     def query(self) -> QuerySettings:
         """Query settings: deployment defaults with this tenant's overrides."""
@@ -205,14 +224,7 @@ async def tenant_context(
     tenant = await repository.get_tenant(session, tenant_id)
     if tenant is None:
         raise NotFound(f"no tenant {tenant_id}")
-    return TenantContext(
-        tenant_id=tenant.id,
-        tenant_name=tenant.name,
-        key_id=None,
-        key_prefix=None,
-        overrides=dict(tenant.settings or {}),
-        defaults=settings,
-    )
+    return TenantContext.of(tenant, settings)
 
 
 class Authenticator:
@@ -266,14 +278,7 @@ class Authenticator:
             row = await repository.get_tenant(session, tenant_id)
             if row is None:
                 raise NotFound("no such tenant", field=ACTING_TENANT_HEADER)
-            return TenantContext(
-                tenant_id=row.id,
-                tenant_name=row.name,
-                key_id=None,
-                key_prefix=ADMIN_ACTOR,
-                overrides=dict(row.settings or {}),
-                defaults=self._settings,
-            )
+            return TenantContext.of(row, self._settings, actor=ADMIN_ACTOR)
 
     async def _lookup(self, prefix: str, digest: bytes) -> TenantContext:
         async with self._db.system() as session:
@@ -283,14 +288,7 @@ class Authenticator:
                     tenant = await repository.get_tenant(session, key.tenant_id)
                     if tenant is None:
                         break
-                    return TenantContext(
-                        tenant_id=tenant.id,
-                        tenant_name=tenant.name,
-                        key_id=key.id,
-                        key_prefix=key.prefix,
-                        overrides=dict(tenant.settings or {}),
-                        defaults=self._settings,
-                    )
+                    return TenantContext.of(tenant, self._settings, key=key)
         raise Unauthorized("unknown or revoked API key")
 
     def forget(self, tenant_id: uuid.UUID | None = None) -> None:

@@ -67,7 +67,7 @@ class Courier:
                     row.tenant_id,
                     DELIVER_JOB,
                     {"todo_id": row.id},
-                    max_attempts=self.settings.cognitive.queue.job_max_retries + 1,
+                    max_attempts=self.settings.cognitive.queue.max_attempts,
                     dedupe_key=f"deliver:{row.id}",
                 )
         return len(rows)
