@@ -22,9 +22,6 @@ import asyncio
 import os
 import shutil
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -32,7 +29,7 @@ from typing import Any
 import event_search_scale as scale
 import httpx
 import numpy as np
-from measure import free_port, percentiles
+from measure import free_port, percentiles, serve
 
 from service.client import MemoriaClient
 from service.db.embedded import embedded_url, stop_embedded
@@ -179,21 +176,11 @@ async def embedding_share(texts: list[str]) -> list[float]:
 
 async def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--events", type=int, default=1_000_000, help="events of the big tenant")
-    parser.add_argument("--groups", type=int, default=1000)
-    parser.add_argument("--tenants", type=int, default=100, help="other, small tenants")
+    scale.add_data_arguments(parser)
     parser.add_argument("--queries", type=int, default=300, help="requests per case")
-    parser.add_argument("--seed", type=int, default=20260221)
-    parser.add_argument("--keep", action="store_true", help="keep the data directory")
-    parser.add_argument("--data-dir", type=Path, help="reuse a seeded directory (from --keep)")
     args = parser.parse_args()
 
-    reuse = args.data_dir is not None
-    if reuse:
-        data_dir = args.data_dir.resolve()
-    else:
-        (ROOT / "data").mkdir(exist_ok=True)
-        data_dir = Path(tempfile.mkdtemp(prefix="bench-context-", dir=ROOT / "data"))
+    data_dir, reuse = scale.data_directory(args, "bench-context-")
     url = embedded_url(data_dir / "pg")
     dsn = url.replace("postgresql+asyncpg://", "postgresql://")
     db = Database(url, pool_size=1, max_overflow=0)
@@ -221,13 +208,7 @@ async def main() -> None:
             "MEMORIA_ADMIN_TOKEN": ADMIN,
             "MEMORIA_LOG_LEVEL": "WARNING",
         }
-        server = subprocess.Popen(
-            [sys.executable, "-m", "service", "serve", "--port", str(port), "--no-worker"],
-            env=env,
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        server = serve(port, env)
         base = f"http://127.0.0.1:{port}"
         async with httpx.AsyncClient(base_url=base, timeout=60) as admin:
             for _ in range(600):

@@ -18,15 +18,13 @@ import os
 import shutil
 import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
 import asyncpg
-from measure import free_port, percentiles
+from measure import free_port, percentiles, serve
 
 ROOT = Path(__file__).resolve().parents[1]
 ADMIN = "bench-admin"
@@ -149,13 +147,7 @@ async def main() -> None:
         MEMORIA_ADMIN_TOKEN=ADMIN,
         MEMORIA_LOG_LEVEL="WARNING",
     )
-    server = subprocess.Popen(
-        [sys.executable, "-m", "service", "serve", "--port", str(port), "--no-worker"],
-        env=env,
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    server = serve(port, env)
     try:
         for _ in range(600):
             try:

@@ -462,6 +462,24 @@ async def fresh_rows(
     await conn.close()
 
 
+def add_data_arguments(parser: argparse.ArgumentParser) -> None:
+    """The dataset's shape, and keeping or reusing it."""
+    parser.add_argument("--events", type=int, default=1_000_000, help="events of the big tenant")
+    parser.add_argument("--groups", type=int, default=1000)
+    parser.add_argument("--tenants", type=int, default=100, help="other, small tenants")
+    parser.add_argument("--seed", type=int, default=20260221)
+    parser.add_argument("--keep", action="store_true", help="keep the data directory")
+    parser.add_argument("--data-dir", type=Path, help="reuse a seeded directory (from --keep)")
+
+
+def data_directory(args: argparse.Namespace, prefix: str) -> tuple[Path, bool]:
+    """The data directory to use, and whether it is one seeded before (``--data-dir``)."""
+    if args.data_dir is not None:
+        return args.data_dir.resolve(), True
+    (ROOT / "data").mkdir(exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=ROOT / "data")), False
+
+
 async def shared_buffers(dsn: str, value: str | None) -> str:
     """Set (or, with None, reset) shared_buffers for the next start; the current value."""
     conn = await asyncpg.connect(dsn)
@@ -476,26 +494,16 @@ async def shared_buffers(dsn: str, value: str | None) -> str:
 
 async def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--events", type=int, default=1_000_000, help="events of the big tenant")
-    parser.add_argument("--groups", type=int, default=1000)
-    parser.add_argument("--tenants", type=int, default=100, help="other, small tenants")
+    add_data_arguments(parser)
     parser.add_argument("--queries", type=int, default=200, help="per latency case and recall")
     parser.add_argument(
         "--shared-buffers",
         default="4GB",
         help="measure again after a restart with this shared_buffers ('' to skip)",
     )
-    parser.add_argument("--seed", type=int, default=20260221)
-    parser.add_argument("--keep", action="store_true", help="keep the data directory")
-    parser.add_argument("--data-dir", type=Path, help="reuse a seeded directory (from --keep)")
     args = parser.parse_args()
 
-    reuse = args.data_dir is not None
-    if reuse:
-        data_dir = args.data_dir.resolve()
-    else:
-        (ROOT / "data").mkdir(exist_ok=True)
-        data_dir = Path(tempfile.mkdtemp(prefix="bench-events-", dir=ROOT / "data"))
+    data_dir, reuse = data_directory(args, "bench-events-")
     url = embedded_url(data_dir / "pg")
     dsn = url.replace("postgresql+asyncpg://", "postgresql://")
     db = Database(url, pool_size=1, max_overflow=0)

@@ -1,8 +1,13 @@
-"""What the benchmarks share: latency percentiles and a free local port."""
+"""What the benchmarks share: latency percentiles, a free local port, a served API."""
 
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def quantile_ms(samples: list[float], q: float) -> float:
@@ -25,3 +30,14 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def serve(port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """``memoria serve`` without its worker, in a process of its own, quiet."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "service", "serve", "--port", str(port), "--no-worker"],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )

@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,7 +24,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from end_latency import ADMIN, Client, body, request
-from measure import free_port, quantile_ms
+from measure import free_port, quantile_ms, serve
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -89,13 +88,7 @@ async def main() -> None:
         MEMORIA_LOG_LEVEL="WARNING",
         MEMORIA_MAX_INFLIGHT_REQUESTS=str(args.inflight),
     )
-    server = subprocess.Popen(
-        [sys.executable, "-m", "service", "serve", "--port", str(port), "--no-worker"],
-        env=env,
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    server = serve(port, env)
     peak = 0
     try:
         for _ in range(600):
