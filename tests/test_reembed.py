@@ -21,6 +21,7 @@ from service.app import create_app
 from service.errors import Conflict
 from service.events.repository import upsert_events
 from service.messages.service import passage_text
+from service.profiles.consolidate import digest
 from service.reembed import service as reembed
 from service.runtime import Runtime
 from service.settings import Settings
@@ -192,10 +193,11 @@ async def passages_by_row(db_url: str) -> dict[str, list[tuple[str, np.ndarray]]
     out: dict[str, list[tuple[str, np.ndarray]]] = {}
     for table, columns in sources.items():
         rows = await sql(db_url, f"SELECT {columns}, embedding FROM {table}")
-        out[table] = [
-            (passage_text(r["b"], r["a"]) if table == "messages" else r["a"], r["embedding"])
-            for r in rows
-        ]
+        embedded = {
+            "messages": lambda r: passage_text(r["b"], r["a"]),
+            "profiles": lambda r: digest(r["a"]),
+        }
+        out[table] = [(embedded.get(table, lambda r: r["a"])(r), r["embedding"]) for r in rows]
     return out
 
 
@@ -343,7 +345,7 @@ async def test_a_run_remakes_every_vector_and_switches_with_writes_in_between(
         )
         assert "改行做了厨师" in body["body"]
         profiles = await client.post(
-            "/v1/profiles/search", json={"query": body["body"]}, headers=owner.headers
+            "/v1/profiles/search", json={"query": digest(body["body"])}, headers=owner.headers
         )
         assert profiles.status_code == 200, profiles.text
         assert profiles.json()[0]["entity_id"] == "1"

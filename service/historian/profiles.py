@@ -21,6 +21,7 @@ from service.embedding import Embedder
 from service.errors import Invalid
 from service.llm import ChatModel
 from service.profiles import service as profiles
+from service.profiles.consolidate import within_budget
 from service.profiles.document import Profile, ProfileKey, parse, render
 from service.profiles.service import Fact
 from service.settings import Settings
@@ -239,6 +240,8 @@ class ProfileMerger:
                 chosen: Staged | None = chosen,
             ) -> Profile | None:
                 if chosen is not None and chosen.base_version == version:
+                    # However long the model's text, what is stored stays within budget.
+                    chosen.profile.body = within_budget(chosen.profile.body, chosen.profile.name)
                     return chosen.profile
                 if chosen is None and model_decided and t.facts:
                     return _renamed(current, t, moment)  # the model looked and kept it

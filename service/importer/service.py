@@ -34,6 +34,7 @@ from service.importer.undefined import FORMAT, read_source
 from service.privacy import pii
 from service.privacy.service import was_erased
 from service.profiles import repository as profile_rows
+from service.profiles.consolidate import digest
 from service.profiles.document import parse
 from service.settings import Settings
 from service.tenants.service import TenantContext, tenant_context
@@ -168,7 +169,7 @@ class _Writer:
         if self.dry_run:
             return
         profiles = [parse(v.document, expected=key) for v in history.versions]
-        [vector] = await self.embedder.passages([profiles[-1].body])
+        [vector] = await self.embedder.passages([digest(profiles[-1].body)])
         async with self.db.tenant(self.tenant_id) as session:
             version: int | None = None
             for n, (source, profile) in enumerate(zip(history.versions, profiles, strict=True)):

@@ -13,7 +13,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from service.profiles.document import Profile, ProfileKey
 
 _COLUMNS = """profile_key, entity_type, entity_id, group_id, name, tags, document, body,
-              source_event_id, version, updated_at, created_at, modified_at"""
+              source_event_id, version, updated_at, created_at, modified_at,
+              embedding IS NOT NULL AS embedded"""
 
 _GET = text(f"SELECT {_COLUMNS} FROM profiles WHERE tenant_id = :tenant_id AND profile_key = :key")
 
@@ -61,16 +62,17 @@ _KEEP = text(
     """
 )
 
-_SWAP = text(
-    """
+_SWAP_SQL = """
     UPDATE profiles SET name = :name, tags = CAST(:tags AS jsonb), document = :document,
                         body = :body, source_event_id = :source_event_id,
-                        version = version + 1, embedding = :embedding,
+                        version = version + 1, {embedding}
                         updated_at = :updated_at, modified_at = now()
     WHERE tenant_id = :tenant_id AND profile_key = :key AND version = :expected
     RETURNING version
     """
-)
+_SWAP = text(_SWAP_SQL.format(embedding="embedding = :embedding,"))
+# A change that leaves the embedded digest as it was keeps the stored vector.
+_SWAP_KEEP_VECTOR = text(_SWAP_SQL.format(embedding=""))
 
 # Keep the newest :keep revisions of a profile.
 _PRUNE = text(
@@ -114,9 +116,10 @@ async def write(
     expected: int | None,
     replaced_by: dict[str, Any],
     keep: int,
+    keep_vector: bool = False,
 ) -> int | None:
     """Create (expected None) or swap (expected = current version); the new version, or None
-    when someone else got there first."""
+    when someone else got there first. ``keep_vector``: the swap leaves the vector as it is."""
     params = _params(tenant_id, profile, document, embedding)
     if expected is None:
         created = (await session.execute(_INSERT, params)).scalar_one_or_none()
@@ -129,7 +132,10 @@ async def write(
         _KEEP,
         {**key, "old_document": old, "replaced_by": json.dumps(replaced_by, ensure_ascii=False)},
     )
-    version = (await session.execute(_SWAP, {**params, "expected": expected})).scalar_one()
+    swap = _SWAP_KEEP_VECTOR if keep_vector else _SWAP
+    if keep_vector:
+        del params["embedding"]
+    version = (await session.execute(swap, {**params, "expected": expected})).scalar_one()
     await session.execute(_PRUNE, {"tenant_id": tenant_id, "key": profile.key.key, "keep": keep})
     return int(version)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import re
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -14,12 +15,13 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from service.embedding import Embedder
 from service.errors import Conflict, Invalid, NotFound
 from service.profiles import repository
+from service.profiles.consolidate import Body, digest
 from service.profiles.document import Profile, ProfileKey, parse, render
 from service.retrieval.terms import compact
 
-RECORD_HEADING = "## 记录"
 _TITLES = {"user": "# 用户侧写", "group": "# 群侧写", "member": "# 成员侧写"}
 NEAR_DUPLICATE = 0.9
+_NUMBER = re.compile(r"\d+")
 
 
 @dataclass(frozen=True)
@@ -43,8 +45,9 @@ def key_of(entity_type: str, entity_id: str, group_id: str | None = None) -> Pro
 
 
 def load(row: dict[str, Any]) -> Profile:
-    """The parsed profile of a stored row (stored documents are always valid)."""
-    return parse(row["document"])
+    """The parsed profile of a stored row (stored documents are always valid; one stored
+    before today's cap still loads, so that the next merge can compact it)."""
+    return parse(row["document"], max_chars=None)
 
 
 async def save(
@@ -60,7 +63,7 @@ async def save(
 ) -> int:
     """Validate and store a document exactly as given; ``Conflict`` if the version moved."""
     profile = parse(document, expected=key)
-    [vector] = await embedder.passages([profile.body])
+    [vector] = await embedder.passages([digest(profile.body)])
     version = await repository.write(
         session,
         tenant_id,
@@ -111,13 +114,18 @@ async def rollback(
 
 
 def is_duplicate(fact: str, known: list[str]) -> bool:
-    """Exact or near-duplicate (≥ 90 % similar once spacing and punctuation are ignored)."""
+    """Exact or near-duplicate: ≥ 90 % similar once spacing and punctuation are ignored,
+    with the same numbers (one digit apart is another date, another amount)."""
     target = compact(fact)
+    numbers = _NUMBER.findall(target)
     for line in known:
         other = compact(line)
         if target == other or target in other:
             return True
-        if difflib.SequenceMatcher(None, target, other).ratio() >= NEAR_DUPLICATE:
+        if (
+            _NUMBER.findall(other) == numbers
+            and difflib.SequenceMatcher(None, target, other).ratio() >= NEAR_DUPLICATE
+        ):
             return True
     return False
 
@@ -129,27 +137,29 @@ def merge_facts(
     facts: list[Fact],
     moment: datetime,
 ) -> Profile | None:
-    """The offline merge: facts appended to a dated list, duplicates skipped (None: nothing new)."""
-    body = current.body.rstrip() if current else f"{_TITLES[key.entity_type]}\n"
-    known = [line for line in body.splitlines() if line.strip()]
-    added = []
+    """The offline merge: each new fact consolidated into the body (a repeat is skipped, a
+    standing fact replaces the older one of its kind, old records fold), the body kept in
+    budget. None: nothing new."""
+    text = current.body if current else f"{_TITLES[key.entity_type]}\n"
+    body = Body.read(text)
+    known = body.known_lines()
+    added = False
     for fact in facts:
         if not is_duplicate(fact.text, known):
-            line = f"- {fact.day}: {fact.text}"
-            known.append(line)
-            added.append(line)
+            body.add(fact.day, fact.text)
+            known.append(fact.text)
+            added = True
     if not added:
         return None
-    if RECORD_HEADING not in body:
-        body = f"{body}\n\n{RECORD_HEADING}\n"
-    body = body.rstrip() + "\n" + "\n".join(added)
+    subject = current.name if current else name
+    body.compact(subject)
     return Profile(
         key=key,
-        name=current.name if current else name,
+        name=subject,
         tags=list(current.tags) if current else [],
         updated_at=moment,
         source_event_id=next((f.event_id for f in reversed(facts) if f.event_id), None),
-        body=body,
+        body=body.render(),
         extra=dict(current.extra) if current else {},
     )
 
@@ -198,7 +208,14 @@ async def apply_merge(
         if merged is None:
             return None
         document = render(merged)
-        [vector] = await embedder.passages([merged.body])
+        # The vector is of the body's digest, which most facts leave as it was: then the
+        # stored vector stays and the embedder is not called at all.
+        text = digest(merged.body)
+        unchanged = current is not None and row is not None and row["embedded"]
+        if unchanged and current is not None and digest(current.body) == text:
+            vector = None
+        else:
+            [vector] = await embedder.passages([text])
         version = await repository.write(
             session,
             tenant_id,
@@ -208,6 +225,7 @@ async def apply_merge(
             expected=row["version"] if row else None,
             replaced_by=cause,
             keep=keep,
+            keep_vector=vector is None and row is not None,
         )
         if version is not None:
             return version

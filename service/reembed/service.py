@@ -25,6 +25,7 @@ from service.db.meta import read_meta
 from service.embedding import Embedder, build_embedder, vector_space
 from service.errors import ConfigurationError, Conflict, Invalid, NotFound, Unavailable
 from service.messages.service import passage_text
+from service.profiles.consolidate import digest
 from service.queue import repository as jobs
 from service.queue.worker import JobContext, PermanentJobError
 from service.reembed import repository
@@ -339,6 +340,8 @@ def passage(table: VectorTable, row: Row[Any]) -> str:
     """The text a row's vector is made of, exactly as the service embeds it when writing."""
     if table.name == "messages":
         return passage_text(row.sender_name, row.text)
+    if table.name == "profiles":
+        return digest(row.body)
     return str(getattr(row, table.source[0]))
 
 
