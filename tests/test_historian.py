@@ -125,6 +125,39 @@ async def test_offline_unresolvable_words_are_stored_not_dropped(
     assert stored["text"] == "他说那边的店关门了"
 
 
+async def profile_and_memories(client: AppClient, tenant: TenantHandle) -> tuple[str, list[str]]:
+    profile = await client.get("/v1/profiles/member/100200/10001", headers=tenant.headers)
+    body = profile.json()["body"] if profile.status_code == 200 else ""
+    found = await client.post(
+        "/v1/memories/search",
+        json={"query": "店 关门 北京", "group_id": "100200", "user_id": "10001", "top_k": 50},
+        headers=tenant.headers,
+    )
+    assert found.status_code == 200, found.text
+    return body, [m["content"] for m in found.json()]
+
+
+async def test_only_what_passed_the_gate_reaches_profiles_and_memories(
+    offline: tuple[AppClient, TenantHandle],
+) -> None:
+    client, tenant = offline
+    done = await hand_over(
+        client, tenant, request_id="g1", observations=["他说那边的店关门了", "我下周三去北京"]
+    )
+    assert done["job"]["result"]["degraded"] == 1
+    body, memories = await profile_and_memories(client, tenant)
+    assert "北京" in body and any("北京" in m for m in memories)
+    assert "关门" not in body and not any("关门" in m for m in memories)
+    # Asked to store it anyway (force), the same statement is kept.
+    await hand_over(
+        client, tenant, request_id="g2", observations=["他说那边的店关门了"], force=True
+    )
+    stored = await event(client, tenant, "g2:1")
+    assert stored["is_absolute"] is False and "forced past the gate" in stored["warnings"]
+    body, memories = await profile_and_memories(client, tenant)
+    assert "关门" in body
+
+
 async def test_the_event_is_embedded(offline: tuple[AppClient, TenantHandle], db_url: str) -> None:
     client, tenant = offline
     await hand_over(client, tenant, request_id="r3", observations=["张三喜欢 Rust"])

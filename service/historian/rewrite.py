@@ -72,6 +72,15 @@ class Outcome:
     text: str
     is_absolute: bool
     warnings: list[str] = field(default_factory=list)
+    forced: bool = False  # the bot asked to store it now, past the gate
+    # The rules' draft passed the gate but is stored as not absolute (the LLM was down).
+    passed_gate: bool = False
+
+    @property
+    def accepted(self) -> bool:
+        """Whether the statement may change profiles and memories: it passed the gate, or
+        was forced. A degraded one is stored as an event and goes no further."""
+        return self.is_absolute or self.forced or self.passed_gate
 
 
 @dataclass
@@ -87,12 +96,16 @@ class Situation:
     recent_messages: list[str]
 
 
-def rule_outcome(item: Item) -> Outcome:
-    """The rules alone (no LLM, or the LLM gave up): absolute only if the gate passes."""
-    hits = gate(item.draft) + id_drift(item.original, item.draft)
+def rule_outcome(item: Item, *, force: bool = False) -> Outcome:
+    """The rules alone (no LLM, or the LLM gave up): absolute only if the gate passes;
+    ``force`` lets a gate failure through, unless the draft lost an id."""
+    drift = id_drift(item.original, item.draft)
+    hits = gate(item.draft) + drift
     if not hits:
         return Outcome(item.draft, True)
-    return Outcome(item.draft, False, [f"gate: {h.kind} '{h.text}'" for h in hits])
+    if force and not drift:
+        return Outcome(item.draft, False, ["forced past the gate", *_warn(hits)], forced=True)
+    return Outcome(item.draft, False, _warn(hits))
 
 
 def _prompt(items: list[Item], situation: Situation) -> str:
@@ -194,7 +207,9 @@ async def rewrite_with_llm(
                 outcomes[item.index] = Outcome(text, True)
             elif force and not drift:
                 # force: the bot asked to store now; the gate's words are kept as warnings.
-                outcomes[item.index] = Outcome(text, False, ["forced past the gate", *_warn(hits)])
+                outcomes[item.index] = Outcome(
+                    text, False, ["forced past the gate", *_warn(hits)], forced=True
+                )
             else:
                 still.append(item)
                 feedback.append(f"条目 {item.index}: " + "；".join(h.feedback() for h in hits))

@@ -164,21 +164,23 @@ class Historian:
             self._event_row(job, context, moment, payload, item, outcome, event_id, vector)
             for item, outcome, event_id, vector in zip(items, outcomes, ids, vectors, strict=True)
         ]
+        # Only what passed the gate (or was forced) reaches profiles and memories: a
+        # degraded statement still says "he" or "tomorrow" and would mislead them for good.
+        accepted = [
+            (item, outcome, event_id, vector)
+            for item, outcome, event_id, vector in zip(items, outcomes, ids, vectors, strict=True)
+            if item.kind == "observation" and outcome.accepted
+        ]
         facts = [
             Fact(outcome.text, moment.date().isoformat(), event_id)
-            for item, outcome, event_id in zip(items, outcomes, ids, strict=True)
-            if item.kind == "observation"
+            for _, outcome, event_id, _ in accepted
         ]
         targets = end_targets(context, facts, llm=self.llm is not None)
         staged, notes, profile_calls = await self._prepare_profiles(job, targets, moment)
         notes = pii_notes + notes
         model_decided = profile_calls > 0
         conversation = end_conversation(context, moment)
-        observed = [
-            (item, outcome, vector)
-            for item, outcome, vector in zip(items, outcomes, vectors, strict=True)
-            if item.kind == "observation"
-        ]
+        observed = [(item, outcome, vector) for item, outcome, _, vector in accepted]
         plan = await self._plan_memories(job, conversation, observed)
         notes += plan.notes
         async with job.finishing() as session:
@@ -201,8 +203,7 @@ class Historian:
                 {"event_ids": ids, "message_ids": context.message_ids},
                 [
                     {"event_ids": [event_id], "message_ids": context.message_ids}
-                    for item, event_id in zip(items, ids, strict=True)
-                    if item.kind == "observation"
+                    for _, _, event_id, _ in accepted
                 ],
             )
             for outcome in outcomes:
@@ -286,8 +287,9 @@ class Historian:
         payload: dict[str, Any],
         items: list[Item],
     ) -> tuple[list[Outcome], int]:
+        force = bool(payload.get("force"))
         if self.llm is None:
-            return [rule_outcome(item) for item in items], 0
+            return [rule_outcome(item, force=force) for item in items], 0
         historian = self.settings.cognitive.historian
         participants = []
         for label, person in (
@@ -319,7 +321,7 @@ class Historian:
                 items,
                 situation,
                 max_retry=historian.rewrite_max_retry,
-                force=bool(payload.get("force")),
+                force=force,
             )
         except LLMError as exc:
             if job.job.attempts < job.job.max_attempts:
@@ -329,9 +331,9 @@ class Historian:
                 job.job.id,
                 exc,
             )
-            outcomes = [rule_outcome(item) for item in items]
+            outcomes = [rule_outcome(item, force=force) for item in items]
             for outcome in outcomes:
-                outcome.is_absolute = False
+                outcome.passed_gate, outcome.is_absolute = outcome.is_absolute, False
                 outcome.warnings.insert(0, f"llm unavailable: {exc}")
             return outcomes, 0
 

@@ -17,6 +17,7 @@ from service.db.engine import Database
 from service.embedding import Embedder
 from service.errors import Invalid
 from service.historian.absolutize import Person, Situation, absolutize
+from service.historian.gate import gate
 from service.historian.memories import Conversation, MemoryKeeper, Plan, day_summary
 from service.historian.profiles import ProfileMerger, Target, about_the_group
 from service.historian.service import clip
@@ -228,6 +229,8 @@ def extraction_targets(key: str, unread: list[Any], zone: ZoneInfo, *, llm: bool
                 continue
             stripped = _REMEMBER.sub("", message.text, count=1).strip(" ，,。.!！")
             text_ = absolutize(stripped, Situation(local, who, Person(None, None), None))
+            if gate(text_):
+                continue  # still relative after the rules: not a fact to keep about anyone
             fact = Fact(text_, local.date().isoformat())
         group_facts.append(fact)
         if message.sender_id:
