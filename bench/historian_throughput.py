@@ -1,10 +1,17 @@
-"""Historian throughput: ``end`` jobs per second for one and for two worker processes.
+"""Historian throughput at volume: ``end`` jobs per second, and whether the pace holds.
 
-The LLM is the scripted OpenAI-compatible server with zero latency (it echoes the rule
-drafts, which pass the gate), the embedder is the local default. Prints jobs/s and the
-average number of LLM calls per job.
+10,000 ``end`` jobs (the default) from 20 people in 3 groups over four months, each a
+first-person chat line, a fifth with a bot memo, now and then a move or a new job; they are
+queued first, then drained by worker processes. Two historians: the rules alone, and the
+scripted OpenAI-compatible LLM with zero latency (it echoes the rule drafts, which pass the
+gate, and leaves profiles and memories as they are). Prints jobs/s over the first 1,000 and
+the last 1,000 jobs and overall, and the largest profile at the end.
 
-Run: python bench/historian_throughput.py [--jobs 600] [--concurrency 8]
+The embedder is the local default; ``--embedder hash`` uses the scripted server's hash
+vectors instead, which measures the historian's own work without the model's.
+
+Run: python bench/historian_throughput.py [--jobs 10000] [--mode rules|llm|both]
+     [--workers 1] [--concurrency 8] [--embedder local|hash]
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -20,26 +28,35 @@ import sys
 import tempfile
 import time
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import asyncpg
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from service.db.embedded import embedded_url
+from bench.measure import ROOT
+from service.db.embedded import embedded_url, stop_embedded
 from service.db.engine import Database
 from service.db.migrate import upgrade_to_head
 from service.ends.schemas import EndRequest
 from service.ends.service import accept_end
 from service.settings import Settings
 from service.tenants.service import TenantContext, create_tenant
+from tests.conftest import plain_dsn
 from tests.fake_llm import FakeLLM, Reply, tool
 
-ROOT = Path(__file__).resolve().parents[1]
+START = datetime(2026, 1, 1, 8, tzinfo=UTC)
+PLACES = ["公司", "健身房", "西湖边", "图书馆", "火锅店", "机场", "医院", "咖啡馆", "球场"]
+DOINGS = ["加班写代码", "跑了五公里", "看了一场电影", "和朋友吃饭", "学吉他", "拍照", "读书"]
+CITIES = ["上海", "杭州", "深圳", "成都", "南京"]
+WINDOW = 1000
 
 
 def echo_drafts(request: dict[str, Any]) -> Reply:
     """Answer submit_rewrite with each item's rule draft (absolute already, so it passes);
-    answer the profile step with "no change" (no tool call)."""
+    answer the profile and memory steps with "no change" (no tool call)."""
     if request["tools"][0]["function"]["name"] != "submit_rewrite":
         return Reply(content="no change")
     prompt = request["messages"][1]["content"]
@@ -49,76 +66,129 @@ def echo_drafts(request: dict[str, Any]) -> Reply:
     )
 
 
-async def enqueue(
-    db: Database, tenant: TenantContext, settings: Settings, count: int, tag: str
-) -> None:
-    for n in range(count):
-        request = EndRequest.model_validate(
-            {
-                "request_type": "group",
-                "group_id": f"g{n % 20}",
-                "sender_id": f"{10000 + n % 200}",
-                "sender_name": "张三",
-                "bot_id": "20002",
-                "bot_name": "小助手",
-                "request_id": f"{tag}-{n}",
-                "timestamp": "2026-02-21T23:30:00+08:00",
-                "memo": "我帮你查了明天北京的天气",
-                "observations": ["我明天去北京出差"],
-            }
+def request(n: int, rng: random.Random, tag: str) -> EndRequest:
+    """Call ``n``: one of 20 people in one of 3 groups, a new line every few minutes."""
+    person = n % 20
+    if n % 101 == 0:
+        line = f"我搬到{rng.choice(CITIES)}了"
+    elif n % 103 == 0:
+        line = f"我在{rng.choice(['字节', '阿里', '腾讯'])}上班"
+    else:
+        line = f"我{rng.choice(['今天', '昨天', ''])}在{rng.choice(PLACES)}{rng.choice(DOINGS)}"
+    body: dict[str, Any] = {
+        "request_type": "group",
+        "group_id": f"g{person % 3}",
+        "sender_id": f"{10000 + person}",
+        "sender_name": f"成员{person}",
+        "bot_id": "20002",
+        "bot_name": "小助手",
+        "request_id": f"{tag}-{n}",
+        "timestamp": (START + timedelta(minutes=17 * n)).isoformat(),
+        "observations": [f"{line}，第{n}条"],
+    }
+    if n % 5 == 0:
+        body["memo"] = f"我记下了你说的第{n}条"
+    return EndRequest.model_validate(body)
+
+
+async def enqueue(db: Database, tenant: TenantContext, settings: Settings, count: int) -> None:
+    """Queue ``count`` end calls, as the API would."""
+    rng, tag = random.Random(14), uuid.uuid4().hex[:6]
+    requests = [request(n, rng, tag) for n in range(count)]
+    for start in range(0, count, 16):
+        batch = requests[start : start + 16]
+        await asyncio.gather(*(accept_end(db, tenant, r, settings) for r in batch))
+
+
+async def drained(dsn: str, count: int) -> None:
+    """Wait until every job is done or failed."""
+    connection = await asyncpg.connect(dsn)
+    try:
+        while True:
+            done = await connection.fetchval(
+                "SELECT count(*) FROM jobs WHERE status IN ('done', 'failed')"
+            )
+            if done >= count:
+                return
+            await asyncio.sleep(0.5)
+    finally:
+        await connection.close()
+
+
+async def report(dsn: str) -> dict[str, Any]:
+    """Jobs/s over the first and the last WINDOW jobs to finish and overall, failures, LLM
+    calls per job, and the largest profile."""
+    connection = await asyncpg.connect(dsn)
+    try:
+        finished = [
+            r["finished_at"]
+            for r in await connection.fetch(
+                "SELECT finished_at FROM jobs WHERE status = 'done' ORDER BY finished_at"
+            )
+        ]
+        began = await connection.fetchval("SELECT min(started_at) FROM jobs")
+        failed = await connection.fetchval("SELECT count(*) FROM jobs WHERE status = 'failed'")
+        calls = await connection.fetchval(
+            "SELECT avg((result->>'llm_calls')::int) FROM jobs WHERE status = 'done'"
         )
-        await accept_end(db, tenant, request, settings)
+        largest = await connection.fetchval(
+            "SELECT coalesce(max(length(document)), 0) FROM profiles"
+        )
+    finally:
+        await connection.close()
+    window = min(WINDOW, len(finished) // 2)
+
+    def rate(first: datetime, last: datetime, jobs: int) -> float:
+        return jobs / max((last - first).total_seconds(), 1e-9)
+
+    return {
+        "first": rate(began, finished[window - 1], window),
+        "last": rate(finished[-window - 1], finished[-1], window),
+        "overall": rate(began, finished[-1], len(finished)),
+        "window": window,
+        "failed": failed,
+        "llm_calls": float(calls or 0),
+        "largest": int(largest),
+    }
 
 
-async def wait_done(db: Database, count: int) -> float:
-    from sqlalchemy import text
-
-    started = time.perf_counter()
-    while True:
-        async with db.system() as session:
-            done = (
-                await session.execute(
-                    text("SELECT count(*) FROM jobs WHERE status IN ('done', 'failed')")
-                )
-            ).scalar_one()
-        if done >= count:
-            return time.perf_counter() - started
-        await asyncio.sleep(0.05)
-
-
-async def llm_calls(db: Database) -> tuple[float, float]:
-    from sqlalchemy import text
-
-    query = text(
-        "SELECT avg((result->>'llm_calls')::int), avg((result->>'profile_llm_calls')::int)"
-        " FROM jobs WHERE status = 'done'"
-    )
-    async with db.system() as session:
-        rewrite, profile = (await session.execute(query)).one()
-    return float(rewrite or 0), float(profile or 0)
-
-
-async def run(workers: int, jobs: int, concurrency: int, llm: FakeLLM) -> None:
+async def run(args: argparse.Namespace, mode: str, llm: FakeLLM) -> None:
     data_dir = Path(tempfile.mkdtemp(prefix="bench-historian-"))
     url = embedded_url(data_dir / "pg")
-    settings = Settings(database_url=url)
+    embedding: dict[str, Any] = {}
+    if args.embedder == "hash":
+        embedding = {
+            "provider": "openai",
+            "api_url": llm.base_url,
+            "model_name": "hash-384",
+            "dimensions": 384,
+        }
+    settings = Settings(database_url=url, models={"embedding": embedding})
     await asyncio.to_thread(upgrade_to_head, url, settings)
     db = Database(url)
     async with db.system() as session:
         row, _ = await create_tenant(session, "bench", {}, settings)
     tenant = TenantContext(row.id, "bench", None, None, {}, settings)
-    await enqueue(db, tenant, settings, jobs, uuid.uuid4().hex[:6])
+    started = time.perf_counter()
+    await enqueue(db, tenant, settings, args.jobs)
+    queued = time.perf_counter() - started
+    await db.dispose()
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMORIA_")}
     env.update(
         MEMORIA_DATABASE_URL=url,
-        MEMORIA_MODELS__HISTORIAN__API_URL=llm.base_url,
-        MEMORIA_MODELS__HISTORIAN__MODEL_NAME="bench",
-        MEMORIA_COGNITIVE__QUEUE__CONCURRENCY=str(concurrency),
-        MEMORIA_COGNITIVE__QUEUE__CLAIM_BATCH=str(concurrency),
+        MEMORIA_COGNITIVE__QUEUE__CONCURRENCY=str(args.concurrency),
+        MEMORIA_COGNITIVE__QUEUE__CLAIM_BATCH=str(args.concurrency),
         MEMORIA_LOG_LEVEL="WARNING",
         # Several processes on 2 cores: one engine thread each, or they oversubscribe the CPU.
-        MEMORIA_MODELS__EMBEDDING__THREADS="1" if workers > 1 else "0",
+        MEMORIA_MODELS__EMBEDDING__THREADS="1" if args.workers > 1 else "0",
     )
+    if mode == "llm":
+        env.update(
+            MEMORIA_MODELS__HISTORIAN__API_URL=llm.base_url,
+            MEMORIA_MODELS__HISTORIAN__MODEL_NAME="bench",
+        )
+    for key, value in embedding.items():
+        env[f"MEMORIA_MODELS__EMBEDDING__{key.upper()}"] = str(value)
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "service", "worker"],
@@ -127,38 +197,44 @@ async def run(workers: int, jobs: int, concurrency: int, llm: FakeLLM) -> None:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        for _ in range(workers)
+        for _ in range(args.workers)
     ]
+    dsn = plain_dsn(url)
     try:
-        elapsed = await wait_done(db, jobs)
-        calls = await llm_calls(db)
+        await drained(dsn, args.jobs)
+        figures = await report(dsn)
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
         for proc in procs:
             proc.wait(timeout=60)
-        await db.dispose()
-        from service.db.embedded import stop_embedded
-
         stop_embedded()
         shutil.rmtree(data_dir, ignore_errors=True)
     print(
-        f"{workers} worker process(es), concurrency {concurrency}: {jobs} end jobs in {elapsed:5.1f} s"
-        f" → {jobs / elapsed:6.1f} jobs/s; LLM calls per job: rewrite {calls[0]:.2f},"
-        f" profile step {calls[1]:.2f}"
+        f"{mode:5} historian, {args.embedder} embedder, {args.workers} worker(s) ×"
+        f" {args.concurrency}: {args.jobs} jobs (queued in {queued:.0f} s);"
+        f" first {figures['window']} {figures['first']:6.1f} jobs/s,"
+        f" last {figures['window']} {figures['last']:6.1f} jobs/s"
+        f" (ratio {figures['last'] / figures['first']:.2f}),"
+        f" overall {figures['overall']:6.1f} jobs/s; failed {figures['failed']};"
+        f" LLM calls/job {figures['llm_calls']:.2f}; largest profile {figures['largest']} chars",
+        flush=True,
     )
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--jobs", type=int, default=600)
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--mode", choices=("rules", "llm", "both"), default="both")
+    parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--embedder", choices=("local", "hash"), default="local")
     args = parser.parse_args()
     llm = FakeLLM().start()
     llm.default = echo_drafts
     try:
-        for workers in (1, 2):
-            await run(workers, args.jobs, args.concurrency, llm)
+        for mode in ("rules", "llm") if args.mode == "both" else (args.mode,):
+            await run(args, mode, llm)
     finally:
         llm.stop()
 
