@@ -195,6 +195,9 @@ async def main() -> None:
         default="off,process,inline",
         help="worker settings compared while the backlog drains (off, process, inline)",
     )
+    parser.add_argument(
+        "--nice", type=int, help="the worker process's lower priority (default: the setting's)"
+    )
     args = parser.parse_args()
 
     data_dir = Path(
@@ -209,6 +212,8 @@ async def main() -> None:
         MEMORIA_ADMIN_TOKEN=ADMIN,
         MEMORIA_LOG_LEVEL="WARNING",
     )
+    if args.nice is not None:
+        env["MEMORIA_WORKER_NICE"] = str(args.nice)
     dsn = f"postgresql://postgres@/postgres?host={data_dir / 'pg'}"
     try:
         # 1. Without a worker: the floor, then sequential and concurrent calls. Their jobs
