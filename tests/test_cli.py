@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -244,6 +245,11 @@ def test_serve_runs_its_worker_in_a_child_process_and_stops_it(tmp_path: Path) -
     try:
         _wait_ready(port, proc)
         [child] = _until(lambda: _worker_children(proc), 30, "serve started no worker process")
+        # The embedded server was started by serve alone: the child connects to its socket
+        # and holds no handle that would keep the server up (or stop it) on its own.
+        handles = json.loads((data_dir / ".handle_pids.json").read_text())
+        assert proc.pid in handles and child.pid not in handles
+        assert str(data_dir) in child.environ()["MEMORIA_DATABASE_URL"]
         key = _new_key(port)
 
         # The API's own process runs no job: with the child frozen, an end stays queued.
