@@ -7,10 +7,11 @@ Starts ``memoria serve`` (no worker) on the embedded database with durable commi
   4. the same two for a tenant in fast-acknowledge mode (synchronous_commit = off).
 The jobs of these calls stay queued. Then, on a fresh ``serve`` each,
   5. ``end`` from one client in sequence without a worker, and with one (in a process of its
-     own, and in the API's process) while it works through that backlog: p50/p95/p99, and
-     p95 against the worker-off figure.
+     own, and in the API's process) while it works through that backlog, the modes taking
+     turns for ``--rounds`` rounds: p50/p95/p99, and p95 against the worker-off figure.
 
 Run: python bench/end_latency.py [--calls 2000] [--clients 32] [--modes off,process,inline]
+     [--rounds 2] [--nice N]
 """
 
 from __future__ import annotations
@@ -162,10 +163,11 @@ async def job_counts(dsn: str) -> dict[str, int]:
 
 
 async def while_draining(
-    env: dict[str, str], dsn: str, key: str, calls: int, mode: str
+    env: dict[str, str], dsn: str, key: str, calls: int, tag: str
 ) -> tuple[list[float], dict[str, int], dict[str, int]]:
     """``end`` from one client in sequence on a fresh ``serve``: without its worker (``off``),
     or with it (``process``, ``inline``) while it works through the queued backlog."""
+    mode = tag.split("-")[0]
     port = free_port()
     worker = mode != "off"
     server = serve(port, {**env, "MEMORIA_WORKER_MODE": mode} if worker else env, worker=worker)
@@ -174,12 +176,12 @@ async def while_draining(
         first = await job_counts(dsn)
         if worker:  # measure once the worker has its model loaded and is taking jobs
             deadline = time.monotonic() + 120
-            while (await job_counts(dsn)).get("done", 0) < first.get("done", 0) + 20:
+            while (await job_counts(dsn)).get("done", 0) < first.get("done", 0) + 5:
                 if time.monotonic() > deadline:
                     raise SystemExit(f"the {mode} worker processed no job in 120 s")
                 await asyncio.sleep(0.2)
         before = await job_counts(dsn)
-        samples = await sequential(port, key, calls, f"w-{mode}")
+        samples = await sequential(port, key, calls, f"w-{tag}")
         after = await job_counts(dsn)
     finally:
         stop(server)
@@ -195,6 +197,7 @@ async def main() -> None:
         default="off,process,inline",
         help="worker settings compared while the backlog drains (off, process, inline)",
     )
+    parser.add_argument("--rounds", type=int, default=2, help="turns of the modes")
     parser.add_argument(
         "--nice", type=int, help="the worker process's lower priority (default: the setting's)"
     )
@@ -243,20 +246,28 @@ async def main() -> None:
             stop(server)
 
         # 2. The bot must not wait for the historian: the same sequential calls on a fresh
-        #    `serve` without a worker, and with one while it drains the backlog.
+        #    `serve` without a worker, and with one while it drains the backlog. The modes
+        #    take turns, round after round, so that a neighbour's load falls on all of them.
         print("\nend, 1 client in sequence (durable), fresh serve each, backlog draining:")
-        p95_off: float | None = None
-        for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
-            samples, before, after = await while_draining(env, dsn, durable_key, args.calls, mode)
+        modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+        pooled: dict[str, list[float]] = {mode: [] for mode in modes}
+        for round_ in range(1, args.rounds + 1):
+            for mode in modes:
+                samples, before, after = await while_draining(
+                    env, dsn, durable_key, args.calls, f"{mode}-{round_}"
+                )
+                pooled[mode] += samples
+                drained = after.get("done", 0) - before.get("done", 0)
+                print(
+                    f"  round {round_}, worker {mode:8} {percentiles(samples)}"
+                    f"  [{drained} jobs done meanwhile, {after.get('queued', 0)} still queued]"
+                )
+        p95_off = quantile_ms(pooled["off"], 0.95) if "off" in pooled else None
+        print("all rounds:")
+        for mode, samples in pooled.items():
             p95 = quantile_ms(samples, 0.95)
-            if mode == "off":
-                p95_off = p95
             versus = f"  p95 {p95 / p95_off:4.2f}× off" if p95_off and mode != "off" else ""
-            drained = after.get("done", 0) - before.get("done", 0)
-            print(
-                f"  worker {mode:8} {percentiles(samples)}{versus}"
-                f"  [{drained} jobs done meanwhile, {after.get('queued', 0)} still queued]"
-            )
+            print(f"  worker {mode:8} {percentiles(samples)}{versus}")
     finally:
         shutil.rmtree(data_dir, ignore_errors=True)
 
