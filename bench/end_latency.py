@@ -5,8 +5,13 @@ Starts ``memoria serve`` (no worker) on the embedded database with durable commi
   2. ``end`` from one client in sequence: p50/p95/p99,
   3. ``end`` from 32 concurrent clients: accepted calls per second and latencies,
   4. the same two for a tenant in fast-acknowledge mode (synchronous_commit = off).
+The jobs of these calls stay queued. Then, on a fresh ``serve`` each,
+  5. ``end`` from one client in sequence without a worker, and with one (in a process of its
+     own, and in the API's process) while it works through that backlog, the modes taking
+     turns for ``--rounds`` rounds: p50/p95/p99, and p95 against the worker-off figure.
 
-Run: python bench/end_latency.py [--calls 2000] [--clients 32]
+Run: python bench/end_latency.py [--calls 2000] [--clients 32] [--modes off,process,inline]
+     [--rounds 2] [--nice N]
 """
 
 from __future__ import annotations
@@ -18,13 +23,14 @@ import os
 import shutil
 import signal
 import statistics
+import subprocess
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
 import asyncpg
-from measure import free_port, percentiles, serve
+from measure import free_port, percentiles, quantile_ms, serve
 
 ROOT = Path(__file__).resolve().parents[1]
 ADMIN = "bench-admin"
@@ -129,10 +135,72 @@ def request(
         return dict(json.loads(response.read()))
 
 
+def wait_ready(port: int, server: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise SystemExit(f"serve exited with {server.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit("serve never became ready")
+
+
+def stop(server: subprocess.Popen[bytes]) -> None:
+    server.send_signal(signal.SIGTERM)
+    server.wait(timeout=90)
+
+
+async def job_counts(dsn: str) -> dict[str, int]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch("SELECT status, count(*) AS n FROM jobs GROUP BY status")
+    finally:
+        await conn.close()
+    return {str(row["status"]): int(row["n"]) for row in rows}
+
+
+async def while_draining(
+    env: dict[str, str], dsn: str, key: str, calls: int, tag: str
+) -> tuple[list[float], dict[str, int], dict[str, int]]:
+    """``end`` from one client in sequence on a fresh ``serve``: without its worker (``off``),
+    or with it (``process``, ``inline``) while it works through the queued backlog."""
+    mode = tag.split("-")[0]
+    port = free_port()
+    worker = mode != "off"
+    server = serve(port, {**env, "MEMORIA_WORKER_MODE": mode} if worker else env, worker=worker)
+    try:
+        wait_ready(port, server)
+        first = await job_counts(dsn)
+        if worker:  # measure once the worker has its model loaded and is taking jobs
+            deadline = time.monotonic() + 120
+            while (await job_counts(dsn)).get("done", 0) < first.get("done", 0) + 5:
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"the {mode} worker processed no job in 120 s")
+                await asyncio.sleep(0.2)
+        before = await job_counts(dsn)
+        samples = await sequential(port, key, calls, f"w-{tag}")
+        after = await job_counts(dsn)
+    finally:
+        stop(server)
+    return samples, before, after
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument(
+        "--modes",
+        default="off,process,inline",
+        help="worker settings compared while the backlog drains (off, process, inline)",
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="turns of the modes")
+    parser.add_argument(
+        "--nice", type=int, help="the worker process's lower priority (default: the setting's)"
+    )
     args = parser.parse_args()
 
     data_dir = Path(
@@ -147,35 +215,60 @@ async def main() -> None:
         MEMORIA_ADMIN_TOKEN=ADMIN,
         MEMORIA_LOG_LEVEL="WARNING",
     )
-    server = serve(port, env)
+    if args.nice is not None:
+        env["MEMORIA_WORKER_NICE"] = str(args.nice)
+    dsn = f"postgresql://postgres@/postgres?host={data_dir / 'pg'}"
     try:
-        for _ in range(600):
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1):
-                    break
-            except OSError:
-                time.sleep(0.05)
-        durable = request(port, "POST", "/admin/tenants", ADMIN, {"name": "bench"})
-        fast = request(port, "POST", "/admin/tenants", ADMIN, {"name": "bench-fast"})
-        fast_key = str(fast["api_key"]["key"])  # type: ignore[index]
-        request(port, "PATCH", "/v1/settings", fast_key, {"fast_ack": True})
-        dsn = f"postgresql://postgres@/postgres?host={data_dir / 'pg'}"
+        # 1. Without a worker: the floor, then sequential and concurrent calls. Their jobs
+        #    stay queued: the backlog the workers below work through.
+        server = serve(port, env)
+        try:
+            wait_ready(port, server)
+            durable = request(port, "POST", "/admin/tenants", ADMIN, {"name": "bench"})
+            durable_key = str(durable["api_key"]["key"])  # type: ignore[index]
+            fast = request(port, "POST", "/admin/tenants", ADMIN, {"name": "bench-fast"})
+            fast_key = str(fast["api_key"]["key"])  # type: ignore[index]
+            request(port, "PATCH", "/v1/settings", fast_key, {"fast_ack": True})
 
-        floor_samples = await floor(dsn, 1000)
-        print(f"floor: bare asyncpg INSERT + COMMIT     {percentiles(floor_samples)}")
-        for label, key in (("durable", durable["api_key"]["key"]), ("fast-ack", fast_key)):  # type: ignore[index]
-            seq = await sequential(port, str(key), args.calls, f"s-{label}")
-            print(f"end, 1 client in sequence ({label:8}) {percentiles(seq)}")
-            rate, con = await concurrent(port, str(key), args.calls * 2, args.clients, f"c-{label}")
-            print(
-                f"end, {args.clients} clients ({label:8})          {percentiles(con)}"
-                f"  → {rate:7.0f} calls/s"
-            )
-        ratio = statistics.median(seq) / statistics.median(floor_samples)
-        print(f"(last block's sequential p50 is {ratio:.2f}× the floor's p50)")
+            floor_samples = await floor(dsn, 1000)
+            print(f"floor: bare asyncpg INSERT + COMMIT     {percentiles(floor_samples)}")
+            for label, key in (("durable", durable_key), ("fast-ack", fast_key)):
+                seq = await sequential(port, key, args.calls, f"s-{label}")
+                print(f"end, 1 client in sequence ({label:8}) {percentiles(seq)}")
+                rate, con = await concurrent(port, key, args.calls * 2, args.clients, f"c-{label}")
+                print(
+                    f"end, {args.clients} clients ({label:8})          {percentiles(con)}"
+                    f"  → {rate:7.0f} calls/s"
+                )
+            ratio = statistics.median(seq) / statistics.median(floor_samples)
+            print(f"(last block's sequential p50 is {ratio:.2f}× the floor's p50)")
+        finally:
+            stop(server)
+
+        # 2. The bot must not wait for the historian: the same sequential calls on a fresh
+        #    `serve` without a worker, and with one while it drains the backlog. The modes
+        #    take turns, round after round, so that a neighbour's load falls on all of them.
+        print("\nend, 1 client in sequence (durable), fresh serve each, backlog draining:")
+        modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+        pooled: dict[str, list[float]] = {mode: [] for mode in modes}
+        for round_ in range(1, args.rounds + 1):
+            for mode in modes:
+                samples, before, after = await while_draining(
+                    env, dsn, durable_key, args.calls, f"{mode}-{round_}"
+                )
+                pooled[mode] += samples
+                drained = after.get("done", 0) - before.get("done", 0)
+                print(
+                    f"  round {round_}, worker {mode:8} {percentiles(samples)}"
+                    f"  [{drained} jobs done meanwhile, {after.get('queued', 0)} still queued]"
+                )
+        p95_off = quantile_ms(pooled["off"], 0.95) if "off" in pooled else None
+        print("all rounds:")
+        for mode, samples in pooled.items():
+            p95 = quantile_ms(samples, 0.95)
+            versus = f"  p95 {p95 / p95_off:4.2f}× off" if p95_off and mode != "off" else ""
+            print(f"  worker {mode:8} {percentiles(samples)}{versus}")
     finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(timeout=60)
         shutil.rmtree(data_dir, ignore_errors=True)
 
 

@@ -32,10 +32,11 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def serve(port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """``memoria serve`` without its worker, in a process of its own, quiet."""
+def serve(port: int, env: dict[str, str], *, worker: bool = False) -> subprocess.Popen[bytes]:
+    """``memoria serve`` in a process of its own, quiet; without its worker unless asked."""
     return subprocess.Popen(
-        [sys.executable, "-m", "service", "serve", "--port", str(port), "--no-worker"],
+        [sys.executable, "-m", "service", "serve", "--port", str(port)]
+        + ([] if worker else ["--no-worker"]),
         env=env,
         cwd=ROOT,
         stdout=subprocess.DEVNULL,

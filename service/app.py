@@ -48,15 +48,17 @@ def create_app(
     runtime: Runtime | None = None,
     migrate: bool | None = None,
     run_worker: bool | None = None,
+    worker_process: bool = False,
 ) -> Litestar:
-    """Build the app. The runtime starts (migrations, worker) when the app starts."""
+    """Build the app. The runtime starts (migrations, worker) when the app starts; the worker
+    runs in the app's event loop, or with ``worker_process`` in a child process."""
     settings = settings or (runtime.settings if runtime else load_settings())
     rt = runtime or Runtime.build(settings)
     do_migrate = settings.auto_migrate if migrate is None else migrate
     do_worker = settings.run_worker if run_worker is None else run_worker
 
     async def on_startup(app: Litestar) -> None:
-        await rt.start(migrate=do_migrate, run_worker=do_worker)
+        await rt.start(migrate=do_migrate, run_worker=do_worker, worker_process=worker_process)
 
     async def on_shutdown(app: Litestar) -> None:
         await rt.close()

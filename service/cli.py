@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 import uuid
@@ -31,7 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the API (and, by default, a worker)")
     serve.add_argument("--host", help="bind address (default $MEMORIA_HOST or 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default $MEMORIA_PORT or 8080)")
-    serve.add_argument("--no-worker", action="store_true", help="do not run a worker in-process")
+    serve.add_argument("--no-worker", action="store_true", help="do not run a worker")
     serve.add_argument("--no-migrate", action="store_true", help="do not apply migrations at start")
 
     worker = commands.add_parser("worker", help="run background workers only")
@@ -42,6 +43,9 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument(
         "--health-host", default="127.0.0.1", help="bind address of --health-port (127.0.0.1)"
     )
+    # How `serve` runs its worker process: exit when orphaned, yield the CPU to the API.
+    worker.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
+    worker.add_argument("--nice", type=int, default=0, help=argparse.SUPPRESS)
 
     commands.add_parser("migrate", help="apply database migrations (alembic upgrade head)")
 
@@ -159,29 +163,39 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
     import uvicorn
 
     from service.app import create_app
+    from service.runtime import Runtime
 
     if args.host:
         settings.host = args.host
     if args.port is not None:
         settings.port = args.port
+    # Built here, before the app starts: an embedded database is started once, by this
+    # process, and a worker process only connects to it.
+    runtime = Runtime.build(settings, config=args.config)
     app = create_app(
-        settings,
+        runtime=runtime,
         migrate=not args.no_migrate and settings.auto_migrate,
         run_worker=not args.no_worker and settings.run_worker,
+        worker_process=settings.worker_mode == "process",
     )
     # uvicorn turns SIGTERM into a graceful shutdown (the app's shutdown hook stops the worker
     # and the pool), then re-raises the signal to the handler that was there before it. That
     # handler must exit normally rather than die by the signal, so that the exit hooks run and
     # stop the embedded database.
     signal.signal(signal.SIGTERM, _exit_cleanly)
-    uvicorn.run(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level.lower(),
-        access_log=False,
-        timeout_graceful_shutdown=int(settings.cognitive.queue.shutdown_seconds) + 10,
-    )
+    try:
+        uvicorn.run(
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_level=settings.log_level.lower(),
+            access_log=False,
+            timeout_graceful_shutdown=int(settings.cognitive.queue.shutdown_seconds) + 10,
+        )
+    finally:
+        if runtime.worker_process is not None:
+            # Stopped by the shutdown hook, unless uvicorn never ran it (a failed bind).
+            runtime.worker_process.kill()
     return 0
 
 
@@ -231,6 +245,8 @@ async def _worker(settings: Settings, args: argparse.Namespace) -> int:
 
     if args.concurrency:
         settings.cognitive.queue.concurrency = args.concurrency
+    if args.nice:
+        os.nice(args.nice)
     runtime = Runtime.build(settings)
     await runtime.start(migrate=False, run_worker=False)
     worker = runtime.start_worker()
@@ -243,6 +259,9 @@ async def _worker(settings: Settings, args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopped.set)
+    orphaned = None
+    if args.parent_pid is not None:
+        orphaned = asyncio.create_task(_until_orphaned(args.parent_pid, stopped))
     task = runtime._worker_task
     assert task is not None
     waiter = asyncio.create_task(stopped.wait())
@@ -258,7 +277,18 @@ async def _worker(settings: Settings, args: argparse.Namespace) -> int:
         probes.close()
     await runtime.close()
     waiter.cancel()
+    if orphaned is not None:
+        orphaned.cancel()
     return 1 if died else 0
+
+
+async def _until_orphaned(parent_pid: int, stopped: asyncio.Event) -> None:
+    """Stop a `serve` worker process whose parent is gone (killed without its shutdown): a
+    worker nobody supervises must not outlive the service."""
+    while os.getppid() == parent_pid:  # noqa: ASYNC110 (nothing signals a parent's death)
+        await asyncio.sleep(1.0)
+    log.warning("the serving process %d is gone; the worker process stops", parent_pid)
+    stopped.set()
 
 
 async def _admin(settings: Settings, args: argparse.Namespace) -> int:

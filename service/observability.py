@@ -72,6 +72,9 @@ REFUSALS = Counter(
     "memoria_refused_requests_total", "Refused requests (401/403/429/503).", ["status"]
 )
 SHED = Counter("memoria_shed_requests_total", "Requests shed under overload.", ["reason"])
+WORKER_PROCESS_EXITS = Counter(
+    "memoria_worker_process_exits_total", "Unexpected exits of serve's worker process."
+)
 
 
 def metrics_middleware(app: ASGIApp) -> ASGIApp:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from service.db.engine import Database
 from service.db.migrate import (
@@ -19,6 +21,7 @@ from service.embedding import CurrentEmbedder, build_embedder, vector_space
 from service.guard import RateLimiter
 from service.llm import ChatModel, build_chat_model
 from service.llm.rerank import Reranker, build_reranker
+from service.queue.process import WorkerProcess, worker_command, worker_environment
 from service.queue.worker import JobHandler, Periodic, Worker
 from service.reembed.service import settle, stored_space
 from service.settings import Settings
@@ -41,14 +44,19 @@ class Runtime:
     known_revisions: frozenset[str] = frozenset()
     limiter: RateLimiter = field(default_factory=lambda: RateLimiter(0, 1))
     worker: Worker | None = None
+    worker_process: WorkerProcess | None = None
+    config: str | Path | None = None
     on_close: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     _worker_task: asyncio.Task[None] | None = field(default=None, repr=False)
     _model_watch: asyncio.Task[None] | None = field(default=None, repr=False)
     _stored_space: tuple[str, int] | None = field(default=None, repr=False)
 
     @classmethod
-    def build(cls, settings: Settings, *, db: Database | None = None) -> Runtime:
-        """Wire the configured providers (nothing is started yet)."""
+    def build(
+        cls, settings: Settings, *, db: Database | None = None, config: str | Path | None = None
+    ) -> Runtime:
+        """Wire the configured providers (nothing is started yet). ``config`` is the settings
+        file, read again by a worker process."""
         db = db or Database.from_settings(settings)
         head, known = shipped_revisions(alembic_config(db.url, settings))
         return cls(
@@ -63,10 +71,13 @@ class Runtime:
             head=head,
             known_revisions=known,
             limiter=RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst),
+            config=config,
         )
 
-    async def start(self, *, migrate: bool, run_worker: bool) -> None:
-        """Migrate if asked, check the schema and the embedder, start the worker if asked."""
+    async def start(self, *, migrate: bool, run_worker: bool, worker_process: bool = False) -> None:
+        """Migrate if asked, check the schema and the embedder, start the worker if asked: in
+        this event loop, or with ``worker_process`` in a child process, once the schema is
+        migrated."""
         if migrate:
             await upgrade_to_head_async(self.db.url, self.settings)
         if await current_revision(self.db) is None:
@@ -77,7 +88,10 @@ class Runtime:
         await self.embedder.warm_up()
         self._model_watch = asyncio.create_task(self._watch_model(), name="model-watch")
         if run_worker:
-            self.start_worker()
+            if worker_process:
+                await self.start_worker_process()
+            else:
+                self.start_worker()
 
     async def settle_embedder(self) -> None:
         """Embed with the model of the stored vectors (after a re-embedding, not necessarily
@@ -131,6 +145,18 @@ class Runtime:
         self._worker_task = asyncio.create_task(self.worker.run(), name="worker")
         return self.worker
 
+    async def start_worker_process(self) -> WorkerProcess:
+        """Run ``memoria worker`` as a supervised child on this process's database."""
+        queue = self.settings.cognitive.queue
+        self.worker_process = WorkerProcess(
+            worker_command(os.getpid(), self.config, self.settings.worker_nice),
+            worker_environment(self.db.url),
+            # The child's own shutdown: the jobs in hand's grace, then closing its pools.
+            stop_seconds=queue.shutdown_seconds + 15,
+        )
+        await self.worker_process.start()
+        return self.worker_process
+
     async def is_ready(self) -> tuple[bool, str]:
         """Database reachable and migrations at head."""
         try:
@@ -147,6 +173,8 @@ class Runtime:
 
     async def close(self, timeout: float | None = None) -> None:
         """Stop the worker (finishing or releasing its jobs), then close everything."""
+        if self.worker_process is not None:
+            await self.worker_process.stop()
         if self.worker is not None:
             grace = self.settings.cognitive.queue.shutdown_seconds if timeout is None else timeout
             await self.worker.stop(timeout=grace)

@@ -241,6 +241,14 @@ class Settings(BaseSettings):
     max_inflight_requests: int = Field(512, ge=1)
     log_format: Literal["text", "json"] = "text"
     run_worker: bool = True
+    worker_mode: Literal["process", "inline"] = Field(
+        "process",
+        description="serve's worker: a child process (its CPU work never delays the API) or a"
+        " task in the API's own event loop",
+    )
+    worker_nice: int = Field(
+        5, ge=0, le=19, description="how much lower the worker process's CPU priority is"
+    )
     auto_migrate: bool = True
     log_level: str = "INFO"
     cognitive: CognitiveSettings = CognitiveSettings()

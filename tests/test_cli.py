@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import httpx
 import psutil
@@ -16,6 +19,8 @@ import pytest
 
 from service.app import create_app
 from tests.conftest import ADMIN_TOKEN, make_settings, serve_app
+
+_T = TypeVar("_T")
 
 
 def memoria(
@@ -172,3 +177,142 @@ def test_serve_on_the_embedded_default_keeps_data_and_stops_cleanly(tmp_path: Pa
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=45) == 0
+
+
+def _worker_children(serve: subprocess.Popen[bytes]) -> list[psutil.Process]:
+    return [
+        child
+        for child in psutil.Process(serve.pid).children()
+        if "worker" in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE
+    ]
+
+
+def _gone(process: psutil.Process) -> bool:
+    """Exited (a zombie nobody reaped yet counts: it runs no more code)."""
+    try:
+        return not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _until(predicate: Callable[[], _T], limit: float, what: str) -> _T:
+    deadline = time.monotonic() + limit
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+    return value
+
+
+def _end(port: int, key: str, request_id: str) -> int:
+    accepted = httpx.post(
+        f"http://127.0.0.1:{port}/v1/end",
+        json={
+            "request_type": "private",
+            "user_id": "10001",
+            "sender_id": "10001",
+            "request_id": request_id,
+            "observations": ["我喜欢爬山"],
+        },
+        headers={"Authorization": f"Bearer {key}"},
+    )
+    assert accepted.status_code == 202, accepted.text
+    return int(accepted.json()["job_id"])
+
+
+def _job(port: int, key: str, job_id: int) -> dict[str, Any]:
+    response = httpx.get(
+        f"http://127.0.0.1:{port}/v1/jobs/{job_id}", headers={"Authorization": f"Bearer {key}"}
+    )
+    assert response.status_code == 200, response.text
+    return dict(response.json())
+
+
+def _new_key(port: int) -> str:
+    created = httpx.post(
+        f"http://127.0.0.1:{port}/admin/tenants",
+        json={"name": "worker-process"},
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+    )
+    assert created.status_code == 201, created.text
+    return str(created.json()["api_key"]["key"])
+
+
+@pytest.mark.slow
+def test_serve_runs_its_worker_in_a_child_process_and_stops_it(tmp_path: Path) -> None:
+    data_dir = tmp_path / "pg"
+    port = free_port()
+    proc = _start_serve(data_dir, port)
+    try:
+        _wait_ready(port, proc)
+        [child] = _until(lambda: _worker_children(proc), 30, "serve started no worker process")
+        # The embedded server was started by serve alone: the child connects to its socket
+        # and holds no handle that would keep the server up (or stop it) on its own.
+        handles = json.loads((data_dir / ".handle_pids.json").read_text())
+        assert proc.pid in handles and child.pid not in handles
+        assert str(data_dir) in child.environ()["MEMORIA_DATABASE_URL"]
+        key = _new_key(port)
+
+        # The API's own process runs no job: with the child frozen, an end stays queued.
+        child.suspend()
+        try:
+            job_id = _end(port, key, "held-1")
+            time.sleep(2)
+            assert _job(port, key, job_id)["status"] == "queued"
+        finally:
+            child.resume()
+        done = _until(
+            lambda: (job := _job(port, key, job_id))["status"] in ("done", "failed") and job,
+            60,
+            "the worker process never finished the job",
+        )
+        assert done["status"] == "done", done["last_error"]
+        assert done["result"]["event_ids"] == ["held-1:1"]
+
+        # A worker process that dies is replaced, and the replacement takes the next job.
+        child.kill()
+        _until(lambda: _gone(child), 10, "the killed worker process is still there")
+        [second] = _until(
+            lambda: [c for c in _worker_children(proc) if c.pid != child.pid],
+            30,
+            "the dead worker process was not replaced",
+        )
+        job_id = _end(port, key, "after-restart")
+        done = _until(
+            lambda: (job := _job(port, key, job_id))["status"] in ("done", "failed") and job,
+            60,
+            "the replacement worker process never finished the job",
+        )
+        assert done["status"] == "done", done["last_error"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    assert _gone(second), "the worker process outlived serve"
+    assert not _postgres_running(data_dir), "the embedded database outlived the service"
+
+
+@pytest.mark.slow
+def test_a_worker_process_whose_serve_was_killed_stops(tmp_path: Path) -> None:
+    data_dir = tmp_path / "pg"
+    port = free_port()
+    proc = _start_serve(data_dir, port)
+    children: list[psutil.Process] = []
+    try:
+        _wait_ready(port, proc)
+        [child] = children = _until(
+            lambda: _worker_children(proc), 30, "serve started no worker process"
+        )
+        proc.kill()  # no shutdown hook runs: the child must notice by itself
+        proc.wait(timeout=10)
+        _until(lambda: _gone(child), 20, "the worker process outlived its killed serve")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for leftover in children:
+            if not _gone(leftover):
+                leftover.kill()
+        # The embedded database outlives a killed serve (the next start takes it over).
+        for pg in psutil.process_iter(["name", "cmdline"]):
+            if pg.info["name"] == "postgres" and str(data_dir) in " ".join(
+                pg.info["cmdline"] or []
+            ):
+                pg.terminate()
