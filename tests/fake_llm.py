@@ -9,9 +9,11 @@ client talks to it over real HTTP, unchanged.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import json
+import struct
 import threading
 import time
 import uuid
@@ -177,9 +179,20 @@ class FakeLLM:
                     inputs = request["input"]
                     inputs = [inputs] if isinstance(inputs, str) else inputs
                     dim = fake.embedding_dims.get(request.get("model", ""), fake.embedding_dim)
+                    # As a real server does: base64 little-endian float32 when asked (the
+                    # client library asks by default, and parses a float list slowly).
+                    packed = request.get("encoding_format") == "base64"
                     data = [
-                        {"object": "embedding", "index": i, "embedding": hash_vector(t, dim)}
-                        for i, t in enumerate(inputs)
+                        {
+                            "object": "embedding",
+                            "index": i,
+                            "embedding": (
+                                base64.b64encode(struct.pack(f"<{dim}f", *vector)).decode()
+                                if packed
+                                else vector
+                            ),
+                        }
+                        for i, vector in enumerate(hash_vector(t, dim) for t in inputs)
                     ]
                     body = {
                         "object": "list",
