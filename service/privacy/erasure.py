@@ -276,7 +276,8 @@ async def _redact_memories(
     """Memories of the person's groups and of the people they spoke with, and the history of
     those memories."""
     redactor = person.redactor
-    in_scope = "(group_id = ANY(:groups) OR user_id = ANY(:peers))"
+    # Their groups' memories, and the group-less (global) memories of people they spoke with.
+    in_scope = "(group_id = ANY(:groups) OR (group_id IS NULL AND user_id = ANY(:peers)))"
     changed = []
     for row in await rows(
         f"SELECT id, content, evidence FROM memories WHERE tenant_id = :t AND {in_scope}"

@@ -97,7 +97,8 @@ _USER_SECTIONS: list[tuple[str, str]] = [
                   updated_at, (user_id = :u) AS own
            FROM memories
            WHERE tenant_id = :t
-             AND (user_id = :u OR ((group_id = ANY(:groups) OR user_id = ANY(:peers))
+             AND (user_id = :u OR ((group_id = ANY(:groups)
+                                    OR (group_id IS NULL AND user_id = ANY(:peers)))
                                    AND {_names("content")}))
            ORDER BY id""",
     ),
@@ -109,7 +110,8 @@ _USER_SECTIONS: list[tuple[str, str]] = [
            JOIN memories AS m ON m.tenant_id = h.tenant_id AND m.id = h.memory_id
            WHERE h.tenant_id = :t
              AND (m.user_id = :u
-                  OR ((m.group_id = ANY(:groups) OR m.user_id = ANY(:peers))
+                  OR ((m.group_id = ANY(:groups)
+                       OR (m.group_id IS NULL AND m.user_id = ANY(:peers)))
                       AND ({_names("h.old_content")}
                            OR {_names("h.new_content")})))
            ORDER BY h.id""",
