@@ -271,7 +271,6 @@ async def provide_tenant(request: Request[Any, Any, Any]) -> TenantContext:
     acting = request.headers.get(ACTING_TENANT_HEADER)
     state = request.scope.setdefault("state", {})
     client = client_address(request.scope)
-    rt.failed_auth.check(client)
     try:
         if acting is not None:
             context = await rt.auth.acting_admin(authorization, acting)
@@ -299,7 +298,6 @@ async def provide_admin(request: Request[Any, Any, Any]) -> None:
     """Admit only the admin token."""
     rt = runtime(request)
     client = client_address(request.scope)
-    rt.failed_auth.check(client)
     try:
         check_admin_token(request.headers.get("authorization"), rt.settings)
     except Unauthorized:

@@ -121,7 +121,7 @@ class FailedAuthentications:
     bounded rows.
 
     Bogus keys cost nothing to send. Past ``auth_failure_burst`` failures (refilled at
-    ``auth_failure_rate_per_second``) a client gets 429 before any key is looked up. In the
+    ``auth_failure_rate_per_second``) a client's failures are answered 429. In the
     audit trail, the first refusal of a client and route in a window is written and the rest
     are counted; the count goes with the next window's first row (``targets.repeats``).
     """
@@ -133,16 +133,14 @@ class FailedAuthentications:
         self.window = settings.audit_failure_window_seconds
         self._windows: dict[tuple[str, str], tuple[float, int]] = {}
 
-    def check(self, client: str) -> None:
-        """``TooManyRequests`` while the client has no failures left."""
+    def failed(self, client: str) -> None:
+        """Count a failed authentication of the client; ``TooManyRequests`` once it has
+        failed too often (a good key from the same address is never refused)."""
         wait = self.limiter.wait(client)
         if wait > 0:
             raise TooManyRequests(
                 "too many failed authentications from this address", retry_after=wait
             )
-
-    def failed(self, client: str) -> None:
-        """Count one failed authentication of the client."""
         self.limiter.spend(client)
 
     def admit(self, client: str, route: str) -> int:
