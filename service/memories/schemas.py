@@ -124,15 +124,15 @@ class ForgetRequest(BaseModel):
         default=None,
         min_length=1,
         max_length=4000,
-        description="forget memories that contain every word of the query and are at least"
+        description="forget memories that share a word with the query and are at least"
         " min_score similar to it",
     )
     min_score: float = Field(
         default=0.8,
         ge=0,
         le=1,
-        description="with query: the least cosine similarity of a memory to forget; the words"
-        " of the query must appear in it as well",
+        description="with query: the least cosine similarity of a memory to forget; it must"
+        " share a word with the query as well",
     )
     group_id: str | None = Field(default=None, max_length=128)
     user_id: str | None = Field(default=None, max_length=128)
