@@ -7,6 +7,7 @@ over its rate gets 429 with ``Retry-After``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -27,6 +28,19 @@ class RateLimiter:
     rate: float
     burst: int
     _buckets: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def wait(self, key: str) -> float:
+        """Seconds until ``key`` has a token again (0: it has one now); spends nothing."""
+        if self.rate <= 0 or key not in self._buckets:
+            return 0.0
+        tokens, last = self._buckets[key]
+        tokens = min(float(self.burst), tokens + (time.monotonic() - last) * self.rate)
+        return 0.0 if tokens >= 1 else (1 - tokens) / self.rate
+
+    def spend(self, key: str) -> None:
+        """Spend one token of ``key`` if it has one, without raising."""
+        with contextlib.suppress(TooManyRequests):
+            self.check(key)
 
     def check(self, key: str) -> None:
         """Spend one token of ``key``, or raise ``TooManyRequests`` with the wait."""

@@ -20,10 +20,18 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeout
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.audit.service import client_address
 from service.context import check_json
 from service.db.engine import translate_db_error
 from service.db.types import BIGINT_MAX
-from service.errors import BadRequest, Invalid, MemoriaError, TooManyRequests, Unavailable
+from service.errors import (
+    BadRequest,
+    Invalid,
+    MemoriaError,
+    TooManyRequests,
+    Unauthorized,
+    Unavailable,
+)
 from service.tenants.service import (
     ACTING_TENANT_HEADER,
     ADMIN_ACTOR,
@@ -262,11 +270,17 @@ async def provide_tenant(request: Request[Any, Any, Any]) -> TenantContext:
     authorization = request.headers.get("authorization")
     acting = request.headers.get(ACTING_TENANT_HEADER)
     state = request.scope.setdefault("state", {})
-    if acting is not None:
-        context = await rt.auth.acting_admin(authorization, acting)
-        state["actor"] = ADMIN_ACTOR
-    else:
-        context = await rt.auth.authenticate(authorization)
+    client = client_address(request.scope)
+    try:
+        if acting is not None:
+            context = await rt.auth.acting_admin(authorization, acting)
+        else:
+            context = await rt.auth.authenticate(authorization)
+    except Unauthorized:
+        rt.failed_auth.failed(client)
+        raise
+    # The audit trail's actor: the identity that was checked, never a header's text.
+    state["actor"] = ADMIN_ACTOR if acting is not None else context.key_prefix
     state["tenant_id"] = str(context.tenant_id)
     rt.limiter.check(context.key_prefix or str(context.tenant_id))
     return context
@@ -282,7 +296,14 @@ async def provide_session(
 
 async def provide_admin(request: Request[Any, Any, Any]) -> None:
     """Admit only the admin token."""
-    check_admin_token(request.headers.get("authorization"), runtime(request).settings)
+    rt = runtime(request)
+    client = client_address(request.scope)
+    try:
+        check_admin_token(request.headers.get("authorization"), rt.settings)
+    except Unauthorized:
+        rt.failed_auth.failed(client)
+        raise
+    request.scope.setdefault("state", {})["actor"] = ADMIN_ACTOR
 
 
 async def provide_system_session(request: Request[Any, Any, Any]) -> AsyncIterator[AsyncSession]:

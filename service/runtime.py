@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from service.audit.service import FailedAuthentications
 from service.db.engine import Database
 from service.db.migrate import (
     alembic_config,
@@ -21,6 +22,7 @@ from service.embedding import CurrentEmbedder, build_embedder, vector_space
 from service.guard import RateLimiter
 from service.llm import ChatModel, build_chat_model
 from service.llm.rerank import Reranker, build_reranker
+from service.privacy import keys as privacy_keys
 from service.queue.process import WorkerProcess, worker_command, worker_environment
 from service.queue.worker import JobHandler, Periodic, Worker
 from service.reembed.service import settle, stored_space
@@ -43,6 +45,9 @@ class Runtime:
     head: str | None
     known_revisions: frozenset[str] = frozenset()
     limiter: RateLimiter = field(default_factory=lambda: RateLimiter(0, 1))
+    failed_auth: FailedAuthentications = field(
+        default_factory=lambda: FailedAuthentications(Settings())
+    )
     worker: Worker | None = None
     worker_process: WorkerProcess | None = None
     config: str | Path | None = None
@@ -58,6 +63,7 @@ class Runtime:
         """Wire the configured providers (nothing is started yet). ``config`` is the settings
         file, read again by a worker process."""
         db = db or Database.from_settings(settings)
+        privacy_keys.configure(settings)
         head, known = shipped_revisions(alembic_config(db.url, settings))
         return cls(
             settings=settings,
@@ -71,6 +77,7 @@ class Runtime:
             head=head,
             known_revisions=known,
             limiter=RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst),
+            failed_auth=FailedAuthentications(settings),
             config=config,
         )
 

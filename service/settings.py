@@ -229,6 +229,11 @@ class Settings(BaseSettings):
     db_max_overflow: int = Field(10, ge=0, le=500)
     auth_cache_seconds: float = Field(2.0, ge=0)
     privacy_sync_limit: int = Field(5000, ge=0)
+    privacy_secret: SecretStr | None = Field(
+        None,
+        description="key of the hashes that name erased people and audited subjects; unset:"
+        " the one generated at migration and kept in the database",
+    )
     export_sync_limit: int = Field(
         5000, ge=0, description="rows above which an export is written by a job, not streamed"
     )
@@ -238,6 +243,16 @@ class Settings(BaseSettings):
     audit_retention_days: float = Field(365.0, gt=0)
     rate_limit_per_second: float = Field(0.0, ge=0, description="per API key; 0 = off")
     rate_limit_burst: int = Field(100, ge=1)
+    auth_failure_rate_per_second: float = Field(
+        0.5, ge=0, description="failed authentications allowed per client address; 0 = off"
+    )
+    auth_failure_burst: int = Field(20, ge=1)
+    audit_failure_window_seconds: float = Field(
+        60.0,
+        ge=0,
+        description="refused unauthenticated requests of one client and route within this"
+        " window share one audit row (its count of repeats)",
+    )
     max_inflight_requests: int = Field(512, ge=1)
     log_format: Literal["text", "json"] = "text"
     run_worker: bool = True
@@ -254,7 +269,7 @@ class Settings(BaseSettings):
     cognitive: CognitiveSettings = CognitiveSettings()
     models: ModelsSettings = ModelsSettings()
 
-    @field_validator("admin_token", mode="before")
+    @field_validator("admin_token", "privacy_secret", mode="before")
     @classmethod
     def _empty_token_is_none(cls, value: Any) -> Any:
         return None if value in ("", None) else value

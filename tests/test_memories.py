@@ -359,7 +359,7 @@ async def test_forget_by_id_category_and_query(client: AppClient) -> None:
     by_id = await client.post(
         "/v1/memories/forget", json={"ids": [a["id"]]}, headers=tenant.headers
     )
-    assert by_id.json() == {"mode": "deactivate", "changed": [a["id"]]}
+    assert by_id.json() == {"mode": "deactivate", "changed": [a["id"]], "dry_run": False}
     by_category = await client.post(
         "/v1/memories/forget",
         json={"category": "PREFERENCE", "group_id": "g1", "mode": "delete"},

@@ -190,7 +190,9 @@ async def test_erasure_leaves_nothing_a_query_can_reach(
     assert receipt.status_code == 200, receipt.text
     counts = receipt.json()["counts"]
     assert counts["messages"] == 2 and counts["events"] >= 3 and counts["memories"] >= 1
-    assert counts["messages_redacted"] == 1 and counts["profiles"] >= 2
+    assert counts["messages_redacted"] == 1 and counts["profiles"] >= 1
+    # Another's statement naming them stays, without the name.
+    assert counts["events_redacted"] >= 1 and counts["profiles_redacted"] >= 1
     await audit.flush()
     assert await leftovers(db_url, [VICTIM, NAME]) == []
     # The other person and the group's words stay.

@@ -13,6 +13,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
+import time
 import uuid
 from datetime import datetime
 from typing import Any
@@ -21,6 +23,11 @@ from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
+
+from service.errors import TooManyRequests
+from service.guard import RateLimiter
+from service.privacy.keys import subject_hash
+from service.settings import Settings
 
 log = logging.getLogger("service.audit")
 
@@ -79,22 +86,16 @@ def _schedule(scope: Scope, template: str, status: int, outcome: str) -> None:
         return
     tenant = state.get("tenant_id")
     params = {k: str(v) for k, v in (scope.get("path_params") or {}).items()}
-    if "subject" in params:
-        # A person or group is named by hash only: the trail must survive their erasure.
-        from service.privacy.service import subject_hash
-
-        kind = "user" if template.startswith("/v1/users/") else "group"
-        params["subject"] = subject_hash(
-            uuid.UUID(tenant) if tenant else NO_TENANT, kind, params["subject"]
-        )
-    headers = dict(scope.get("headers") or [])
-    auth = headers.get(b"authorization", b"").decode("latin-1")
-    # The admin token acting within a tenant leaves its mark in the state (see provide_tenant).
+    # The actor is who authenticated (set by the tenant and admin dependencies), never read
+    # from a header: a request may carry several, and only one of them was checked.
     actor = state.get("actor")
-    if actor is None and template.startswith("/admin"):
-        actor = "admin"
-    elif actor is None and auth.lower().startswith("bearer mk_"):
-        actor = auth[7:20]
+    repeats = 0
+    if tenant is None and status in (401, 429):
+        if status == 429:
+            return  # refused before authentication: already counted among the failures
+        repeats = runtime.failed_auth.admit(client_address(scope), template)
+        if repeats < 0:
+            return  # counted within the window: the window's next row reports it
     entry = {
         "tenant_id": uuid.UUID(tenant) if tenant else _admin_target(params),
         "actor": actor,
@@ -102,12 +103,66 @@ def _schedule(scope: Scope, template: str, status: int, outcome: str) -> None:
         "route": template[:300],
         "status": status,
         "outcome": outcome,
-        "targets": json.dumps(params, ensure_ascii=False),
+        "targets": params,
         "request_id": state.get("request_id"),
     }
-    task = asyncio.get_running_loop().create_task(_write(runtime.db, entry))
+    if repeats:
+        entry["targets"] = {**params, "repeats": str(repeats)}
+    subject_kind = None
+    if "subject" in params:
+        subject_kind = "user" if template.startswith("/v1/users/") else "group"
+    task = asyncio.get_running_loop().create_task(_write(runtime.db, entry, subject_kind))
     _pending.add(task)
     task.add_done_callback(_pending.discard)
+
+
+class FailedAuthentications:
+    """Failed authentications per client address: refused once too many, and audited in
+    bounded rows.
+
+    Bogus keys cost nothing to send. Past ``auth_failure_burst`` failures (refilled at
+    ``auth_failure_rate_per_second``) a client's failures are answered 429. In the
+    audit trail, the first refusal of a client and route in a window is written and the rest
+    are counted; the count goes with the next window's first row (``targets.repeats``).
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.limiter = RateLimiter(
+            settings.auth_failure_rate_per_second, settings.auth_failure_burst
+        )
+        self.window = settings.audit_failure_window_seconds
+        self._windows: dict[tuple[str, str], tuple[float, int]] = {}
+
+    def failed(self, client: str) -> None:
+        """Count a failed authentication of the client; ``TooManyRequests`` once it has
+        failed too often (a good key from the same address is never refused)."""
+        wait = self.limiter.wait(client)
+        if wait > 0:
+            raise TooManyRequests(
+                "too many failed authentications from this address", retry_after=wait
+            )
+        self.limiter.spend(client)
+
+    def admit(self, client: str, route: str) -> int:
+        """-1: counted, not written; else write a row reporting this many earlier repeats."""
+        if self.window <= 0:
+            return 0
+        now = time.monotonic()
+        key = (client, route)
+        started, repeats = self._windows.get(key, (-math.inf, 0))
+        if now - started < self.window:
+            self._windows[key] = (started, repeats + 1)
+            return -1
+        if len(self._windows) > 10_000:  # bounded memory: forget every window
+            self._windows.clear()
+        self._windows[key] = (now, 0)
+        return repeats
+
+
+def client_address(scope: Scope) -> str:
+    """The peer address of a request (what failed authentications are counted by)."""
+    client = scope.get("client")
+    return str(client[0]) if client else "unknown"
 
 
 def _admin_target(params: dict[str, str]) -> uuid.UUID:
@@ -116,9 +171,16 @@ def _admin_target(params: dict[str, str]) -> uuid.UUID:
     return NO_TENANT
 
 
-async def _write(db: Any, entry: dict[str, Any]) -> None:
+async def _write(db: Any, entry: dict[str, Any], subject_kind: str | None) -> None:
     try:
         async with db.system() as session:
+            targets = dict(entry["targets"])
+            if subject_kind is not None:
+                # A person or group is named by keyed hash only: the trail must survive their
+                # erasure, and must not give them away.
+                targets["subject"] = await subject_hash(
+                    session, entry["tenant_id"], subject_kind, targets["subject"]
+                )
             await session.execute(
                 text(
                     """
@@ -128,7 +190,7 @@ async def _write(db: Any, entry: dict[str, Any]) -> None:
                             CAST(:targets AS jsonb), :request_id)
                     """
                 ),
-                entry,
+                {**entry, "targets": json.dumps(targets, ensure_ascii=False)},
             )
     except Exception as exc:  # the trail must never break a request
         log.warning("audit entry not written: %s", exc)

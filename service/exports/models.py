@@ -42,6 +42,8 @@ class Export(Base):
     kind: Mapped[str] = mapped_column(String(16), nullable=False)  # user | group | tenant
     subject_hash: Mapped[str] = mapped_column(String(64), nullable=False)
     job_id: Mapped[int | None] = mapped_column(BigInteger)
+    # The key prefix (or "admin") that asked for it: only the same caller may fetch it.
+    requested_by: Mapped[str | None] = mapped_column(String(64))
     size_bytes: Mapped[int | None] = mapped_column(BigInteger)
     # Rows per section (counts only: no personal data).
     manifest: Mapped[dict[str, Any]] = mapped_column(

@@ -19,18 +19,29 @@ def _rowcount(result: Any) -> int:
 # pruned all the same.
 _CREATE = text(
     """
-    INSERT INTO exports (tenant_id, kind, subject_hash, expires_at)
-    VALUES (:t, :kind, :hash, now() + make_interval(secs => :keep))
+    INSERT INTO exports (tenant_id, kind, subject_hash, requested_by, expires_at)
+    VALUES (:t, :kind, :hash, :by, now() + make_interval(secs => :keep))
     RETURNING id
     """
 )
 
 
 async def create(
-    session: AsyncSession, tenant_id: uuid.UUID, kind: str, subject_hash: str, keep_seconds: float
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    kind: str,
+    subject_hash: str,
+    keep_seconds: float,
+    requested_by: str | None,
 ) -> int:
-    """A pending export; returns its id."""
-    params = {"t": tenant_id, "kind": kind, "hash": subject_hash, "keep": keep_seconds}
+    """A pending export, asked for by ``requested_by``; returns its id."""
+    params = {
+        "t": tenant_id,
+        "kind": kind,
+        "hash": subject_hash,
+        "keep": keep_seconds,
+        "by": requested_by,
+    }
     return int((await session.execute(_CREATE, params)).scalar_one())
 
 
@@ -103,8 +114,8 @@ async def finish(
 # An expired export is as good as gone, even before the prune reaches it.
 _GET = text(
     """
-    SELECT e.id, e.kind, e.job_id, e.size_bytes, e.manifest, e.created_at, e.ready_at,
-           e.expires_at, j.status AS job_status, j.last_error AS job_error
+    SELECT e.id, e.kind, e.requested_by, e.job_id, e.size_bytes, e.manifest, e.created_at,
+           e.ready_at, e.expires_at, j.status AS job_status, j.last_error AS job_error
     FROM exports AS e
     LEFT JOIN jobs AS j ON j.tenant_id = e.tenant_id AND j.id = e.job_id
     WHERE e.tenant_id = :t AND e.id = :id AND e.expires_at > now()
@@ -139,21 +150,32 @@ async def prune(session: AsyncSession) -> int:
     return _rowcount(await session.execute(_PRUNE))
 
 
-# An erased subject's own exports, and any other export whose content names them.
+# An erased subject's own exports, and any other export that holds a row of theirs (an id
+# field equal to their id, as the documents write it) or names them. Plain substring tests:
+# nothing from an id or a name is ever read as a pattern.
 _ERASE = text(
     """
     DELETE FROM exports AS e
     WHERE e.tenant_id = :t
       AND (e.subject_hash = :hash
-           OR EXISTS (SELECT 1 FROM export_chunks AS c
-                      WHERE c.tenant_id = e.tenant_id AND c.export_id = e.id AND c.data ~ :p))
+           OR EXISTS (SELECT 1 FROM export_chunks AS c, unnest(CAST(:needles AS text[])) AS n
+                      WHERE c.tenant_id = e.tenant_id AND c.export_id = e.id
+                        AND strpos(c.data, n) > 0))
     """
 )
 
 
 async def erase(
-    session: AsyncSession, tenant_id: uuid.UUID, subject_hash: str, pattern: str
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    subject_hash: str,
+    subject: str,
+    names: list[str],
+    fields: tuple[str, ...],
 ) -> int:
-    """Delete the exports of a subject and those mentioning them; returns how many."""
-    params = {"t": tenant_id, "hash": subject_hash, "p": pattern}
+    """Delete the exports of a subject, those holding a row of theirs (``fields`` equal to
+    ``subject``) and those naming them; returns how many."""
+    value = json.dumps(subject, ensure_ascii=False)
+    needles = [f'"{field}": {value}' for field in fields] + names
+    params = {"t": tenant_id, "hash": subject_hash, "needles": needles}
     return _rowcount(await session.execute(_ERASE, params))

@@ -30,7 +30,9 @@ class ExportController(Controller):
         export_id: RowId,
     ) -> Stream:
         """The export's document once its job finished; 409 while it is being written."""
-        export = await service.ready(session, tenant.tenant_id, export_id)
+        export = await service.ready(
+            session, tenant.tenant_id, export_id, caller=tenant.key_prefix or ""
+        )
         return Stream(
             service.content(runtime(request).db, tenant.tenant_id, export_id),
             media_type=service.media_type(export["kind"]),
@@ -58,7 +60,7 @@ class AdminExportController(Controller):
         export_id: RowId,
     ) -> Stream:
         """A tenant's export once its job finished; 409 while it is being written."""
-        export = await service.ready(session, tenant_id, export_id)
+        export = await service.ready(session, tenant_id, export_id, caller=None)
         return Stream(
             service.content(runtime(request).db, tenant_id, export_id),
             media_type=service.media_type(export["kind"]),

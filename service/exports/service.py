@@ -16,6 +16,7 @@ from service.privacy import service as privacy
 from service.queue import repository as jobs
 from service.queue.worker import JobContext
 from service.settings import Settings
+from service.tenants.service import ADMIN_ACTOR
 
 EXPORT_JOB = "privacy.export"
 # About this many characters per stored chunk; a chunk only ends between rows.
@@ -46,18 +47,23 @@ class ExportJob:
 
 
 async def export_later(
-    session: AsyncSession, tenant_id: uuid.UUID, kind: str, subject: str, settings: Settings
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    kind: str,
+    subject: str,
+    settings: Settings,
+    *,
+    requested_by: str | None,
 ) -> ExportJob | None:
     """None when the export is small enough to stream now; else a pending export and its job,
-    enqueued in the caller's transaction."""
+    enqueued in the caller's transaction. Only ``requested_by`` may fetch it."""
     if await privacy.count_export_rows(session, tenant_id, kind, subject) <= (
         settings.export_sync_limit
     ):
         return None
     keep = settings.export_retention_hours * 3600
-    export_id = await repository.create(
-        session, tenant_id, kind, privacy.subject_hash(tenant_id, kind, subject), keep
-    )
+    hashed = await privacy.subject_hash(session, tenant_id, kind, subject)
+    export_id = await repository.create(session, tenant_id, kind, hashed, keep, requested_by)
     job_id, _ = await jobs.enqueue(
         session,
         tenant_id,
@@ -128,9 +134,20 @@ class ExportWriter:
         return job.result
 
 
-async def ready(session: AsyncSession, tenant_id: uuid.UUID, export_id: int) -> dict[str, Any]:
-    """A tenant's export that can be fetched now; NotFound, or Conflict while it is written."""
+async def ready(
+    session: AsyncSession, tenant_id: uuid.UUID, export_id: int, *, caller: str | None
+) -> dict[str, Any]:
+    """An export that ``caller`` may fetch now; NotFound, or Conflict while it is written.
+
+    ``caller`` None: the admin, who may fetch any of the tenant's exports. Otherwise only the
+    caller's own exports of a person or a group: a whole-tenant export (audit trail and key
+    metadata included) is the admin's alone, and ids are sequential, so another key's export
+    is answered as if it did not exist.
+    """
     row = await repository.get(session, tenant_id, export_id)
+    foreign = row is not None and (row["kind"] == "tenant" or row["requested_by"] != caller)
+    if caller is not None and caller != ADMIN_ACTOR and foreign:
+        row = None
     if row is None:
         raise NotFound("no such export (or it expired)", field="export_id")
     if row["ready_at"] is None:

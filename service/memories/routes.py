@@ -28,6 +28,7 @@ from service.memories.schemas import (
     MemoryPatch,
     MemorySearch,
 )
+from service.retrieval.terms import terms
 from service.tenants.service import TenantContext
 
 
@@ -228,16 +229,28 @@ class MemoryController(Controller):
             conditions.append(Memory.is_active.is_(True))
         where = and_(*conditions) if conditions else true()
         if data.query:
+            # Similarity alone sweeps too much: the local embedder puts unrelated short
+            # texts above 0.8 to each other ("猫" took 9 of 10 memories). A memory is
+            # forgotten only if it also shares a word with the query.
+            wanted = set(terms(data.query))
+            if not wanted:
+                raise Invalid("the query has no words to match", field="query")
             vector = await runtime(request).embedder.query(data.query)
             rows = await repository.nearest(
                 session, tenant.tenant_id, vector, where=where, limit=200
             )
-            targets = [int(r["id"]) for r in rows if float(r["score"]) >= data.min_score]
+            targets = [
+                int(r["id"])
+                for r in rows
+                if float(r["score"]) >= data.min_score and wanted & set(terms(r["content"]))
+            ]
         else:
             rows = await repository.listing(
                 session, tenant.tenant_id, where=where, limit=10_000, before=None
             )
             targets = [int(r["id"]) for r in rows]
+        if data.dry_run:
+            return ForgetResult(mode=data.mode, changed=targets, dry_run=True)
         cause = {**_cause(tenant), "forget": data.model_dump(exclude={"ids"}, exclude_none=True)}
         for memory_id in targets:
             if data.mode == "delete":

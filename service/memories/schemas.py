@@ -120,17 +120,33 @@ class ForgetRequest(BaseModel):
         default=None, max_length=1000
     )
     category: Category | None = None
-    query: str | None = Field(default=None, min_length=1, max_length=4000)
-    min_score: float = Field(default=0.8, ge=0, le=1)
+    query: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=4000,
+        description="forget memories that share a word with the query and are at least"
+        " min_score similar to it",
+    )
+    min_score: float = Field(
+        default=0.8,
+        ge=0,
+        le=1,
+        description="with query: the least cosine similarity of a memory to forget; it must"
+        " share a word with the query as well",
+    )
     group_id: str | None = Field(default=None, max_length=128)
     user_id: str | None = Field(default=None, max_length=128)
     scopes: list[Scope] | None = None
     mode: Literal["deactivate", "delete"] = "deactivate"
     reason: str | None = Field(default=None, max_length=500)
+    dry_run: bool = Field(
+        default=False, description="answer which memories would be forgotten, change nothing"
+    )
 
 
 class ForgetResult(BaseModel):
-    """What a forget request changed."""
+    """What a forget request changed (or, as a dry run, would change)."""
 
     mode: str
     changed: list[int]
+    dry_run: bool = False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
@@ -18,7 +19,7 @@ from service.privacy import service
 from service.queue import repository as jobs
 from service.queue.worker import JobContext
 from service.runtime import Runtime
-from service.tenants.service import TenantContext
+from service.tenants.service import ADMIN_ACTOR, TenantContext
 
 ERASE_JOB = "privacy.erase_user"
 _ID = "{subject:str}"
@@ -48,7 +49,7 @@ class PrivacyController(Controller):
     ) -> Response[Any]:
         """Everything the tenant holds about a person: one streamed JSON document, or 202 with
         a job that writes it when large."""
-        return await _export(request, session, tenant.tenant_id, "user", subject)
+        return await _export(request, session, tenant.tenant_id, "user", subject, tenant.key_prefix)
 
     @get(f"/groups/{_ID}/export", media_type="application/json", responses=_LATER)
     async def export_group(
@@ -60,7 +61,9 @@ class PrivacyController(Controller):
     ) -> Response[Any]:
         """Everything the tenant holds about a group: one streamed JSON document, or 202 with
         a job that writes it when large."""
-        return await _export(request, session, tenant.tenant_id, "group", subject)
+        return await _export(
+            request, session, tenant.tenant_id, "group", subject, tenant.key_prefix
+        )
 
     @delete(
         f"/users/{_ID}",
@@ -132,7 +135,7 @@ class TenantPrivacyController(Controller):
         tenant_id: uuid.UUID,
     ) -> Response[Any]:
         """The whole tenant as NDJSON, streamed; or 202 with a job that writes it when large."""
-        return await _export(request, session, tenant_id, "tenant", str(tenant_id))
+        return await _export(request, session, tenant_id, "tenant", str(tenant_id), ADMIN_ACTOR)
 
 
 async def _export(
@@ -141,10 +144,14 @@ async def _export(
     tenant_id: uuid.UUID,
     kind: str,
     subject: str,
+    requested_by: str | None,
 ) -> Response[Any]:
-    """Stream a small export now; hand a large one to a job (202 with where to look)."""
+    """Stream a small export now; hand a large one to a job (202 with where to look); only
+    ``requested_by`` may fetch what the job writes."""
     rt = runtime(request)
-    later = await exports.export_later(session, tenant_id, kind, subject, rt.settings)
+    later = await exports.export_later(
+        session, tenant_id, kind, subject, rt.settings, requested_by=requested_by
+    )
     if later is None:
         chunks = (
             service.export_tenant(rt.db, tenant_id)
@@ -163,12 +170,6 @@ async def _export(
     return Response(body, status_code=202, media_type="application/json")
 
 
-def _dumps(value: Any) -> str:
-    import json
-
-    return json.dumps(value)
-
-
 def erase_handler(rt: Runtime) -> Any:
     """The ``privacy.erase_user`` job: a large erasure, then its own payload is scrubbed."""
 
@@ -185,14 +186,13 @@ def erase_handler(rt: Runtime) -> Any:
                 spare_job=job.job.id,
             )
             # The job row itself must not keep the id it erased.
+            hashed = await service.subject_hash(session, job.job.tenant_id, "user", user_id)
             await session.execute(
                 text(
                     "UPDATE jobs SET payload = CAST(:p AS jsonb) WHERE tenant_id = :t AND id = :id"
                 ),
                 {
-                    "p": _dumps(
-                        {"subject_hash": service.subject_hash(job.job.tenant_id, "user", user_id)}
-                    ),
+                    "p": json.dumps({"subject_hash": hashed}),
                     "t": job.job.tenant_id,
                     "id": job.job.id,
                 },

@@ -1,17 +1,16 @@
-"""Export and erasure of a person or a group: everything the tenant holds, and then nothing.
+"""Export of a person or a group: everything the tenant holds about them.
 
-A person is found by id (``user_id``, ``sender_id``, ``creator_id``, …) and by mention: their
-id or one of their display names inside any text or JSON column. Matching uses word-bounded
-regular expressions so that erasing 10001 does not touch 100012.
+A person's rows are found by their id in id columns (see ``people``); rows of others that
+name them are found in the conversations they took part in, by the names known to be theirs
+(see ``redaction``): the same rows that an erasure deletes or redacts. Erasure itself is in
+``erasure``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -19,125 +18,154 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db.engine import Database
-from service.embedding import Embedder
-from service.exports import repository as exports
-from service.profiles import service as profile_service
-from service.profiles.document import parse
+from service.privacy.erasure import (
+    TENANT_TABLES,
+    count_user_rows,
+    erase_group,
+    erase_tenant,
+    erase_user,
+    was_erased,
+)
+from service.privacy.keys import subject_hash
+from service.privacy.people import find_person
+from service.privacy.people import names_filter as _names
 
-ERASED = "[已删除用户]"
-MIN_NAME = 2
-
-
-def subject_hash(tenant_id: uuid.UUID, kind: str, subject: str) -> str:
-    """The tombstone's key: a salted hash, so the subject cannot be read back."""
-    return hashlib.sha256(f"{tenant_id}:{kind}:{subject}".encode()).hexdigest()
-
-
-def mention_pattern(tokens: list[str]) -> str:
-    """A POSIX regex matching any token as a whole word (ids and Latin names) or as is (CJK)."""
-    parts = []
-    for token in sorted(set(tokens), key=len, reverse=True):
-        escaped = re.sub(r"([.^$*+?()\[\]{}|\\-])", r"\\\1", token)
-        if re.fullmatch(r"[0-9A-Za-z_ .'-]+", token):
-            parts.append(f"(^|[^0-9A-Za-z_]){escaped}([^0-9A-Za-z_]|$)")
-        else:
-            parts.append(escaped)
-    return "|".join(parts) if parts else "(?!)"
-
-
-async def names_of(session: AsyncSession, tenant_id: uuid.UUID, user_id: str) -> list[str]:
-    """The display names a person went by (messages, profiles, memos' senders)."""
-    rows = await session.execute(
-        text(
-            """
-            SELECT DISTINCT sender_name AS name FROM messages
-            WHERE tenant_id = :t AND sender_id = :u AND sender_name IS NOT NULL
-            UNION
-            SELECT DISTINCT name FROM profiles
-            WHERE tenant_id = :t AND entity_id = :u AND entity_type IN ('user', 'member')
-            """
-        ),
-        {"t": tenant_id, "u": user_id},
-    )
-    return [r.name for r in rows if r.name and len(r.name) >= MIN_NAME and r.name != user_id]
-
+__all__ = [
+    "TENANT_TABLES",
+    "count_export_rows",
+    "count_user_rows",
+    "document_parts",
+    "erase_group",
+    "erase_tenant",
+    "erase_user",
+    "export_stream",
+    "export_tenant",
+    "subject_hash",
+    "tenant_parts",
+    "was_erased",
+]
 
 # ---------------------------------------------------------------- export
 
-# Each section: what the tenant holds about the person. :u is the id, :p the mention regex.
+
+_IN_SCOPE_PROFILES = (
+    "((entity_type = 'group' AND entity_id = ANY(:groups))"
+    " OR (entity_type = 'member' AND group_id = ANY(:groups))"
+    " OR (entity_type = 'user' AND entity_id = ANY(:peers)))"
+)
+_OWN_PROFILES = "entity_id = :u AND entity_type IN ('user', 'member')"
+
+# Each section: the person's own rows (``own``), and others' rows in their conversations that
+# may name them (kept only if they do). :u the id, :pk their private conversation.
 _USER_SECTIONS: list[tuple[str, str]] = [
     (
         "messages",
-        """SELECT conversation_key, message_id, request_type, group_id, user_id, sender_id,
-                  sender_name, text, sent_at, created_at FROM messages
-           WHERE tenant_id = :t AND (sender_id = :u OR conversation_key = 'p:' || :u
-                                     OR text ~ :p)
+        f"""SELECT conversation_key, message_id, request_type, group_id, user_id, sender_id,
+                  sender_name, text, sent_at, created_at,
+                  (sender_id = :u OR user_id = :u OR conversation_key = :pk) AS own
+           FROM messages
+           WHERE tenant_id = :t AND (sender_id = :u OR user_id = :u OR conversation_key = :pk
+                                     OR (conversation_key = ANY(:keys) AND {_names("text")}))
            ORDER BY sent_at""",
     ),
     (
         "events",
-        """SELECT id, conversation_key, request_type, group_id, user_id, sender_id, kind, text,
-                  source_text, is_absolute, occurred_at, timezone, location_abs, metadata
+        f"""SELECT id, conversation_key, request_type, group_id, user_id, sender_id, kind, text,
+                  source_text, is_absolute, occurred_at, timezone, location_abs, metadata,
+                  (user_id = :u OR sender_id = :u OR conversation_key = :pk) AS own
            FROM events
-           WHERE tenant_id = :t AND (user_id = :u OR sender_id = :u OR text ~ :p
-                                     OR source_text ~ :p)
+           WHERE tenant_id = :t
+             AND (user_id = :u OR sender_id = :u OR conversation_key = :pk
+                  OR (conversation_key = ANY(:keys)
+                      AND ({_names("text")} OR {_names("source_text")}
+                           OR {_names("metadata::text")})))
            ORDER BY occurred_at""",
     ),
     (
         "memos",
-        """SELECT request_id, end_seq, conversation_key, group_id, user_id, sender_id, memo, said_at
+        f"""SELECT request_id, end_seq, conversation_key, group_id, user_id, sender_id, memo,
+                  said_at, (sender_id = :u OR user_id = :u OR conversation_key = :pk) AS own
            FROM memos
-           WHERE tenant_id = :t AND (sender_id = :u OR user_id = :u OR memo ~ :p)
+           WHERE tenant_id = :t AND (sender_id = :u OR user_id = :u OR conversation_key = :pk
+                                     OR (conversation_key = ANY(:keys) AND {_names("memo")}))
            ORDER BY said_at""",
     ),
     (
         "memories",
-        """SELECT id, scope, user_id, group_id, category, content, confidence, importance,
-                  valid_from, valid_to, is_active, last_used_at, evidence, created_at, updated_at
-           FROM memories WHERE tenant_id = :t AND (user_id = :u OR content ~ :p)
+        f"""SELECT id, scope, user_id, group_id, category, content, confidence, importance,
+                  valid_from, valid_to, is_active, last_used_at, evidence, created_at,
+                  updated_at, (user_id = :u) AS own
+           FROM memories
+           WHERE tenant_id = :t
+             AND (user_id = :u OR ((group_id = ANY(:groups)
+                                    OR (group_id IS NULL AND user_id = ANY(:peers)))
+                                   AND {_names("content")}))
            ORDER BY id""",
     ),
     (
         "memory_history",
-        """SELECT h.memory_id, h.action, h.old_content, h.new_content, h.reason, h.cause,
-                  h.created_at
+        f"""SELECT h.memory_id, h.action, h.old_content, h.new_content, h.reason, h.cause,
+                  h.created_at, (m.user_id = :u) AS own
            FROM memory_history AS h
-           WHERE h.tenant_id = :t AND (h.memory_id IN (SELECT id FROM memories
-                                                      WHERE tenant_id = :t AND user_id = :u)
-                                       OR h.old_content ~ :p OR h.new_content ~ :p)
+           JOIN memories AS m ON m.tenant_id = h.tenant_id AND m.id = h.memory_id
+           WHERE h.tenant_id = :t
+             AND (m.user_id = :u
+                  OR ((m.group_id = ANY(:groups)
+                       OR (m.group_id IS NULL AND m.user_id = ANY(:peers)))
+                      AND ({_names("h.old_content")}
+                           OR {_names("h.new_content")})))
            ORDER BY h.id""",
     ),
     (
         "profiles",
-        """SELECT entity_type, entity_id, group_id, name, tags, document, version, updated_at
+        f"""SELECT entity_type, entity_id, group_id, name, tags, document, version, updated_at,
+                  ({_OWN_PROFILES}) AS own
            FROM profiles
-           WHERE tenant_id = :t AND (entity_id = :u AND entity_type IN ('user', 'member')
-                                     OR document ~ :p)
+           WHERE tenant_id = :t
+             AND ({_OWN_PROFILES} OR ({_IN_SCOPE_PROFILES} AND {_names("document")}))
            ORDER BY profile_key""",
     ),
     (
         "profile_revisions",
-        """SELECT r.profile_key, r.version, r.document, r.replaced_by, r.created_at
+        f"""SELECT r.profile_key, r.version, r.document, r.replaced_by, r.created_at,
+                  (p.entity_id = :u AND p.entity_type IN ('user', 'member')) AS own
            FROM profile_revisions AS r
-           WHERE r.tenant_id = :t AND (r.profile_key = 'user:' || :u
-                                       OR r.profile_key LIKE 'member:%:' || :u
-                                       OR r.document ~ :p)
+           JOIN profiles AS p ON p.tenant_id = r.tenant_id AND p.profile_key = r.profile_key
+           WHERE r.tenant_id = :t
+             AND ((p.entity_id = :u AND p.entity_type IN ('user', 'member'))
+                  OR ((
+                      (p.entity_type = 'group' AND p.entity_id = ANY(:groups))
+                      OR (p.entity_type = 'member' AND p.group_id = ANY(:groups))
+                      OR (p.entity_type = 'user' AND p.entity_id = ANY(:peers)))
+                      AND {_names("r.document")}))
            ORDER BY r.profile_key, r.version""",
     ),
     (
         "todos",
-        """SELECT id, group_id, user_id, creator_id, assignee_id, description, trigger_time,
-                  status, created_at, completed_at
+        f"""SELECT id, group_id, user_id, creator_id, assignee_id, description, trigger_time,
+                  status, created_at, completed_at,
+                  (creator_id = :u OR assignee_id = :u OR user_id = :u
+                   OR conversation_key = :pk) AS own
            FROM todos
-           WHERE tenant_id = :t AND (creator_id = :u OR assignee_id = :u OR user_id = :u
-                                     OR description ~ :p)
+           WHERE tenant_id = :t
+             AND (creator_id = :u OR assignee_id = :u OR user_id = :u OR conversation_key = :pk
+                  OR (conversation_key = ANY(:keys) AND {_names("description")}))
            ORDER BY id""",
     ),
     (
         "jobs",
-        """SELECT id, kind, status, attempts, payload, last_error, created_at FROM jobs
+        f"""SELECT id, kind, status, attempts, payload, last_error, created_at,
+                  (payload -> 'context' ->> 'sender_id' = :u
+                   OR payload -> 'context' ->> 'user_id' = :u
+                   OR payload ->> 'conversation_key' = :pk) AS own
+           FROM jobs
            WHERE tenant_id = :t AND status IN ('queued', 'running', 'failed') AND id <> :spare
-             AND (payload::text ~ :p OR COALESCE(last_error, '') ~ :p)
+             AND (payload -> 'context' ->> 'sender_id' = :u
+                  OR payload -> 'context' ->> 'user_id' = :u
+                  OR payload ->> 'conversation_key' = :pk
+                  OR ((payload -> 'context' ->> 'group_id' = ANY(:groups)
+                       OR payload ->> 'conversation_key' = ANY(:keys))
+                      AND {_names("payload::text")}))
            ORDER BY id""",
     ),
 ]
@@ -167,15 +195,18 @@ _GROUP_SECTIONS: list[tuple[str, str]] = [
     (
         "profiles",
         """SELECT entity_type, entity_id, name, tags, document, version FROM profiles
-           WHERE tenant_id = :t AND (profile_key = 'group:' || :g OR group_id = :g)
+           WHERE tenant_id = :t AND ((entity_type = 'group' AND entity_id = :g)
+                                     OR (entity_type = 'member' AND group_id = :g))
            ORDER BY profile_key""",
     ),
     (
         "profile_revisions",
-        """SELECT profile_key, version, document, replaced_by, created_at FROM profile_revisions
-           WHERE tenant_id = :t AND (profile_key = 'group:' || :g
-                                     OR profile_key LIKE 'member:' || :g || ':%')
-           ORDER BY profile_key, version""",
+        """SELECT r.profile_key, r.version, r.document, r.replaced_by, r.created_at
+           FROM profile_revisions AS r
+           JOIN profiles AS p ON p.tenant_id = r.tenant_id AND p.profile_key = r.profile_key
+           WHERE r.tenant_id = :t AND ((p.entity_type = 'group' AND p.entity_id = :g)
+                                       OR (p.entity_type = 'member' AND p.group_id = :g))
+           ORDER BY r.profile_key, r.version""",
     ),
     (
         "todos",
@@ -183,6 +214,17 @@ _GROUP_SECTIONS: list[tuple[str, str]] = [
         " WHERE tenant_id = :t AND conversation_key = :k ORDER BY id",
     ),
 ]
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
 
 
 def _json(value: Any) -> str:
@@ -224,12 +266,17 @@ async def document_parts(
     export never sits in memory), ending with a manifest of counts. Each piece holds whole
     rows. ``counts`` is filled as the sections are written; ``spare_job``: the export's own
     job, which is not part of what is exported."""
+    person = None
     if kind == "user":
-        tokens = [subject, *await names_of(session, tenant_id, subject)]
+        person = await find_person(session, tenant_id, subject)
         params: dict[str, Any] = {
             "t": tenant_id,
             "u": subject,
-            "p": mention_pattern(tokens),
+            "pk": person.private_key,
+            "keys": person.conversations,
+            "groups": person.groups,
+            "peers": person.peers,
+            "needles": person.needles,
             "spare": spare_job,
         }
         sections = _USER_SECTIONS
@@ -243,7 +290,13 @@ async def document_parts(
         count = 0
         result = await session.stream(text(query), params)
         async for row in result:
-            yield (", " if count else "") + _json(dict(row._mapping))
+            data = dict(row._mapping)
+            if person is not None:
+                # Another's row is in the export only if it names the person for certain.
+                own = data.pop("own")
+                if not own and not any(person.redactor.mentions(v) for v in _strings(data)):
+                    continue
+            yield (", " if count else "") + _json(data)
             count += 1
         yield "]"
         counts[name] = count
@@ -260,22 +313,6 @@ async def export_stream(
             yield part.encode()
 
 
-# Tenant tables, parents before children for a readable NDJSON dump.
-TENANT_TABLES = [
-    "conversations",
-    "messages",
-    "memos",
-    "events",
-    "profiles",
-    "profile_revisions",
-    "memories",
-    "memory_history",
-    "todos",
-    "jobs",
-    "api_keys",
-    "erasures",
-    "audit_log",
-]
 # Vectors (and, during a re-embedding, their shadow copies) are derived from the texts.
 _HIDDEN_COLUMNS = {"embedding", "embedding_next", "key_hash"}
 
@@ -311,290 +348,3 @@ async def export_tenant(db: Database, tenant_id: uuid.UUID) -> AsyncIterator[byt
     async with db.tenant(tenant_id) as session:
         async for part in tenant_parts(session, tenant_id, {}):
             yield part.encode()
-
-
-# ---------------------------------------------------------------- erasure
-
-
-async def count_user_rows(session: AsyncSession, tenant_id: uuid.UUID, user_id: str) -> int:
-    """A quick size of a person's data: decides between erasing now and as a job."""
-    result = await session.execute(
-        text(
-            """
-            SELECT (SELECT count(*) FROM messages WHERE tenant_id = :t AND sender_id = :u)
-                 + (SELECT count(*) FROM events WHERE tenant_id = :t AND sender_id = :u)
-            """
-        ),
-        {"t": tenant_id, "u": user_id},
-    )
-    return int(result.scalar_one())
-
-
-async def erase_user(
-    session: AsyncSession,
-    tenant_id: uuid.UUID,
-    user_id: str,
-    embedder: Embedder,
-    *,
-    requested_by: str | None,
-    keep: int,
-    spare_job: int | None = None,
-) -> dict[str, int]:
-    """Erase a person: their rows, rows naming them, and their name in others' texts.
-
-    ``spare_job``: the erasure's own job, which scrubs its payload itself.
-    """
-    tokens = [user_id, *await names_of(session, tenant_id, user_id)]
-    pattern = mention_pattern(tokens)
-    p = {"t": tenant_id, "u": user_id, "p": pattern, "spare": spare_job or 0}
-    counts: dict[str, int] = {}
-
-    async def run(name: str, sql: str, params: dict[str, Any] | None = None) -> None:
-        result = await session.execute(text(sql), params or p)
-        counts[name] = counts.get(name, 0) + int(getattr(result, "rowcount", 0) or 0)
-
-    await run(
-        "messages",
-        "DELETE FROM messages WHERE tenant_id = :t AND (sender_id = :u OR user_id = :u"
-        " OR conversation_key = 'p:' || :u)",
-    )
-    # Others' messages that name the person keep their words but lose the person.
-    await _redact(
-        session,
-        "messages",
-        "text",
-        p,
-        tokens,
-        counts,
-        extra="embedding = NULL, lexical = ''::tsvector",
-    )
-    await run(
-        "conversations",
-        "DELETE FROM conversations WHERE tenant_id = :t AND conversation_key = 'p:' || :u",
-    )
-    await run(
-        "events",
-        "DELETE FROM events WHERE tenant_id = :t AND (user_id = :u OR sender_id = :u"
-        " OR conversation_key = 'p:' || :u OR text ~ :p OR source_text ~ :p"
-        " OR metadata::text ~ :p)",
-    )
-    await run(
-        "memos",
-        "DELETE FROM memos WHERE tenant_id = :t AND (sender_id = :u OR user_id = :u"
-        " OR conversation_key = 'p:' || :u OR memo ~ :p)",
-    )
-    doomed = [
-        r.id
-        for r in await session.execute(
-            text(
-                "SELECT id FROM memories WHERE tenant_id = :t"
-                " AND (user_id = :u OR content ~ :p OR evidence::text ~ :p)"
-            ),
-            p,
-        )
-    ]
-    await run(
-        "memories",
-        "DELETE FROM memories WHERE tenant_id = :t AND id = ANY(:ids)",
-        {"t": tenant_id, "ids": doomed},
-    )
-    await run(
-        "memory_history",
-        "DELETE FROM memory_history WHERE tenant_id = :t AND (memory_id = ANY(:ids)"
-        " OR old_content ~ :p OR new_content ~ :p OR reason ~ :p OR cause::text ~ :p)",
-        {**p, "ids": doomed},
-    )
-    await run(
-        "profiles",
-        "DELETE FROM profiles WHERE tenant_id = :t AND entity_id = :u"
-        " AND entity_type IN ('user', 'member')",
-    )
-    counts["profiles"] += await _rewrite_profiles(
-        session, tenant_id, pattern, tokens, embedder, keep
-    )
-    await _redact(session, "profile_revisions", "document", p, tokens, counts)
-    await run(
-        "todos",
-        "DELETE FROM todos WHERE tenant_id = :t AND (creator_id = :u OR assignee_id = :u"
-        " OR user_id = :u OR conversation_key = 'p:' || :u OR description ~ :p"
-        " OR evidence::text ~ :p)",
-    )
-    await run(
-        "jobs",
-        "DELETE FROM jobs WHERE tenant_id = :t AND id <> :spare AND (payload::text ~ :p"
-        " OR COALESCE(result::text, '') ~ :p OR COALESCE(last_error, '') ~ :p)",
-    )
-    await run(
-        "audit_log",
-        "UPDATE audit_log SET targets = '{}'::jsonb WHERE tenant_id = :t AND targets::text ~ :p",
-    )
-    # Exports are copies: the person's own, and any other that names them, go too.
-    counts["exports"] = await exports.erase(
-        session, tenant_id, subject_hash(tenant_id, "user", user_id), pattern
-    )
-    await _tombstone(session, tenant_id, "user", user_id, requested_by, counts)
-    return counts
-
-
-async def erase_group(
-    session: AsyncSession, tenant_id: uuid.UUID, group_id: str, *, requested_by: str | None
-) -> dict[str, int]:
-    """Erase a group: its conversation, events, memos, memories, profiles, todos, jobs."""
-    pattern = mention_pattern([group_id])
-    p = {"t": tenant_id, "g": group_id, "k": f"g:{group_id}", "p": pattern}
-    counts: dict[str, int] = {}
-    statements = {
-        "messages": "DELETE FROM messages WHERE tenant_id = :t AND conversation_key = :k",
-        "conversations": "DELETE FROM conversations WHERE tenant_id = :t AND conversation_key = :k",
-        "events": "DELETE FROM events WHERE tenant_id = :t AND conversation_key = :k",
-        "memos": "DELETE FROM memos WHERE tenant_id = :t AND conversation_key = :k",
-        "memory_history": "DELETE FROM memory_history WHERE tenant_id = :t AND memory_id IN"
-        " (SELECT id FROM memories WHERE tenant_id = :t AND group_id = :g)",
-        "memories": "DELETE FROM memories WHERE tenant_id = :t AND group_id = :g",
-        "profiles": "DELETE FROM profiles WHERE tenant_id = :t AND (profile_key = 'group:' || :g"
-        " OR group_id = :g)",
-        "todos": "DELETE FROM todos WHERE tenant_id = :t AND conversation_key = :k",
-        "jobs": "DELETE FROM jobs WHERE tenant_id = :t AND (payload::text ~ :p"
-        " OR COALESCE(result::text, '') ~ :p)",
-    }
-    for name, sql in statements.items():
-        result = await session.execute(text(sql), p)
-        counts[name] = int(getattr(result, "rowcount", 0) or 0)
-    counts["exports"] = await exports.erase(
-        session, tenant_id, subject_hash(tenant_id, "group", group_id), pattern
-    )
-    await _tombstone(session, tenant_id, "group", group_id, requested_by, counts)
-    return counts
-
-
-async def _redact(
-    session: AsyncSession,
-    table: str,
-    column: str,
-    params: dict[str, Any],
-    tokens: list[str],
-    counts: dict[str, int],
-    extra: str | None = None,
-) -> None:
-    """Replace every mention in a text column by the erased marker."""
-    rows = list(
-        await session.execute(
-            text(
-                f"SELECT ctid::text AS ref, {column} AS body FROM {table}"
-                f" WHERE tenant_id = :t AND {column} ~ :p"
-            ),
-            params,
-        )
-    )
-    for row in rows:
-        body = _scrub(row.body, tokens)
-        sets = f"{column} = :body" + (f", {extra}" if extra else "")
-        await session.execute(
-            text(f"UPDATE {table} SET {sets} WHERE tenant_id = :t AND ctid = :ref"),
-            {
-                "t": params["t"],
-                "body": body,
-                "ref": tuple(int(x) for x in row.ref.strip("()").split(",")),
-            },
-        )
-    if rows:
-        counts[f"{table}_redacted"] = counts.get(f"{table}_redacted", 0) + len(rows)
-
-
-def _scrub(body: str, tokens: list[str]) -> str:
-    for token in sorted(set(tokens), key=len, reverse=True):
-        if re.fullmatch(r"[0-9A-Za-z_ .'-]+", token):
-            body = re.sub(rf"(?<![0-9A-Za-z_]){re.escape(token)}(?![0-9A-Za-z_])", ERASED, body)
-        else:
-            body = body.replace(token, ERASED)
-    return body
-
-
-async def _rewrite_profiles(
-    session: AsyncSession,
-    tenant_id: uuid.UUID,
-    pattern: str,
-    tokens: list[str],
-    embedder: Embedder,
-    keep: int,
-) -> int:
-    """Other profiles naming the person lose the name through a new revision."""
-    rows = list(
-        await session.execute(
-            text(
-                "SELECT profile_key, document, version FROM profiles"
-                " WHERE tenant_id = :t AND document ~ :p"
-            ),
-            {"t": tenant_id, "p": pattern},
-        )
-    )
-    for row in rows:
-        document = _scrub(row.document, tokens)
-        key = parse(row.document).key
-        await profile_service.save(
-            session,
-            tenant_id,
-            document,
-            key,
-            embedder,
-            expected=row.version,
-            replaced_by={"by": "erasure"},
-            keep=keep,
-        )
-    return len(rows)
-
-
-async def _tombstone(
-    session: AsyncSession,
-    tenant_id: uuid.UUID,
-    kind: str,
-    subject: str,
-    requested_by: str | None,
-    counts: dict[str, int],
-) -> None:
-    await session.execute(
-        text(
-            "INSERT INTO erasures (tenant_id, kind, subject_hash, requested_by, counts)"
-            " VALUES (:t, :kind, :hash, :by, CAST(:counts AS jsonb))"
-        ),
-        {
-            "t": tenant_id,
-            "kind": kind,
-            "hash": subject_hash(tenant_id, kind, subject),
-            "by": requested_by,
-            "counts": json.dumps(counts),
-        },
-    )
-
-
-async def was_erased(session: AsyncSession, tenant_id: uuid.UUID, user_ids: list[str]) -> set[str]:
-    """Which of these people were erased before (by their tombstones)."""
-    if not user_ids:
-        return set()
-    hashes = {subject_hash(tenant_id, "user", u): u for u in set(user_ids)}
-    rows = await session.execute(
-        text(
-            "SELECT subject_hash FROM erasures"
-            " WHERE tenant_id = :t AND kind = 'user' AND subject_hash = ANY(:h)"
-        ),
-        {"t": tenant_id, "h": list(hashes)},
-    )
-    return {hashes[r.subject_hash] for r in rows}
-
-
-async def erase_tenant(session: AsyncSession, tenant_id: uuid.UUID) -> dict[str, int] | None:
-    """Delete a tenant and all its data (keys included); a tombstone remains. None: no such
-    tenant."""
-    counts: dict[str, int] = {}
-    for table in ("exports", *TENANT_TABLES):  # an export's chunks go with it (cascade)
-        if table == "erasures":
-            continue
-        result = await session.execute(
-            text(f"DELETE FROM {table} WHERE tenant_id = :t"), {"t": tenant_id}
-        )
-        counts[table] = int(getattr(result, "rowcount", 0) or 0)
-    gone = await session.execute(text("DELETE FROM tenants WHERE id = :t"), {"t": tenant_id})
-    if not getattr(gone, "rowcount", 0):
-        return None
-    await _tombstone(session, tenant_id, "tenant", str(tenant_id), "admin", counts)
-    return counts
