@@ -617,3 +617,65 @@ async def isolation(databases: Any) -> AsyncIterator[tuple[AppClient, list[Tenan
     url = await databases.create()
     async with serve_app(create_app(make_settings(url), migrate=False, run_worker=False)) as client:
         yield client, [await new_tenant(client, f"t{n}") for n in range(3)]
+
+
+async def test_the_bot_reads_every_time_on_the_conversations_clock(
+    running: tuple[AppClient, TenantHandle],
+) -> None:
+    client, tenant = running
+    await end(
+        client,
+        tenant,
+        request_id="evening",
+        timestamp="2026-11-23T23:30:00+08:00",
+        memo="帮张三订了会议室",
+        observations=["明天提醒大家提交周报"],
+    )
+    await end(
+        client,
+        tenant,
+        request_id="morning",
+        timestamp="2026-11-24T07:27:00+08:00",
+        observations=["我在杭州西湖边跑步"],
+    )
+
+    async def context(**extra: Any) -> dict[str, Any]:
+        response = await client.post(
+            "/v1/context",
+            json={**GROUP, "message": "张三在西湖边跑步了吗？", **extra},
+            headers=tenant.headers,
+        )
+        assert response.status_code == 200, response.text
+        return dict(response.json())
+
+    def line(body: dict[str, Any], needle: str) -> str:
+        return next(row for row in body["prompt"].splitlines() if needle in row)
+
+    shanghai = await context()  # the tenant's default zone, Asia/Shanghai
+    run = next(e for e in shanghai["events"] if e["id"] == "event:morning:1")
+    assert run["meta"]["occurred_at"] == "2026-11-24T07:27:00+08:00"
+    assert "2026-11-24: " in line(shanghai, '"event:morning:1"')
+    assert "2026-11-23 23:30+08:00: 帮张三订了会议室" in line(shanghai, '"memo:evening:1"')
+    (todo,) = shanghai["todos"]
+    assert todo["meta"]["trigger_time"] == "2026-11-24T09:00:00+08:00"
+    assert "(due 2026-11-24 09:00+08:00) " in line(shanghai, f'"{todo["id"]}"')
+
+    london = await context(timezone="Europe/London")  # the conversation's own zone
+    assert "2026-11-23: " in line(london, '"event:morning:1"')
+    assert "2026-11-23 15:30+00:00: 帮张三订了会议室" in line(london, '"memo:evening:1"')
+    assert "(due 2026-11-24 01:00+00:00)" in line(london, f'"{todo["id"]}"')
+
+    await client.patch(
+        "/v1/settings", json={"timezone": "America/New_York"}, headers=tenant.headers
+    )
+    new_york = await context()
+    assert "2026-11-23 10:30-05:00: 帮张三订了会议室" in line(new_york, '"memo:evening:1"')
+    assert "(due 2026-11-23 20:00-05:00)" in line(new_york, f'"{todo["id"]}"')
+
+    found = await client.post(
+        "/v1/events/search",
+        json={"query": "西湖跑步", "context": {**GROUP, "timezone": "Asia/Shanghai"}},
+        headers=tenant.headers,
+    )
+    hit = next(e for e in found.json()["events"] if e["id"] == "morning:1")
+    assert hit["occurred_at"] == "2026-11-24T07:27:00+08:00"
