@@ -137,7 +137,15 @@ class Reader:
 
         vector, lexical = await self._embedded_while(query, unembedded())
         ranked = await rank_events(
-            session, tenant.tenant_id, search, vector, lexical, q, datetime.now(UTC), self.reranker
+            session,
+            tenant.tenant_id,
+            search,
+            vector,
+            lexical,
+            q,
+            datetime.now(UTC),
+            self.reranker,
+            calibration=self.embedder.calibration,
         )
         injected.events = [
             ContextItem(
@@ -297,6 +305,7 @@ class Reader:
             datetime.now(UTC),
             self.reranker,
             warnings,
+            self.embedder.calibration,
         )
         if wanted:
             ranked = [e for e in ranked if wanted in (e.row["user_id"], e.row["sender_id"])]
@@ -314,7 +323,7 @@ class Reader:
                 sender_id=e.row["sender_id"],
                 kind=e.row["kind"],
                 is_absolute=e.row["is_absolute"],
-                similarity=round(e.similarity, 4),
+                similarity=round(max(0.0, e.similarity), 4),
                 score=round(e.score, 4),
             )
             for e in ranked[:top_k]
