@@ -17,6 +17,13 @@ The LoCoMo dev split is what ``--conversations`` picks from (all five by default
 held-out conversations are not in ``../shared/bench``. The ranking's defaults are meant for
 every embedder and tenant, not fitted to these questions.
 
+Measured on conv-26 and conv-30 (302 questions, --without-profiles, offline historian,
+2 busy cores): events/search hit@5 0.649, hit@10 0.715, rec@10 0.671 (temporal 0.937,
+single-hop 0.711, multi-hop 0.605, adversarial 0.606, open-domain 0.636); /v1/context the
+same. The message archive search reaches 0.840 on the same turns: it ranks each turn with
+its neighbours, which an event does not have. MADial (262 test turns): hit@5 0.836,
+hit@10 0.924, rec@10 0.748, the context the same.
+
 Run: python bench/event_retrieval.py [--data DIR] [--conversations 2] [--no-madial]
      [--without-profiles]
 """
