@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -161,6 +161,19 @@ class EmbeddingModelSettings(_Section):
     batch_size: int = Field(64, ge=1, le=2048)
     query_cache_size: int = Field(2048, ge=0)
     threads: int = Field(0, ge=0, le=256, description="local model threads; 0 = all cores")
+    # The model's cosine scale (see service.embedding.base.Calibration): what an unrelated
+    # pair and a clearly related pair score. Unset: the local model's measured values, and
+    # raw cosines (0 and 1) for an API model; bench/similarity_calibration.py measures them.
+    similarity_floor: float | None = Field(None, ge=-1, lt=1)
+    similarity_ceiling: float | None = Field(None, gt=-1, le=1)
+
+    @model_validator(mode="after")
+    def _calibration_order(self) -> EmbeddingModelSettings:
+        floor = self.similarity_floor if self.similarity_floor is not None else -1.0
+        ceiling = self.similarity_ceiling if self.similarity_ceiling is not None else 1.0
+        if floor >= ceiling:
+            raise ValueError("similarity_floor must be below similarity_ceiling")
+        return self
 
 
 class ChatModelSettings(_Section):

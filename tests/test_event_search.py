@@ -293,7 +293,7 @@ async def test_vectors_too_wide_for_the_index_are_still_searched_exactly(
         await db.dispose()
 
 
-async def test_lexical_search_skips_terms_common_to_many_events(
+async def test_lexical_search_skips_common_terms_only_where_matches_would_be_too_many(
     db: Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rng = np.random.default_rng(23)
@@ -318,11 +318,18 @@ async def test_lexical_search_skips_terms_common_to_many_events(
     async with db.tenant(tenant) as session:
         common = await events_repository.common_terms(session)
         assert {"西湖", "散步"} <= common and "阿福" not in common and "鱼缸" not in common
+        # 300 events: every match can be scored, so the common term still counts.
         found = await events_repository.lexical_events(
-            session, tenant, ["g:1"], ["阿福", "湖边"], 5
+            session, tenant, ["g:1"], ["阿福", "西湖"], 5, common=common
+        )
+        monkeypatch.setattr(events_repository, "MAX_LEXICAL_MATCHES", 100)
+        busy = await events_repository.lexical_events(
+            session, tenant, ["g:1"], ["阿福", "西湖"], 5, common=common
         )
     # "阿福" is inside an unsegmented sentence; the other tenant's copy never shows up.
     assert [r["id"] for r in found][:1] == ["e0"]
-    assert found[0]["bm25"] > found[-1]["bm25"] > 0
+    assert len(found) == 5 and found[0]["bm25"] > found[-1]["bm25"] > 0
     assert all(r["conversation_key"] == "g:1" for r in found)
     assert np.allclose(found[0]["embedding"].to_numpy(), rows[0]["embedding"], atol=1e-6)
+    # Too many events to score every match: only the informative term is asked for.
+    assert [r["id"] for r in busy] == ["e0"]

@@ -15,9 +15,10 @@ from alembic import command
 
 from service.app import create_app
 from service.db.migrate import alembic_config
+from service.embedding import calibration
 from service.messages.search import rank_candidates
 from service.retrieval.terms import terms
-from service.settings import QuerySettings, Settings
+from service.settings import EmbeddingModelSettings, QuerySettings, Settings
 from tests.conftest import (
     FAST_QUEUE,
     AppClient,
@@ -215,6 +216,11 @@ def test_recency_lifts_close_matches_only() -> None:
     # Below the similarity threshold, fresh or not: unchanged.
     assert ranked[3] == pytest.approx(plain[3])
     assert [seq for seq, _, _ in rank_candidates(rows, "q", settings, now)] == [2, 1, 3, 4]
+    # e5's cosines: a fresh unrelated line (0.84) is not lifted above an older answer (0.87).
+    e5 = calibration(EmbeddingModelSettings())
+    lines = [row(1, 0.87, 140.0), row(2, 0.84, 0.0), row(3, 0.5, 140.0)]
+    assert next(seq for seq, _, _ in rank_candidates(lines, "q", settings, now)) == 2
+    assert next(seq for seq, _, _ in rank_candidates(lines, "q", settings, now, e5)) == 1
 
 
 async def test_a_text_rewritten_in_place_is_searched_as_rewritten(

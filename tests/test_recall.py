@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -12,14 +13,17 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
+from sqlalchemy import text as sql_text
 
 from service.app import create_app
+from service.embedding import Calibration, calibration
 from service.events import repository as events
 from service.memories import repository as memory_rows
 from service.recall.ranking import RankedEvent, decay_scores, fuse, without_duplicates
 from service.recall.schemas import ContextRequest
 from service.recall.service import build_query, estimate_tokens
-from service.settings import QuerySettings
+from service.settings import EmbeddingModelSettings, QuerySettings
 from tests.conftest import (
     FAST_QUEUE,
     AppClient,
@@ -84,6 +88,36 @@ def test_lexical_evidence_closes_part_of_the_gap_to_one() -> None:
     assert {e.row["id"]: e.relevance for e in fuse(dense, lexical, 0.0)} == pytest.approx(
         {"a": 0.8, "b": 0.75, "c": 0.6}
     )
+
+
+def test_relevance_is_read_on_the_embedders_own_scale() -> None:
+    """The newcomer's numbers: e5 scores the trip 0.87 and a newer unrelated meeting 0.84
+    for "北京". On raw cosines the ×1.2 recency boost wins; on e5's scale meaning does."""
+    q = QuerySettings()
+    old, new = NOW - timedelta(days=270), NOW - timedelta(minutes=5)
+
+    def ranked(scale: Calibration) -> list[str]:
+        rows = [
+            {"id": "trip", "distance": 1 - 0.87, "occurred_at": old},
+            {"id": "meeting", "distance": 1 - 0.84, "occurred_at": new},
+        ]
+        candidates = fuse(rows, [], q.lexical_weight, scale)
+        decay_scores(candidates, NOW, q.time_decay_half_life_days_tool, q)
+        return [e.row["id"] for e in sorted(candidates, key=lambda e: -e.score)]
+
+    assert ranked(Calibration()) == ["meeting", "trip"]
+    local = calibration(EmbeddingModelSettings())
+    assert ranked(local) == ["trip", "meeting"]
+    assert local.similarity(0.84) < q.time_decay_min_similarity <= local.similarity(0.87)
+    # An API model reads raw cosines unless its own scale is configured.
+    remote = {"provider": "openai", "api_url": "http://embed.test/v1"}
+    assert calibration(EmbeddingModelSettings(**remote)).similarity(0.5) == 0.5
+    tuned = calibration(
+        EmbeddingModelSettings(**remote, similarity_floor=0.2, similarity_ceiling=0.6)
+    )
+    assert tuned.similarity(0.4) == pytest.approx(0.5) and tuned.similarity(0.9) == 1.0
+    with pytest.raises(ValidationError):
+        EmbeddingModelSettings(similarity_floor=0.9, similarity_ceiling=0.8)
 
 
 def test_near_duplicate_events_are_returned_once() -> None:
@@ -617,3 +651,121 @@ async def isolation(databases: Any) -> AsyncIterator[tuple[AppClient, list[Tenan
     url = await databases.create()
     async with serve_app(create_app(make_settings(url), migrate=False, run_worker=False)) as client:
         yield client, [await new_tenant(client, f"t{n}") for n in range(3)]
+
+
+async def test_a_clearly_more_relevant_event_outranks_a_recent_unrelated_one(
+    running: tuple[AppClient, TenantHandle], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's example, then one newer unrelated call: the trip is still what a search
+    for its city finds first, and what the context for a question about it brings."""
+    client, tenant = running
+    readme = {"group_id": "100200", "timestamp": "2026-02-21T23:30:00+08:00"}
+    await end(
+        client,
+        tenant,
+        **readme,
+        location_abs="上海",
+        request_id="turn-8812",
+        memo="帮张三查了北京的天气",
+        observations=["我明天去北京出差"],
+    )
+    await end(client, tenant, group_id="100200", observations=["提醒我明天早上9点开会"])
+    where = {"request_type": "group", "group_id": "100200"}
+    # Every term of this small group is "common" by the table's statistics now.
+    async with client.app.state.runtime.db.system() as session:
+        await session.execute(sql_text("ANALYZE events"))
+    monkeypatch.setattr(events, "_common", (-math.inf, frozenset()))
+
+    found = (
+        await client.post(
+            "/v1/events/search",
+            json={"query": "北京", "top_k": 2, "context": where},
+            headers=tenant.headers,
+        )
+    ).json()["events"]
+    assert "去北京出差" in found[0]["text"]
+    # The lexical side still counts the query's word in a group of three events.
+    assert found[0]["score"] > found[0]["similarity"]
+    every = (
+        await client.post(
+            "/v1/events/search",
+            json={"query": "北京", "top_k": 10, "context": where},
+            headers=tenant.headers,
+        )
+    ).json()["events"]
+    meeting = [e for e in every if "开会" in e["text"]]
+    # Unrelated to the query: below the min similarity, so not lifted for being recent.
+    assert meeting and all(e["similarity"] < 0.35 for e in meeting)
+    assert all(e["score"] == e["similarity"] < found[0]["score"] for e in meeting)
+
+    context = (
+        await client.post(
+            "/v1/context",
+            json={**GROUP, **where, "message": "我二月份去北京出差是哪天？"},
+            headers=tenant.headers,
+        )
+    ).json()
+    assert "event:turn-8812:1" in [e["id"] for e in context["events"]]
+    assert "去北京出差" in context["prompt"]
+
+
+async def test_the_bot_reads_every_time_on_the_conversations_clock(
+    running: tuple[AppClient, TenantHandle],
+) -> None:
+    client, tenant = running
+    await end(
+        client,
+        tenant,
+        request_id="evening",
+        timestamp="2026-11-23T23:30:00+08:00",
+        memo="帮张三订了会议室",
+        observations=["明天提醒大家提交周报"],
+    )
+    await end(
+        client,
+        tenant,
+        request_id="morning",
+        timestamp="2026-11-24T07:27:00+08:00",
+        observations=["我在杭州西湖边跑步"],
+    )
+
+    async def context(**extra: Any) -> dict[str, Any]:
+        response = await client.post(
+            "/v1/context",
+            json={**GROUP, "message": "张三在西湖边跑步了吗？", **extra},
+            headers=tenant.headers,
+        )
+        assert response.status_code == 200, response.text
+        return dict(response.json())
+
+    def line(body: dict[str, Any], needle: str) -> str:
+        return next(row for row in body["prompt"].splitlines() if needle in row)
+
+    shanghai = await context()  # the tenant's default zone, Asia/Shanghai
+    run = next(e for e in shanghai["events"] if e["id"] == "event:morning:1")
+    assert run["meta"]["occurred_at"] == "2026-11-24T07:27:00+08:00"
+    assert "2026-11-24: " in line(shanghai, '"event:morning:1"')
+    assert "2026-11-23 23:30+08:00: 帮张三订了会议室" in line(shanghai, '"memo:evening:1"')
+    (todo,) = shanghai["todos"]
+    assert todo["meta"]["trigger_time"] == "2026-11-24T09:00:00+08:00"
+    assert "(due 2026-11-24 09:00+08:00) " in line(shanghai, f'"{todo["id"]}"')
+
+    london = await context(timezone="Europe/London")  # the conversation's own zone
+    assert "2026-11-23: " in line(london, '"event:morning:1"')
+    assert "2026-11-23 15:30+00:00: 帮张三订了会议室" in line(london, '"memo:evening:1"')
+    assert "(due 2026-11-24 01:00+00:00)" in line(london, f'"{todo["id"]}"')
+
+    await client.patch(
+        "/v1/settings", json={"timezone": "America/New_York"}, headers=tenant.headers
+    )
+    new_york = await context()
+    assert "2026-11-23 10:30-05:00: 帮张三订了会议室" in line(new_york, '"memo:evening:1"')
+    assert "(due 2026-11-23 20:00-05:00)" in line(new_york, f'"{todo["id"]}"')
+
+    found = await client.post(
+        "/v1/events/search",
+        json={"query": "西湖跑步", "context": {**GROUP, "timezone": "Asia/Shanghai"}},
+        headers=tenant.headers,
+    )
+    hit = next(e for e in found.json()["events"] if e["id"] == "morning:1")
+    assert hit["occurred_at"] == "2026-11-24T07:27:00+08:00"

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from service.embedding.base import LOCAL_DIMENSIONS, LOCAL_MODEL, Embedder, Vector
+from service.embedding.base import (
+    LOCAL_DIMENSIONS,
+    LOCAL_MODEL,
+    Calibration,
+    Embedder,
+    Vector,
+    calibration,
+)
 from service.settings import EmbeddingModelSettings
 
 
@@ -42,6 +49,7 @@ class CurrentEmbedder:
         self.settings = settings
         self.name = embedder.name
         self.dimension = embedder.dimension
+        self.calibration = embedder.calibration
         self._replaced: list[Embedder] = []
 
     def use(self, embedder: Embedder, settings: EmbeddingModelSettings) -> None:
@@ -49,6 +57,7 @@ class CurrentEmbedder:
         self._replaced.append(self.inner)
         self.inner, self.settings = embedder, settings
         self.name, self.dimension = embedder.name, embedder.dimension
+        self.calibration = embedder.calibration
 
     async def passages(self, texts: Sequence[str]) -> list[Vector]:
         """Vectors of texts to be stored, by the model in use."""
@@ -73,8 +82,10 @@ class CurrentEmbedder:
 __all__ = [
     "LOCAL_DIMENSIONS",
     "LOCAL_MODEL",
+    "Calibration",
     "CurrentEmbedder",
     "Embedder",
     "build_embedder",
+    "calibration",
     "vector_space",
 ]

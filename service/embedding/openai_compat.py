@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import openai
 
-from service.embedding.base import QueryCache, Vector, normalize
+from service.embedding.base import QueryCache, Vector, calibration, normalize
 from service.errors import ConfigurationError
 from service.observability import EMBEDDINGS
 from service.settings import EmbeddingModelSettings
@@ -20,6 +20,7 @@ class OpenAIEmbedder:
             raise ConfigurationError("models.embedding.api_url is required for provider 'openai'")
         self.name = settings.model_name
         self.dimension = settings.dimensions
+        self.calibration = calibration(settings)
         self._batch = settings.batch_size
         self._cache = QueryCache(settings.query_cache_size)
         self._client = openai.AsyncOpenAI(

@@ -256,13 +256,17 @@ async def nearest_events(
 
 
 # Lexical candidates: events of the conversations holding any query term (the GIN index),
-# scored by BM25. At most :max_matches matching events are scored: the terms asked for are
-# the informative ones (see common_terms), so a conversation rarely holds more, and past it
-# the cost stays bounded (lexical evidence is a ranking signal; exactness is the dense
-# side's). The collection is the filtered events, counted up to :max_documents (an index-only
-# count: beyond it a term's idf changes by the same amount for every term, and counting a
-# 50,000-event conversation in full would cost 5 ms a query); lengths are normalized by the
-# mean over the matching events, close to the collection's for short one-sentence events.
+# scored by BM25. At most :max_matches matching events are scored. Where the conversations
+# hold fewer events than that, every query term is asked for: all matches are scored, and
+# BM25's idf, computed on these conversations, weighs a term by how telling it is there (a
+# tenant of ten events must not lose its words to what is common in the whole table). In
+# bigger ones only the informative terms are (see common_terms), so the matches rarely pass
+# the bound, and past it the cost stays bounded (lexical evidence is a ranking signal;
+# exactness is the dense side's). The collection is the filtered events, counted up to
+# :max_documents (an index-only count: beyond it a term's idf changes by the same amount for
+# every term, and counting a 50,000-event conversation in full would cost 5 ms a query);
+# lengths are normalized by the mean over the matching events, close to the collection's for
+# short one-sentence events.
 MAX_LEXICAL_MATCHES = 2000
 MAX_COUNTED_DOCUMENTS = 10_000
 # A term in at least this share of all events is left out of lexical search (it would match
@@ -290,26 +294,39 @@ async def common_terms(session: AsyncSession) -> frozenset[str]:
 def _lexical(time_from: bool, time_to: bool) -> TextClause:
     return text(
         f"""
-        WITH matched AS MATERIALIZED (
+        WITH counted AS MATERIALIZED (
+            SELECT count(*) AS documents
+            FROM (SELECT 1 FROM events e WHERE {_filters("e", time_from, time_to)}
+                  LIMIT :max_documents) c
+        ),
+        asked AS MATERIALIZED (
+            -- Every term where all matches can be scored; else the informative ones.
+            SELECT CASE WHEN small THEN CAST(:all_terms AS text[])
+                        ELSE CAST(:terms AS text[]) END AS terms,
+                   CASE WHEN small THEN CAST(:all_tsquery AS tsquery)
+                        ELSE CAST(:tsquery AS tsquery) END AS tsquery
+            FROM (SELECT documents < CAST(:max_matches AS integer) AS small FROM counted) c
+        ),
+        matched AS MATERIALIZED (
             -- The GIN index, through the tenant-bound function (see migration 0009).
             SELECT e.id, e.lexical
             FROM memoria_event_term_matches(
-                CAST(:conversation_keys AS text[]), CAST(:tsquery AS tsquery),
-                CAST(:time_from AS timestamptz), CAST(:time_to AS timestamptz), :max_matches
+                CAST(:conversation_keys AS text[]), (SELECT tsquery FROM asked),
+                CAST(:time_from AS timestamptz), CAST(:time_to AS timestamptz),
+                CAST(:max_matches AS integer)
             ) m
             JOIN events e ON e.tenant_id = :tenant_id AND e.id = m.id
         ),
         hits AS MATERIALIZED (
             SELECT m.id, t.lexeme AS term, coalesce(cardinality(t.positions), 1) AS tf,
                    length(m.lexical) AS length
-            FROM matched m, unnest(m.lexical) t
-            WHERE t.lexeme = ANY(CAST(:terms AS text[]))
+            FROM matched m, asked a, unnest(m.lexical) t
+            WHERE t.lexeme = ANY(a.terms)
         ),
         stats AS (
-            SELECT greatest(count(*), 1)::float8 AS documents,
+            SELECT greatest(documents, 1)::float8 AS documents,
                    (SELECT greatest(avg(length), 1.0) FROM hits)::float8 AS mean_length
-            FROM (SELECT 1 FROM events e WHERE {_filters("e", time_from, time_to)}
-                  LIMIT :max_documents) counted
+            FROM counted
         ),
         idf AS (
             SELECT h.term,
@@ -345,19 +362,26 @@ async def lexical_events(
     time_from: datetime | None = None,
     time_to: datetime | None = None,
     *,
+    common: frozenset[str] = frozenset(),
     k1: float = 1.2,
     b: float = 0.75,
 ) -> list[dict[str, Any]]:
     """The ``limit`` events of ``conversation_keys`` best matching the query terms by BM25,
     best first, each with its ``embedding`` (None without one) and its ``bm25`` score. Same
-    filters as ``nearest_events``. Needs no query vector: it can run while one is computed."""
+    filters as ``nearest_events``. Needs no query vector: it can run while one is computed.
+
+    Terms in ``common`` are left out where the conversations hold too many events for every
+    match to be scored."""
     if limit <= 0 or not conversation_keys or not query_terms:
         return []
+    informative = [t for t in query_terms if t not in common]
     params: dict[str, Any] = {
         "tenant_id": tenant_id,
         "conversation_keys": list(conversation_keys),
-        "terms": list(query_terms),
-        "tsquery": to_tsquery_literal(query_terms),
+        "all_terms": list(query_terms),
+        "all_tsquery": to_tsquery_literal(query_terms),
+        "terms": informative,
+        "tsquery": to_tsquery_literal(informative),
         "limit": limit,
         "k1": k1,
         "b": b,

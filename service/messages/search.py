@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.context import scope_of
 from service.embedding import Embedder
+from service.embedding.base import Calibration
 from service.messages import repository
 from service.messages.schemas import MessageHit, MessageSearch, MessageSearchResult
 from service.retrieval.fusion import mmr, scale_min_max, time_decayed, unit_vector
@@ -60,7 +61,9 @@ async def search(
     rows = await repository.search_candidates(
         session, tenant.tenant_id, key, vector, words, SEARCH_PLAN, time_from, time_to
     )
-    ranked = rank_candidates(rows, request.query, tenant.query, datetime.now(UTC))
+    ranked = rank_candidates(
+        rows, request.query, tenant.query, datetime.now(UTC), embedder.calibration
+    )
     pool = ranked[: request.top_k * MMR_POOL]
     found = await repository.messages_by_seq(
         session, tenant.tenant_id, key, [seq for seq, _, _ in pool]
@@ -119,7 +122,11 @@ def stream_of(rows: list[Any], query: str) -> tuple[list[StreamPassage], dict[st
 
 
 def rank_candidates(
-    rows: list[Any], query: str, settings: QuerySettings, now: datetime
+    rows: list[Any],
+    query: str,
+    settings: QuerySettings,
+    now: datetime,
+    calibration: Calibration = Calibration(),  # noqa: B008 (frozen, shared safely)
 ) -> list[tuple[int, float, float]]:
     """(seq, score, similarity) of the candidate rows, best first.
 
@@ -128,7 +135,8 @@ def rank_candidates(
     related and unrelated chat lines differ by a few hundredths): a 20% boost on the raw
     score would bury every older answer under anything recent, while on the scaled one it
     reorders only matches within a fifth of the best. The tool half-life applies: an
-    archive search is an explicit look-up.
+    archive search is an explicit look-up. Only a match whose similarity, on the embedder's
+    scale (``calibration``), reaches ``time_decay_min_similarity`` is lifted.
     """
     passages, idfs = stream_of(rows, query)
     scored = [
@@ -140,7 +148,7 @@ def rank_candidates(
         if settings.time_decay_enabled:
             score = time_decayed(
                 score,
-                float(row.similarity),
+                calibration.similarity(float(row.similarity)),
                 (now - row.sent_at).total_seconds(),
                 half_life_days=settings.time_decay_half_life_days_tool,
                 boost=settings.time_decay_boost,

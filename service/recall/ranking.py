@@ -3,12 +3,18 @@
 1. Candidates from both sides, under the same hard filters: the exact nearest events by
    meaning (``nearest_events``) and the best lexical matches by BM25 over the application's
    Chinese/English terms (``lexical_events``), each ``top_k × rerank_candidate_multiplier``.
-   Terms common to many events (by PostgreSQL's statistics) are left out of the lexical
-   side: they match too much and tell too little.
+   In conversations too big for every match to be scored, terms common to many events (by
+   PostgreSQL's statistics) are left out of the lexical side: they match too much and tell
+   too little. In smaller ones every term counts, weighed by BM25's idf.
 2. Fusion on the similarity scale, so that the seeds' thresholds keep their meaning: an
-   event's relevance is its cosine similarity, and lexical evidence closes a share
-   (``lexical_weight``) of the gap to 1, in proportion to its BM25 against the best match's.
-   Without a lexical match the relevance is exactly the similarity.
+   event's similarity is its cosine on the embedder's calibrated scale (0 for what the model
+   scores an unrelated pair, 1 for a clearly related one: ``Calibration``), its relevance
+   that similarity with lexical evidence closing a share (``lexical_weight``) of the gap to
+   1, in proportion to its BM25 against the best match's. Without a lexical match the
+   relevance is exactly the similarity; a memo event (the bot's own note) weighs
+   ``MEMO_WEIGHT`` of it. On raw cosines of a model such as e5, where every
+   pair scores 0.8 to 0.9, the ×1.2 recency boost would outweigh any difference in meaning
+   and no event would fall under ``time_decay_min_similarity``.
 3. The seeds' time decay, ``final = relevance × (1 + boost × 0.5^(age / half_life))`` for
    events with ``sim ≥ time_decay_min_similarity``.
 4. With a reranker configured (and ``enable_rerank``), its relevance replaces the fused one
@@ -27,10 +33,11 @@ from typing import Any
 import numpy as np
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.embedding.base import Calibration
 from service.events import repository as events
 from service.llm.base import LLMError
 from service.llm.rerank import Reranker
-from service.retrieval.fusion import scale_by_max, similarity, time_decayed, unit_vector
+from service.retrieval.fusion import scale_by_max, time_decayed, unit_vector
 from service.retrieval.terms import near_duplicate, query_terms
 from service.settings import QuerySettings
 
@@ -40,6 +47,11 @@ log = logging.getLogger(__name__)
 DUPLICATE_COSINE = 0.97
 # Long queries (a batch of messages) keep their most telling terms, at a bounded cost.
 MAX_QUERY_TERMS = 64
+# A memo event is the bot's note of what it did ("查了北京的天气"), kept for short-term
+# continuity (the memo log is injected every turn anyway); what people said is what a long-
+# term search is for. A memo ranks as if this much as relevant as its text would make it, so
+# a statement about the same thing comes first.
+MEMO_WEIGHT = 0.85
 
 
 @dataclass
@@ -70,20 +82,27 @@ class EventQuery:
 
 
 def fuse(
-    dense: list[dict[str, Any]], lexical: list[dict[str, Any]], lexical_weight: float
+    dense: list[dict[str, Any]],
+    lexical: list[dict[str, Any]],
+    lexical_weight: float,
+    calibration: Calibration = Calibration(),  # noqa: B008 (frozen, shared safely)
 ) -> list[RankedEvent]:
-    """One candidate per event: similarity from the exact distance, lexical evidence from
-    BM25 relative to the best lexical match, relevance ``sim + w × lex × (1 - sim)``."""
+    """One candidate per event: similarity from the exact distance on the embedder's scale,
+    lexical evidence from BM25 relative to the best lexical match, relevance
+    ``sim + w × lex × (1 - sim)``."""
     by_id: dict[str, RankedEvent] = {}
     for row in dense + lexical:
         if row["id"] not in by_id:
             distance = row.get("distance")
-            sim = similarity(float(distance)) if distance is not None else 0.0
+            sim = calibration.similarity(1.0 - float(distance)) if distance is not None else 0.0
             by_id[row["id"]] = RankedEvent(row=row, similarity=sim, lexical=0.0, relevance=sim)
     for row, lex in zip(lexical, scale_by_max([float(r["bm25"]) for r in lexical]), strict=True):
         event = by_id[row["id"]]
         event.lexical = lex
         event.relevance = event.similarity + lexical_weight * lex * (1.0 - event.similarity)
+    for event in by_id.values():
+        if event.row.get("kind") == "memo":
+            event.relevance *= MEMO_WEIGHT
     return list(by_id.values())
 
 
@@ -136,15 +155,15 @@ async def lexical_candidates(
     the query is being embedded."""
     if search.top_k <= 0 or q.lexical_weight <= 0:
         return []
-    common = await events.common_terms(session)
     return await events.lexical_events(
         session,
         tenant_id,
         search.conversation_keys,
-        [t for t in query_terms(search.text, MAX_QUERY_TERMS) if t not in common],
+        query_terms(search.text, MAX_QUERY_TERMS),
         search.pool(q),
         search.time_from,
         search.time_to,
+        common=await events.common_terms(session),
     )
 
 
@@ -158,6 +177,7 @@ async def rank_events(
     now: datetime,
     reranker: Reranker | None = None,
     warnings: list[str] | None = None,
+    calibration: Calibration = Calibration(),  # noqa: B008 (frozen, shared safely)
 ) -> list[RankedEvent]:
     """The ``top_k`` best events for the query under the hard filters, best first, from the
     dense side (searched here) and the ``lexical`` candidates."""
@@ -179,7 +199,7 @@ async def rank_events(
         row["distance"] = (
             1.0 - float(query @ unit) if query is not None and unit is not None else None
         )
-    candidates = fuse(dense, lexical, q.lexical_weight)
+    candidates = fuse(dense, lexical, q.lexical_weight, calibration)
     decay_scores(candidates, now, search.half_life_days, q)
     candidates.sort(key=lambda e: (-e.score, e.row["id"]))
     if reranker is not None and q.enable_rerank and candidates:

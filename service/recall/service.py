@@ -15,8 +15,9 @@ import html
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
 from typing import Any, TypeVar
+from zoneinfo import ZoneInfo
 
 from sqlalchemy import and_
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -119,21 +120,32 @@ class Reader:
         q = tenant.query
         query = build_query(request)
         keys, scope, person = conversation_scope(request)
+        # Times as the people of this conversation read their clocks (the stored texts'
+        # dates are local too): an event at 07:27 on the 24th in Shanghai is on the 24th.
+        zone = request.zone(tenant.timezone)
         injected = Injected(persona=tenant.overrides.get("persona"))
-        injected.memos = await self._memos(session, tenant, request.conversation_key, q)
+        injected.memos = await self._memos(session, tenant, request.conversation_key, q, zone)
         if not tenant.cognitive_enabled:
             # Switched off: the short-term memo log only (seed 002, 回退方式).
             return _assemble(query, False, injected, request, q)
         search = EventQuery(query, keys, q.auto_top_k, q.time_decay_half_life_days_auto)
 
         async def unembedded() -> list[dict[str, Any]]:
-            injected.todos = await self._todos(session, tenant, request.conversation_key)
+            injected.todos = await self._todos(session, tenant, request.conversation_key, zone)
             await self._profiles(session, tenant, request, person, injected)
             return await lexical_candidates(session, tenant.tenant_id, search, q)
 
         vector, lexical = await self._embedded_while(query, unembedded())
         ranked = await rank_events(
-            session, tenant.tenant_id, search, vector, lexical, q, datetime.now(UTC), self.reranker
+            session,
+            tenant.tenant_id,
+            search,
+            vector,
+            lexical,
+            q,
+            datetime.now(UTC),
+            self.reranker,
+            calibration=self.embedder.calibration,
         )
         injected.events = [
             ContextItem(
@@ -142,7 +154,7 @@ class Reader:
                 text=e.row["text"],
                 score=round(e.score, 4),
                 meta={
-                    "occurred_at": e.row["occurred_at"].isoformat(),
+                    "occurred_at": e.row["occurred_at"].astimezone(zone).isoformat(),
                     "is_absolute": e.row["is_absolute"],
                 },
             )
@@ -179,7 +191,7 @@ class Reader:
             embedding.cancel()
 
     async def _todos(
-        self, session: AsyncSession, tenant: TenantContext, conversation_key: str
+        self, session: AsyncSession, tenant: TenantContext, conversation_key: str, zone: tzinfo
     ) -> list[ContextItem]:
         rows = await todos.listing(
             session,
@@ -194,7 +206,11 @@ class Reader:
                 id=f"todo:{t['id']}",
                 kind="todo",
                 text=t["description"],
-                meta={"trigger_time": t["trigger_time"].isoformat() if t["trigger_time"] else None},
+                meta={
+                    "trigger_time": t["trigger_time"].astimezone(zone).isoformat()
+                    if t["trigger_time"]
+                    else None
+                },
             )
             for t in rows
         ]
@@ -233,7 +249,12 @@ class Reader:
         )
 
     async def _memos(
-        self, session: AsyncSession, tenant: TenantContext, key: str, q: QuerySettings
+        self,
+        session: AsyncSession,
+        tenant: TenantContext,
+        key: str,
+        q: QuerySettings,
+        zone: tzinfo,
     ) -> list[ContextItem]:
         if q.recent_end_summaries_inject_k <= 0:
             return []
@@ -245,7 +266,7 @@ class Reader:
                 id=f"memo:{r['request_id']}:{r['end_seq']}",
                 kind="memo",
                 text=r["memo"],
-                meta={"said_at": r["said_at"].isoformat()},
+                meta={"said_at": r["said_at"].astimezone(zone).isoformat()},
             )
             for r in reversed(rows)  # oldest first, as a log reads
         ]
@@ -284,20 +305,25 @@ class Reader:
             datetime.now(UTC),
             self.reranker,
             warnings,
+            self.embedder.calibration,
         )
         if wanted:
             ranked = [e for e in ranked if wanted in (e.row["user_id"], e.row["sender_id"])]
+        # The caller's local time, as the context shows it.
+        zone = (
+            request.context.zone(tenant.timezone) if request.context else ZoneInfo(tenant.timezone)
+        )
         hits = [
             EventHit(
                 id=e.row["id"],
                 text=e.row["text"],
-                occurred_at=e.row["occurred_at"],
+                occurred_at=e.row["occurred_at"].astimezone(zone),
                 group_id=e.row["group_id"],
                 user_id=e.row["user_id"],
                 sender_id=e.row["sender_id"],
                 kind=e.row["kind"],
                 is_absolute=e.row["is_absolute"],
-                similarity=round(e.similarity, 4),
+                similarity=round(max(0.0, e.similarity), 4),
                 score=round(e.score, 4),
             )
             for e in ranked[:top_k]
@@ -382,6 +408,16 @@ def event_scope(request: EventSearch, q: QuerySettings) -> tuple[list[str], list
     return [own], warnings
 
 
+def clock(value: Any, missing: str) -> str:
+    """A local ISO time as the prompt shows it: ``2026-02-22 09:00+08:00`` (to the minute,
+    with its offset, so the model knows which clock it is)."""
+    if not value:
+        return missing
+    moment = datetime.fromisoformat(str(value))
+    offset = moment.isoformat(timespec="minutes")[16:]  # "+08:00", "" when naive
+    return f"{moment:%Y-%m-%d %H:%M}{offset}"
+
+
 def _render(injected: Injected, kept: set[str]) -> str:
     """The ``<cognitive_context>`` block (seed 001). Stored text is escaped: whatever a memory
     says, it stays quoted data inside its element and can never close or open a tag."""
@@ -411,8 +447,12 @@ def _render(injected: Injected, kept: set[str]) -> str:
             injected.events,
             lambda i: f"{str(i.meta.get('occurred_at', ''))[:10]}: ",
         ),
-        ("todos", injected.todos, lambda i: f"(due {i.meta.get('trigger_time') or 'anytime'}) "),
-        ("recent_memos", injected.memos, lambda i: f"{str(i.meta.get('said_at', ''))[:16]}: "),
+        (
+            "todos",
+            injected.todos,
+            lambda i: f"(due {clock(i.meta.get('trigger_time'), 'anytime')}) ",
+        ),
+        ("recent_memos", injected.memos, lambda i: f"{clock(i.meta.get('said_at'), '')}: "),
     )
     for tag, items, prefix in sections:
         chosen = [i for i in items if i.id in kept]

@@ -73,11 +73,6 @@ def unit_vector(vector: Any) -> npt.NDArray[np.float32] | None:
     return array / norm if norm > 0 else None
 
 
-def similarity(distance: float) -> float:
-    """Cosine similarity from pgvector's cosine distance, clamped to [0, 1]."""
-    return min(1.0, max(0.0, 1.0 - distance))
-
-
 def decay(age_seconds: float, half_life_days: float) -> float:
     """How fresh something is: 1 now, 0.5 one half-life ago (the future counts as now)."""
     return float(0.5 ** (max(0.0, age_seconds) / (half_life_days * SECONDS_PER_DAY)))
