@@ -190,9 +190,11 @@ def passage_text(sender_name: str | None, text: str) -> str:
     return f"{sender_name}: {text}" if sender_name else text
 
 
+# Leading white space is matched (and removed) from its first character only: tried from
+# every character of a long run of spaces, the search was quadratic in the run.
 _REMEMBER = re.compile(
-    r"\s*(?:请|帮我|麻烦)?(?:记住|记得|别忘了|不要忘了|记一下)了?[：:，,\s]*"
-    r"|\s*(?:please\s+)?(?:remember|don't forget|do not forget|note|keep in mind)"
+    r"(?<!\s)\s*(?:请|帮我|麻烦)?(?:记住|记得|别忘了|不要忘了|记一下)了?[：:，,\s]*"
+    r"|(?<!\s)\s*(?:please\s+)?(?:remember|don't forget|do not forget|note|keep in mind)"
     r"\s*(?:that\s+)?[:,]?\s*",
     re.I,
 )

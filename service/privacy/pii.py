@@ -13,7 +13,10 @@ from dataclasses import dataclass
 
 POLICIES = ("store", "mask", "drop")
 
-_EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}")
+# Runs of the same class are entered at their first character only (the lookbehinds): from
+# every character of a long run, each search would be quadratic in the run's length. The
+# matches are the same, since a match from inside a run is part of one from its start.
+_EMAIL = re.compile(r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}")
 _CN_ID = re.compile(
     r"(?<!\d)[1-9]\d{5}(?:19|20)\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])\d{3}[\dXx](?!\d)"
 )
@@ -23,7 +26,7 @@ _PHONE = re.compile(
     r"(?<![\w+])\+\d{1,3}[ -]?\d{2,4}[ -]?\d{3,4}[ -]?\d{3,4}(?!\d)|(?<!\d)0\d{2,3}-\d{7,8}(?!\d)"
 )
 _CN_ADDRESS = re.compile(
-    r"[\u4e00-\u9fff]{2,}(?:路|街|道|巷|弄|大道)\s*\d+\s*(?:号|弄)"
+    r"(?<![\u4e00-\u9fff])[\u4e00-\u9fff]{2,}(?:路|街|道|巷|弄|大道)\s*\d+\s*(?:号|弄)"
     r"(?:\s*\d+\s*(?:栋|幢|号楼|单元|室|层|楼)){0,4}"
 )
 _EN_ADDRESS = re.compile(
@@ -104,3 +107,4 @@ def apply(text: str, policy: str) -> tuple[str | None, list[str]]:
     if policy == "drop":
         return None, kinds
     return mask(text), kinds
+

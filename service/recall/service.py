@@ -50,7 +50,10 @@ T = TypeVar("T")
 
 SHORT_QUERY = 20
 MEMORY_TOP_K = 5
-_AT = re.compile(r"\[CQ:at,qq=(\w+)\]|<at[^>]*?(?:qq|id|user_id)=\"?(\w+)")
+# A mention: ``[CQ:at,qq=…]`` or an ``<at … qq|id|user_id=…>`` tag. Inside the tag no '<' is
+# crossed, so each scan ends at the next tag and the whole search stays linear in the text (a
+# '[^>]*?' ran to the end of the text from every '<at': quadratic on repeated '<at ').
+_AT = re.compile(r"\[CQ:at,qq=(\w+)\]|<at\b[^<>]*?\b(?:qq|id|user_id)=\"?(\w+)")
 
 
 def build_query(request: ContextRequest) -> str:
