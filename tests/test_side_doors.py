@@ -97,3 +97,46 @@ async def test_migration_rewrites_member_keys_and_their_revisions(
         assert back == "member:g:1:u%2"
     finally:
         await conn.close()
+
+
+# --- unknown fields -----------------------------------------------------------------------
+
+PRIVATE = {"request_type": "private", "user_id": "u1", "sender_id": "u1"}
+
+
+async def test_end_refuses_an_unknown_field_by_name(client: AppClient) -> None:
+    """``observation`` (a typo of ``observations``) is a 422 naming it, not a 200 that stores
+    nothing; the documented older names still work."""
+    tenant = await new_tenant(client)
+    response = await client.post(
+        "/v1/end", json={**PRIVATE, "observation": ["u1 likes tea"]}, headers=tenant.headers
+    )
+    assert response.status_code == 422, response.text
+    assert "observation" in response.text
+    legacy = await client.post(
+        "/v1/end",
+        json={**PRIVATE, "action_summary": "answered", "new_info": "u1 likes tea"},
+        headers=tenant.headers,
+    )
+    assert legacy.status_code == 202, legacy.text
+    assert legacy.json()["memo_recorded"] is True
+    assert len(legacy.json()["event_ids"]) == 2
+
+
+async def test_messages_refuse_unknown_fields_and_keep_shared_context(client: AppClient) -> None:
+    """An unknown field of a message or of the batch is named in a 422; the context given once
+    at the batch's top level still applies to its messages."""
+    tenant = await new_tenant(client)
+    message = {"message_id": "m1", "text": "hello", "sent_at": "2026-02-21T10:00:00+08:00"}
+    for body, field in (
+        ({**PRIVATE, "messages": [{**message, "txt": "typo"}]}, "txt"),
+        ({**PRIVATE, "mesages": [message], "messages": [message]}, "mesages"),
+    ):
+        response = await client.post("/v1/messages", json=body, headers=tenant.headers)
+        assert response.status_code == 422, response.text
+        assert field in response.text
+    stored = await client.post(
+        "/v1/messages", json={**PRIVATE, "messages": [message]}, headers=tenant.headers
+    )
+    assert stored.status_code == 202, stored.text
+    assert stored.json()["stored"] == 1
