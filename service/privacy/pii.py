@@ -108,3 +108,24 @@ def apply(text: str, policy: str) -> tuple[str | None, list[str]]:
         return None, kinds
     return mask(text), kinds
 
+
+# Health: conditions, diagnoses, treatment. Not personal data by form (like a phone number)
+# but by meaning, so words; a sensitive category all the same (seed 004 §14).
+_HEALTH = re.compile(
+    r"诊断|确诊|患有|患上|得了[^，。,.]{0,6}(?:病|癌|症)|艾滋|癌症|肿瘤|糖尿病|抑郁|焦虑症|"
+    r"精神(?:病|分裂|疾病)|双相|怀孕|流产|过敏|服药|吃药|住院|手术|残疾|"
+    r"\b(?:HIV|AIDS|diagnos\w*|cancer|tumou?rs?|diabet\w*|depress\w*|anxiety disorder|"
+    r"bipolar|schizophren\w*|pregnan\w*|miscarriage|allerg\w*|medication|hospitali[sz]ed|"
+    r"surgery|disabilit\w*|therap(?:y|ist))\b",
+    re.I,
+)
+
+
+def sensitive(text: str) -> list[str]:
+    """The sensitive categories of a text, sorted: ``health`` and the kinds of personal data
+    ``find`` sees (phone, email, id_number, bank_card, address). What holds any of them is
+    never shared beyond the conversation it was said in."""
+    kinds = {f.kind for f in find(text)}
+    if _HEALTH.search(text):
+        kinds.add("health")
+    return sorted(kinds)
