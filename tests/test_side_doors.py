@@ -5,14 +5,28 @@ private."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import asyncpg
 from alembic import command
+from sqlalchemy import text
 
+from service.app import create_app
 from service.db.migrate import alembic_config
 from service.settings import Settings
-from tests.conftest import AppClient, DatabaseFactory, new_tenant, plain_dsn
+from tests.conftest import (
+    FAST_QUEUE,
+    AppClient,
+    DatabaseFactory,
+    make_settings,
+    new_tenant,
+    plain_dsn,
+    serve_app,
+    wait_for,
+)
 
 
 def member_doc(group_id: str, user_id: str, text: str) -> str:
@@ -29,10 +43,10 @@ async def test_member_profiles_with_colons_in_ids_are_two_profiles(client: AppCl
     """Member C of group X:Y and member Y:C of group X are two people; each keeps their own
     profile (Matrix ids hold ':')."""
     tenant = await new_tenant(client)
-    for group_id, user_id, text in (("X:Y", "C", "first person"), ("X", "Y:C", "second person")):
+    for group_id, user_id, body in (("X:Y", "C", "first person"), ("X", "Y:C", "second person")):
         response = await client.put(
             f"/v1/profiles/member/{group_id}/{user_id}",
-            json={"document": member_doc(group_id, user_id, text)},
+            json={"document": member_doc(group_id, user_id, body)},
             headers=tenant.headers,
         )
         assert response.status_code == 200, response.text
@@ -140,3 +154,112 @@ async def test_messages_refuse_unknown_fields_and_keep_shared_context(client: Ap
     )
     assert stored.status_code == 202, stored.text
     assert stored.json()["stored"] == 1
+
+
+# --- webhooks -----------------------------------------------------------------------------
+
+
+class _Hook(BaseHTTPRequestHandler):
+    hits = 0
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        type(self).hits += 1
+        self.send_response(418)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+
+async def test_webhooks_to_internal_addresses_are_refused(client: AppClient) -> None:
+    """Loopback, private, link-local, multicast and unspecified targets are a 422 when set;
+    a public one is kept."""
+    tenant = await new_tenant(client)
+    for url in (
+        "http://127.0.0.1:5432/",
+        "http://localhost:8080/x",
+        "http://10.1.2.3/hook",
+        "http://192.168.0.1/",
+        "http://169.254.169.254/latest/meta-data",
+        "http://[::1]:80/",
+        "http://[::ffff:127.0.0.1]/",
+        "http://0.0.0.0/",
+        "http://224.0.0.1/",
+    ):
+        response = await client.patch(
+            "/v1/settings", json={"webhook_url": url}, headers=tenant.headers
+        )
+        assert response.status_code == 422, url
+        assert "webhook_url" in response.text
+    ok = await client.patch(
+        "/v1/settings", json={"webhook_url": "https://hooks.example.com/t"}, headers=tenant.headers
+    )
+    assert ok.status_code == 200, ok.text
+
+
+async def _deliver_to(db_url: str, url_of: Any, **settings: Any) -> tuple[dict[str, Any], int]:
+    """Deliver one due todo to the URL ``url_of(port)`` of a loopback hook answering 418,
+    the URL written straight into the tenant's settings (as one resolving to loopback only
+    later would be); the delivery job and the hook's hits."""
+    _Hook.hits = 0
+    hook = ThreadingHTTPServer(("127.0.0.1", 0), _Hook)
+    threading.Thread(target=hook.serve_forever, daemon=True).start()
+    app_settings = make_settings(
+        db_url, cognitive={"queue": {**FAST_QUEUE, "job_max_retries": 0}}, **settings
+    )
+    try:
+        async with serve_app(create_app(app_settings, migrate=False, run_worker=True)) as client:
+            tenant = await new_tenant(client)
+            db = client.app.state.runtime.db
+            async with db.system() as session:
+                await session.execute(
+                    text(
+                        "UPDATE tenants SET settings = jsonb_build_object('webhook_url', "
+                        "CAST(:url AS text)) WHERE id = CAST(:id AS uuid)"
+                    ),
+                    {"url": url_of(hook.server_address[1]), "id": tenant.id},
+                )
+            todo = await client.post(
+                "/v1/end",
+                json={
+                    **PRIVATE,
+                    "observations": ["2026-01-01 提醒 u1 交周报"],
+                    "timestamp": "2026-01-01T08:00:00+08:00",
+                },
+                headers=tenant.headers,
+            )
+            assert todo.status_code == 202, todo.text
+
+            async def delivery() -> dict[str, Any] | None:
+                jobs = await client.get("/v1/jobs", headers=tenant.headers)
+                done = [
+                    j
+                    for j in jobs.json()["jobs"]
+                    if j["kind"] == "todos.deliver" and j["status"] in ("done", "failed")
+                ]
+                return done[0] if done else None
+
+            return dict(await wait_for(delivery, timeout=40)), _Hook.hits
+    finally:
+        hook.shutdown()
+
+
+async def test_a_webhook_resolving_to_loopback_is_not_called(db_url: str) -> None:
+    """At delivery the resolved address is checked: the worker never POSTs to loopback, and
+    the job's error does not tell what answers there."""
+    job, hits = await _deliver_to(db_url, lambda port: f"http://localhost:{port}/hook")
+    assert hits == 0
+    assert job["status"] == "failed"
+    assert "418" not in (job["last_error"] or "")
+
+
+async def test_a_failed_delivery_does_not_report_the_answer(db_url: str) -> None:
+    """Allowed by the operator, a loopback hook is called; its status stays out of the job."""
+    job, hits = await _deliver_to(
+        db_url, lambda port: f"http://127.0.0.1:{port}/hook", webhook_allow_private=True
+    )
+    assert hits == 1
+    assert job["status"] == "failed"
+    assert "418" not in (job["last_error"] or "")
+    assert "did not accept" in (job["last_error"] or "")
