@@ -8,15 +8,18 @@ exactly what a bot's OpenAI tool calls see, with the same hard filters.
 
 from __future__ import annotations
 
+import hmac
 import json
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
 
 import httpx
+import uvicorn
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.client import MemoriaAPIError, MemoriaClient
 
@@ -250,6 +253,37 @@ async def _api(call: Awaitable[T]) -> T:
         raise ToolError(f"the Memoria API did not answer: {type(exc).__name__}") from exc
 
 
+def require_token(app: ASGIApp, token: str) -> ASGIApp:
+    """``app`` answering only requests that carry ``Authorization: Bearer <token>``.
+
+    Over HTTP the tools act with the tenant's key for any conversation: without this, any
+    process that can reach the port (every local user, a web page through the browser) could
+    use them.
+    """
+    expected = f"Bearer {token}".encode()
+
+    async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            given = dict(scope.get("headers") or []).get(b"authorization", b"")
+            if not hmac.compare_digest(given, expected):
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 401,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"www-authenticate", b'Bearer realm="memoria-mcp"'),
+                        ],
+                    }
+                )
+                body = b'{"error": "Authorization: Bearer <the token memoria mcp printed>"}'
+                await send({"type": "http.response.body", "body": body})
+                return
+        await app(scope, receive, send)
+
+    return guarded
+
+
 async def serve(
     api_url: str,
     api_key: str,
@@ -258,11 +292,17 @@ async def serve(
     transport: Literal["stdio", "http"] = "stdio",
     host: str = "127.0.0.1",
     port: int = 8765,
+    token: str | None = None,
 ) -> None:
-    """Serve the tools over stdio, or streamable HTTP at ``http://host:port/mcp``."""
+    """Serve the tools over stdio, or streamable HTTP at ``http://host:port/mcp`` to clients
+    presenting ``token`` as a bearer token."""
     async with MemoriaClient(api_url, api_key) as client:
         server = build_server(client, defaults)
         if transport == "stdio":
             await server.run_stdio_async()
-        else:
-            await server.run_streamable_http_async(host=host, port=port)
+            return
+        if not token:
+            raise ValueError("the HTTP transport needs a client token")
+        app = require_token(server.streamable_http_app(host=host), token)
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning")
+        await uvicorn.Server(config).serve()
