@@ -170,13 +170,14 @@ def build_server(client: MemoriaClient, defaults: Conversation) -> MCPServer:
     @server.tool(
         description="Remember one durable fact, stated absolutely (names and dates, no 'I', "
         "'tomorrow' or 'here'). Scope: MEMBER_IN_GROUP (the person, in this group; the default "
-        "in a group), GROUP (the group itself), GLOBAL (the person everywhere; the default in "
-        "a private chat; no sensitive traits). / 记住一条长期记忆"
+        "in a group), GROUP (the group itself), PRIVATE (the person, in this private chat only; "
+        "the default there), GLOBAL (the person everywhere: only what they let be known, never "
+        "health, ids or contact data). / 记住一条长期记忆"
     )
     async def add_memory(
         content: Annotated[str, Field(min_length=1, max_length=2000, description="the fact")],
         scope: Annotated[
-            Literal["GLOBAL", "GROUP", "MEMBER_IN_GROUP"] | None,
+            Literal["GLOBAL", "PRIVATE", "GROUP", "MEMBER_IN_GROUP"] | None,
             Field(description="whom the memory is bound to (see above)"),
         ] = None,
         category: Annotated[
@@ -190,16 +191,18 @@ def build_server(client: MemoriaClient, defaults: Conversation) -> MCPServer:
         group = context.get("group_id")
         person = context.get("sender_id") or context.get("user_id")
         chosen = scope or (
-            "MEMBER_IN_GROUP" if group and person else "GROUP" if group else "GLOBAL"
+            "MEMBER_IN_GROUP" if group and person else "GROUP" if group else "PRIVATE"
         )
-        if chosen != "GLOBAL" and not group:
+        if chosen == "PRIVATE" and group:
+            raise ToolError("a PRIVATE memory belongs to a private chat, not a group")
+        if chosen not in ("GLOBAL", "PRIVATE") and not group:
             raise ToolError(f"a {chosen} memory needs a group conversation")
         if chosen != "GROUP" and not person:
             raise ToolError(f"a {chosen} memory needs the person (user_id or sender_id)")
         created = await _api(
             client.add_memory(
                 scope=chosen,
-                group_id=group if chosen != "GLOBAL" else None,
+                group_id=group if chosen not in ("GLOBAL", "PRIVATE") else None,
                 user_id=person if chosen != "GROUP" else None,
                 category=category,
                 content=content,

@@ -176,7 +176,7 @@ async def test_streamable_http_session(http_mcp: str) -> None:
         added = answer(
             await session.call_tool("add_memory", {"content": "张三(10001)喜欢喝茶", **private})
         )
-        assert added["scope"] == "GLOBAL"
+        assert added["scope"] == "PRIVATE"
         found = answer(await session.call_tool("search_memories", {"query": "喝茶", **private}))
         assert [m["id"] for m in found] == [added["id"]]
         group = answer(

@@ -7,10 +7,12 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
+from collections.abc import AsyncIterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import asyncpg
+import pytest
 from alembic import command
 from sqlalchemy import text
 
@@ -21,10 +23,12 @@ from tests.conftest import (
     FAST_QUEUE,
     AppClient,
     DatabaseFactory,
+    TenantHandle,
     make_settings,
     new_tenant,
     plain_dsn,
     serve_app,
+    until_finished,
     wait_for,
 )
 
@@ -263,3 +267,166 @@ async def test_a_failed_delivery_does_not_report_the_answer(db_url: str) -> None
     assert job["status"] == "failed"
     assert "418" not in (job["last_error"] or "")
     assert "did not accept" in (job["last_error"] or "")
+
+
+# --- what is private stays private --------------------------------------------------------
+
+
+@pytest.fixture
+async def offline(db_url: str) -> AsyncIterator[tuple[AppClient, TenantHandle]]:
+    settings = make_settings(
+        db_url,
+        cognitive={"queue": FAST_QUEUE, "extraction": {"check_interval_seconds": 0.2}},
+    )
+    async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
+        yield client, await new_tenant(client)
+
+
+ALICE_PRIVATE = {
+    "request_type": "private",
+    "user_id": "alice",
+    "sender_id": "alice",
+    "sender_name": "Alice",
+    "timestamp": "2026-03-01T10:00:00+08:00",
+}
+ALICE_IN_GROUP = {
+    "request_type": "group",
+    "group_id": "hikers",
+    "sender_id": "alice",
+    "sender_name": "Alice",
+    "timestamp": "2026-03-02T10:00:00+08:00",
+}
+
+
+async def _end(client: AppClient, tenant: TenantHandle, **body: Any) -> dict[str, Any]:
+    response = await client.post("/v1/end", json=body, headers=tenant.headers)
+    assert response.status_code == 202, response.text
+    return await until_finished(client, tenant, response.json()["job_id"])
+
+
+async def test_private_confidences_do_not_reach_groups(
+    offline: tuple[AppClient, TenantHandle],
+) -> None:
+    """What Alice tells the bot in private (a diagnosis, her phone number) is remembered in
+    that chat, and injected in no group she is in: neither as a memory nor in her profile."""
+    client, tenant = offline
+    job = await _end(
+        client,
+        tenant,
+        **ALICE_PRIVATE,
+        request_id="confide",
+        observations=[
+            "Alice(alice)在2025年被确诊为HIV阳性",
+            "Alice(alice)的手机号是13812345678",
+        ],
+        force=True,
+    )
+    assert job["status"] == "done", job
+    in_group = await client.post(
+        "/v1/context",
+        json={**ALICE_IN_GROUP, "message": "Alice 的手机号和身体情况"},
+        headers=tenant.headers,
+    )
+    assert in_group.status_code == 200, in_group.text
+    prompt = in_group.json()["prompt"]
+    assert "HIV" not in prompt and "13812345678" not in prompt
+    assert in_group.json()["memories"] == [] and in_group.json()["user_profile"] is None
+    at_home = await client.post(
+        "/v1/context",
+        json={**ALICE_PRIVATE, "message": "我的手机号和身体情况"},
+        headers=tenant.headers,
+    )
+    remembered = {m["meta"]["scope"] for m in at_home.json()["memories"]}
+    assert remembered == {"PRIVATE"}
+    assert "13812345678" in at_home.json()["prompt"]
+
+
+async def test_what_the_person_lets_be_known_reaches_groups(
+    offline: tuple[AppClient, TenantHandle],
+) -> None:
+    """Unless the person says otherwise: a fact they let be known (and not sensitive)
+    becomes GLOBAL and part of their profile."""
+    client, tenant = offline
+    await _end(
+        client,
+        tenant,
+        **ALICE_PRIVATE,
+        request_id="share",
+        observations=["Alice(alice)是一名 Python 开发者，可以告诉大家"],
+        force=True,
+    )
+    in_group = await client.post(
+        "/v1/context", json={**ALICE_IN_GROUP, "message": "谁会 Python"}, headers=tenant.headers
+    )
+    assert [m["meta"]["scope"] for m in in_group.json()["memories"]] == ["GLOBAL"]
+    assert "Python" in in_group.json()["user_profile"]["text"]
+
+
+async def test_global_memories_and_user_profiles_refuse_sensitive_data(
+    client: AppClient,
+) -> None:
+    """``POST /v1/memories`` keeps a phone number, an e-mail or an id number out of GLOBAL (a
+    private memory may hold it), and a user profile keeps them out too."""
+    tenant = await new_tenant(client)
+    for content in (
+        "alice 的手机号是 13812345678",
+        "alice 的邮箱是 alice@example.com",
+        "alice 的身份证号是 110101199003074514",
+        "alice was diagnosed with diabetes in 2024",
+    ):
+        response = await client.post(
+            "/v1/memories/",
+            json={"scope": "GLOBAL", "user_id": "alice", "content": content},
+            headers=tenant.headers,
+        )
+        assert response.status_code == 422, content
+        assert "content" in response.text
+    private = await client.post(
+        "/v1/memories/",
+        json={"scope": "PRIVATE", "user_id": "alice", "content": "alice 的手机号是 13812345678"},
+        headers=tenant.headers,
+    )
+    assert private.status_code == 201, private.text
+    document = (
+        '---\nentity_type: user\nentity_id: "alice"\nname: Alice\ntags: []\n'
+        'updated_at: "2026-02-22T10:30:00+08:00"\n---\nAlice 的手机号是 13812345678\n'
+    )
+    response = await client.put(
+        "/v1/profiles/user/alice", json={"document": document}, headers=tenant.headers
+    )
+    assert response.status_code == 422, response.text
+
+
+async def test_a_personal_fact_in_a_group_stream_stays_with_its_sender(
+    offline: tuple[AppClient, TenantHandle],
+) -> None:
+    """ "记住我对猫毛过敏" in a group's message stream, among other people's messages, is a
+    memory of its sender in that group, not one of the whole group."""
+    client, tenant = offline
+    batch = {
+        "request_type": "group",
+        "group_id": "cats",
+        "messages": [
+            {
+                "message_id": "m1",
+                "sender_id": "bob",
+                "sender_name": "Bob",
+                "text": "今天天气不错",
+                "sent_at": "2026-03-01T10:00:00+08:00",
+            },
+            {
+                "message_id": "m2",
+                "sender_id": "carol",
+                "sender_name": "Carol",
+                "text": "记住我对猫毛过敏",
+                "sent_at": "2026-03-01T10:01:00+08:00",
+            },
+        ],
+    }
+    response = await client.post("/v1/messages", json=batch, headers=tenant.headers)
+    assert response.status_code == 202, response.text
+    [job_id] = response.json()["extraction_job_ids"]
+    assert (await until_finished(client, tenant, job_id))["status"] == "done"
+    memories = (await client.get("/v1/memories/?group_id=cats", headers=tenant.headers)).json()
+    allergy = [m for m in memories if "过敏" in m["content"]]
+    assert [(m["scope"], m["user_id"]) for m in allergy] == [("MEMBER_IN_GROUP", "carol")]

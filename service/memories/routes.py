@@ -90,7 +90,8 @@ class MemoryController(Controller):
     ) -> Response[MemoryCreated]:
         """Add a memory (201); an active near-duplicate in the same scope is returned (200)."""
         rt = runtime(request)
-        [vector] = await rt.embedder.passages([data.content])
+        content = service.check_personal(data.scope, data.content, tenant.pii_policy)
+        [vector] = await rt.embedder.passages([content])
         memory_id, created = await service.add(
             session,
             tenant.tenant_id,
@@ -98,7 +99,7 @@ class MemoryController(Controller):
             user_id=data.user_id,
             group_id=data.group_id,
             category=data.category,
-            content=data.content,
+            content=content,
             vector=vector,
             settings=rt.settings.cognitive.memory,
             cause=_cause(tenant),
@@ -133,16 +134,20 @@ class MemoryController(Controller):
         data: MemoryPatch,
     ) -> MemoryInfo:
         """Change a memory; the old content stays in its history."""
-        vector = None
-        if data.content is not None:
-            [vector] = await runtime(request).embedder.passages([data.content])
+        vector, content = None, data.content
+        if content is not None:
+            current = await repository.get(session, tenant.tenant_id, memory_id)
+            if current is None:
+                raise NotFound("no such memory")
+            content = service.check_personal(current["scope"], content, tenant.pii_policy)
+            [vector] = await runtime(request).embedder.passages([content])
         row = await service.change(
             session,
             tenant.tenant_id,
             memory_id,
             cause=_cause(tenant),
             reason=data.reason,
-            content=data.content,
+            content=content,
             vector=vector,
             category=data.category,
             confidence=data.confidence,

@@ -18,6 +18,7 @@ from service.memories import repository
 from service.memories.models import CATEGORIES, SCOPES, Memory
 from service.memories.repository import ScopeFilter
 from service.memories.schemas import MemorySearch
+from service.privacy import pii
 from service.retrieval.terms import near_duplicate
 from service.settings import MemorySettings
 
@@ -74,6 +75,23 @@ async def search(
     )
     await repository.touch(session, tenant_id, [r["id"] for r in rows])
     return rows
+
+
+def check_personal(scope: str, content: str, policy: str, field: str = "content") -> str:
+    """The content to store under the tenant's personal-data ``policy`` (masked, or refused
+    for ``drop``); ``Invalid`` for a GLOBAL memory holding sensitive data (health, ids,
+    contact data): a GLOBAL memory is read in every group its person is in."""
+    kinds = pii.sensitive(content)
+    if scope == "GLOBAL" and kinds:
+        raise Invalid(
+            f"a GLOBAL memory is read in every group; it must not hold {', '.join(kinds)} "
+            "(use PRIVATE or MEMBER_IN_GROUP)",
+            field=field,
+        )
+    kept, found = pii.apply(content, policy)
+    if kept is None:
+        raise Invalid(f"the tenant's policy drops personal data ({', '.join(found)})", field=field)
+    return kept
 
 
 def check_category(category: str) -> str:

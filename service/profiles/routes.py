@@ -79,6 +79,7 @@ class ProfileController(Controller):
         data: ProfileReplace,
     ) -> ProfileInfo:
         rt = runtime(request)
+        service.check_personal(key, data.document, tenant.pii_policy)
         current = await repository.get(session, tenant.tenant_id, key)
         expected = _if_match(request)
         if current is not None and expected is not None and expected != current["version"]:

@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from service.context import ConversationContext
 from service.embedding import Embedder
 from service.errors import Conflict, Forbidden, Invalid, NotFound
+from service.privacy import pii
 from service.profiles import repository
 from service.profiles.consolidate import Body, digest
 from service.profiles.document import Profile, ProfileKey, parse, render
@@ -45,6 +46,25 @@ def key_of(entity_type: str, entity_id: str, group_id: str | None = None) -> Pro
     if entity_type == "member" and not group_id:
         raise Invalid("a member profile needs group_id", field="group_id")
     return ProfileKey(entity_type, entity_id, group_id if entity_type == "member" else None)
+
+
+def check_personal(key: ProfileKey, document: str, policy: str) -> None:
+    """``Invalid`` for a user profile holding sensitive data (health, ids, contact data: it is
+    read in every group the person is in), or any profile holding personal data the tenant's
+    policy does not store."""
+    body = parse(document, expected=key).body
+    kinds = pii.sensitive(body)
+    if key.entity_type == "user" and kinds:
+        raise Invalid(
+            f"a user profile is read in every group; it must not hold {', '.join(kinds)}",
+            field="document",
+        )
+    found = sorted({f.kind for f in pii.find(body)})
+    if found and policy != "store":
+        raise Invalid(
+            f"the tenant's policy ({policy}) keeps no personal data ({', '.join(found)})",
+            field="document",
+        )
 
 
 def load(row: dict[str, Any]) -> Profile:
