@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import logging
 import os
+import secrets
 import signal
 import sys
 import uuid
@@ -122,7 +123,13 @@ def _parser() -> argparse.ArgumentParser:
     mcp.add_argument("--api-key", required=True, help="the tenant's API key (mk_…)")
     mcp.add_argument("--transport", choices=["stdio", "http"], default="stdio")
     mcp.add_argument("--host", default="127.0.0.1", help="bind address for --transport http")
-    mcp.add_argument("--port", type=int, default=8765, help="port for --transport http (/mcp)")
+    mcp.add_argument(
+        "--port",
+        type=int,
+        default=8765,
+        help="port for --transport http (/mcp); clients send 'Authorization: Bearer <token>', the"
+        " token from MEMORIA_MCP_TOKEN or, when unset, made at start and printed to stderr",
+    )
     mcp.add_argument("--group-id", help="default conversation: this group")
     mcp.add_argument("--user-id", help="default conversation: this person (or private chat)")
     mcp.add_argument("--sender-id", help="default sender of the current message")
@@ -211,6 +218,16 @@ def _mcp(args: argparse.Namespace) -> int:
         bot_id=args.bot_id,
         bot_name=args.bot_name,
     )
+    token = None
+    if args.transport == "http":
+        # From the environment (never the command line, which other users can read), or new.
+        token = os.environ.get("MEMORIA_MCP_TOKEN") or secrets.token_urlsafe(32)
+        if not os.environ.get("MEMORIA_MCP_TOKEN"):
+            print(
+                f"memoria mcp: clients send 'Authorization: Bearer {token}'",
+                file=sys.stderr,
+                flush=True,
+            )
     try:
         asyncio.run(
             serve(
@@ -220,6 +237,7 @@ def _mcp(args: argparse.Namespace) -> int:
                 transport=args.transport,
                 host=args.host,
                 port=args.port,
+                token=token,
             )
         )
     except KeyboardInterrupt:

@@ -218,11 +218,20 @@ def _request(
         return request
     data: dict[str, Any] = {}
     if isinstance(request, BaseModel):
-        data.update(request.model_dump(exclude_unset=True))
+        # Another model (a turn's ContextRequest passed to ``end``) gives what they share: the
+        # service refuses fields it does not know.
+        dumped = request.model_dump(exclude_unset=True)
+        data.update(dumped if isinstance(request, model) else _known(model, dumped))
     elif request is not None:
         data.update(request)
     data.update(fields)
     return model.model_validate(data)
+
+
+def _known(model: type[BaseModel], data: dict[str, Any]) -> dict[str, Any]:
+    names = set(model.model_fields)
+    names |= {f.alias for f in model.model_fields.values() if f.alias}
+    return {k: v for k, v in data.items() if k in names}
 
 
 def _json(model: BaseModel, *keep: str) -> dict[str, Any]:

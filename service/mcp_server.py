@@ -8,15 +8,18 @@ exactly what a bot's OpenAI tool calls see, with the same hard filters.
 
 from __future__ import annotations
 
+import hmac
 import json
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
 
 import httpx
+import uvicorn
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.client import MemoriaAPIError, MemoriaClient
 
@@ -167,13 +170,14 @@ def build_server(client: MemoriaClient, defaults: Conversation) -> MCPServer:
     @server.tool(
         description="Remember one durable fact, stated absolutely (names and dates, no 'I', "
         "'tomorrow' or 'here'). Scope: MEMBER_IN_GROUP (the person, in this group; the default "
-        "in a group), GROUP (the group itself), GLOBAL (the person everywhere; the default in "
-        "a private chat; no sensitive traits). / 记住一条长期记忆"
+        "in a group), GROUP (the group itself), PRIVATE (the person, in this private chat only; "
+        "the default there), GLOBAL (the person everywhere: only what they let be known, never "
+        "health, ids or contact data). / 记住一条长期记忆"
     )
     async def add_memory(
         content: Annotated[str, Field(min_length=1, max_length=2000, description="the fact")],
         scope: Annotated[
-            Literal["GLOBAL", "GROUP", "MEMBER_IN_GROUP"] | None,
+            Literal["GLOBAL", "PRIVATE", "GROUP", "MEMBER_IN_GROUP"] | None,
             Field(description="whom the memory is bound to (see above)"),
         ] = None,
         category: Annotated[
@@ -187,16 +191,18 @@ def build_server(client: MemoriaClient, defaults: Conversation) -> MCPServer:
         group = context.get("group_id")
         person = context.get("sender_id") or context.get("user_id")
         chosen = scope or (
-            "MEMBER_IN_GROUP" if group and person else "GROUP" if group else "GLOBAL"
+            "MEMBER_IN_GROUP" if group and person else "GROUP" if group else "PRIVATE"
         )
-        if chosen != "GLOBAL" and not group:
+        if chosen == "PRIVATE" and group:
+            raise ToolError("a PRIVATE memory belongs to a private chat, not a group")
+        if chosen not in ("GLOBAL", "PRIVATE") and not group:
             raise ToolError(f"a {chosen} memory needs a group conversation")
         if chosen != "GROUP" and not person:
             raise ToolError(f"a {chosen} memory needs the person (user_id or sender_id)")
         created = await _api(
             client.add_memory(
                 scope=chosen,
-                group_id=group if chosen != "GLOBAL" else None,
+                group_id=group if chosen not in ("GLOBAL", "PRIVATE") else None,
                 user_id=person if chosen != "GROUP" else None,
                 category=category,
                 content=content,
@@ -250,6 +256,37 @@ async def _api(call: Awaitable[T]) -> T:
         raise ToolError(f"the Memoria API did not answer: {type(exc).__name__}") from exc
 
 
+def require_token(app: ASGIApp, token: str) -> ASGIApp:
+    """``app`` answering only requests that carry ``Authorization: Bearer <token>``.
+
+    Over HTTP the tools act with the tenant's key for any conversation: without this, any
+    process that can reach the port (every local user, a web page through the browser) could
+    use them.
+    """
+    expected = f"Bearer {token}".encode()
+
+    async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            given = dict(scope.get("headers") or []).get(b"authorization", b"")
+            if not hmac.compare_digest(given, expected):
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 401,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"www-authenticate", b'Bearer realm="memoria-mcp"'),
+                        ],
+                    }
+                )
+                body = b'{"error": "Authorization: Bearer <the token memoria mcp printed>"}'
+                await send({"type": "http.response.body", "body": body})
+                return
+        await app(scope, receive, send)
+
+    return guarded
+
+
 async def serve(
     api_url: str,
     api_key: str,
@@ -258,11 +295,17 @@ async def serve(
     transport: Literal["stdio", "http"] = "stdio",
     host: str = "127.0.0.1",
     port: int = 8765,
+    token: str | None = None,
 ) -> None:
-    """Serve the tools over stdio, or streamable HTTP at ``http://host:port/mcp``."""
+    """Serve the tools over stdio, or streamable HTTP at ``http://host:port/mcp`` to clients
+    presenting ``token`` as a bearer token."""
     async with MemoriaClient(api_url, api_key) as client:
         server = build_server(client, defaults)
         if transport == "stdio":
             await server.run_stdio_async()
-        else:
-            await server.run_streamable_http_async(host=host, port=port)
+            return
+        if not token:
+            raise ValueError("the HTTP transport needs a client token")
+        app = require_token(server.streamable_http_app(host=host), token)
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning")
+        await uvicorn.Server(config).serve()

@@ -254,6 +254,11 @@ class Settings(BaseSettings):
         24.0, gt=0, description="how long a job's export can be fetched before it is pruned"
     )
     audit_retention_days: float = Field(365.0, gt=0)
+    webhook_allow_private: bool = Field(
+        False,
+        description="tenants' webhooks may point at loopback, private and link-local addresses"
+        " (only where every tenant is trusted with the deployment's network)",
+    )
     rate_limit_per_second: float = Field(0.0, ge=0, description="per API key; 0 = off")
     rate_limit_burst: int = Field(100, ge=1)
     auth_failure_rate_per_second: float = Field(

@@ -13,9 +13,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.types import CallToolResult, TextContent
 
 from service.client import MemoriaClient
@@ -106,6 +108,9 @@ async def test_stdio_session(loopback: tuple[str, str], tmp_path: Path) -> None:
             assert refused.is_error and "403" in text(refused)
 
 
+MCP_TOKEN = "test-token-0123456789"
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -121,7 +126,7 @@ def http_mcp(loopback: tuple[str, str]) -> Iterator[str]:
     process = subprocess.Popen(
         [*command, "--transport", "http", "--port", str(port)],
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": str(ROOT), "MEMORIA_MCP_TOKEN": MCP_TOKEN},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
@@ -141,9 +146,23 @@ def http_mcp(loopback: tuple[str, str]) -> Iterator[str]:
         process.wait(timeout=10)
 
 
+async def test_streamable_http_needs_the_token(http_mcp: str) -> None:
+    """Over HTTP every request needs the bearer token: any local process could otherwise
+    call the tools, for any conversation, with the tenant's key."""
+    probe = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+    headers = {"Accept": "application/json, text/event-stream"}
+    async with httpx.AsyncClient() as plain:
+        for auth in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": MCP_TOKEN}):
+            response = await plain.post(http_mcp, json=probe, headers={**headers, **auth})
+            assert response.status_code == 401, auth
+            assert response.headers["www-authenticate"].startswith("Bearer")
+
+
 async def test_streamable_http_session(http_mcp: str) -> None:
+    client = create_mcp_http_client(headers={"Authorization": f"Bearer {MCP_TOKEN}"})
     async with (
-        streamable_http_client(http_mcp) as (read, write),
+        client,
+        streamable_http_client(http_mcp, http_client=client) as (read, write),
         ClientSession(read, write) as session,
     ):
         await session.initialize()
@@ -157,7 +176,7 @@ async def test_streamable_http_session(http_mcp: str) -> None:
         added = answer(
             await session.call_tool("add_memory", {"content": "张三(10001)喜欢喝茶", **private})
         )
-        assert added["scope"] == "GLOBAL"
+        assert added["scope"] == "PRIVATE"
         found = answer(await session.call_tool("search_memories", {"query": "喝茶", **private}))
         assert [m["id"] for m in found] == [added["id"]]
         group = answer(

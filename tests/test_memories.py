@@ -235,7 +235,7 @@ async def test_offline_every_observation_becomes_an_add_without_duplicates(
         "add",
         "noop_duplicate",
     ]
-    # A private chat writes the user's GLOBAL memories.
+    # A private chat writes the user's PRIVATE memories: read in that chat only.
     private = {
         "request_type": "private",
         "user_id": "10001",
@@ -249,7 +249,7 @@ async def test_offline_every_observation_becomes_an_add_without_duplicates(
     )
     await until_finished(client, tenant, response.json()["job_id"])
     mine = (
-        await client.get("/v1/memories?scope=GLOBAL&user_id=10001", headers=tenant.headers)
+        await client.get("/v1/memories?scope=PRIVATE&user_id=10001", headers=tenant.headers)
     ).json()
     assert [(m["content"], m["category"]) for m in mine] == [("用户A(10001)是一名护士", "PROFILE")]
 
@@ -551,7 +551,9 @@ async def test_due_todos_are_delivered_to_the_webhook(db_url: str) -> None:
     hook = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
     threading.Thread(target=hook.serve_forever, daemon=True).start()
     settings = make_settings(
-        db_url, cognitive={"queue": FAST_QUEUE, "extraction": {"check_interval_seconds": 0.2}}
+        db_url,
+        cognitive={"queue": FAST_QUEUE, "extraction": {"check_interval_seconds": 0.2}},
+        webhook_allow_private=True,  # the operator lets the test's loopback hook in
     )
     try:
         async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:

@@ -6,7 +6,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from service.context import ConversationContext, path_safe
 
@@ -30,7 +30,13 @@ def loose_bool(value: Any) -> Any:
 
 
 class EndRequest(ConversationContext):
-    """The end of a bot turn: what the bot did (``memo``) and what it learned (``observations``)."""
+    """The end of a bot turn: what the bot did (``memo``) and what it learned (``observations``).
+
+    An unknown field is refused by name: a typo (``observation``) answered 200 and stored
+    nothing. The older names (``action_summary``, ``summary``, ``new_info``) are still read.
+    """
+
+    model_config = ConfigDict(extra="forbid")
 
     request_id: str = Field(
         default_factory=lambda: uuid.uuid4().hex,

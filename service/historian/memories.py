@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from service.embedding import Embedder
 from service.errors import Invalid
 from service.historian.gate import gate
-from service.historian.profiles import about_the_group
+from service.historian.profiles import about_the_group, shared
 from service.llm import ChatModel
 from service.memories import repository
 from service.memories import service as memories
@@ -57,6 +57,14 @@ def guess_category(text: str) -> str:
     return "FACT"
 
 
+def private_scope(text: str, original: str) -> str:
+    """The scope of a fact told in a private chat: PRIVATE, unless the person says it may be
+    known elsewhere and it is not sensitive (health, ids, contact data), then GLOBAL."""
+    if (shared(original) or shared(text)) and not pii.sensitive(text):
+        return "GLOBAL"
+    return "PRIVATE"
+
+
 def reminder_time(text: str, zone: tzinfo, default_hour: int) -> datetime | None:
     """The first absolute date (and time) in a rewritten text, as the trigger time."""
     match = _DATE.search(text)
@@ -81,12 +89,14 @@ class Conversation:
     speaker_name: str | None
     participants: dict[str, str | None]  # user id → name: whom memories may be bound to
     moment: datetime
+    # Item index → who said it, where one batch holds several people (the message stream).
+    speakers: dict[int, str] = field(default_factory=dict)
 
     @property
     def filter(self) -> ScopeFilter:
         """What this conversation may read and write."""
         if self.request_type == "private":
-            return ScopeFilter(None, self.speaker_id, ("GLOBAL",))
+            return ScopeFilter(None, self.speaker_id, ("PRIVATE", "GLOBAL"))
         return ScopeFilter(self.group_id, None)
 
     def bind(self, scope: str, user_id: str | None) -> tuple[str | None, str | None]:
@@ -94,7 +104,7 @@ class Conversation:
         if scope == "GROUP":
             return None, self.group_id
         who = user_id or self.speaker_id
-        if scope == "GLOBAL":
+        if scope in ("GLOBAL", "PRIVATE"):
             return who, None
         return who, self.group_id
 
@@ -197,8 +207,9 @@ You maintain the long-term memory of a chat bot by calling tools.
    计划取消或事实失效，调用 delete_memory（必须使用对应的 ID）。
    细微的语义变化（如称呼变化）也是更新。
 3. 内容必须是独立、绝对的陈述：写出人名和 ID、绝对日期，不用代词和相对时间。
-4. 作用域 scope：GLOBAL 只放跨群成立且不敏感的个人特征；群里得知的信息默认 GROUP（关于整个群）
-   或 MEMBER_IN_GROUP（关于某人在本群）。私聊只能写 GLOBAL。
+4. 作用域 scope：群里得知的信息默认 GROUP（关于整个群）或 MEMBER_IN_GROUP（关于某人在本群）。
+   私聊里得知的信息默认 PRIVATE（只在这个私聊可见）；只有用户明确说可以让别处知道、且不敏感时
+   才用 GLOBAL。健康、证件号、联系方式等敏感信息永远不写 GLOBAL。
 5. 将来要提醒或要做的事用 add_todo（trigger_time 用绝对时间）；对话说明待办完成或取消时用
    complete_todo / cancel_todo。
 6. 没有值得记的就不调用任何工具。Call nothing if nothing is worth remembering."""
@@ -282,11 +293,17 @@ class MemoryKeeper:
                     )
                 )
                 continue
+            # The fact is about who said it: in a batch of several people's messages, the
+            # sender of its message (not the group, where everyone would read it).
+            in_group = conversation.request_type == "group"
+            who = (
+                conversation.speakers.get(index) if in_group else None
+            ) or conversation.speaker_id
             if conversation.request_type == "private":
-                scope = "GLOBAL"
+                scope = private_scope(text, original)
             else:
                 scope = "GROUP" if about_the_group(text) else "MEMBER_IN_GROUP"
-            if scope != "GROUP" and not conversation.speaker_id:
+            if scope != "GROUP" and not who:
                 scope = "GROUP" if conversation.group_id else scope
             plan.operations.append(
                 Operation(
@@ -296,7 +313,7 @@ class MemoryKeeper:
                         "scope": scope,
                         "category": guess_category(original),
                         "confidence": 0.6,
-                        "user_id": None,
+                        "user_id": who if scope != "GROUP" else None,
                         "item": index,
                     },
                 )
@@ -319,6 +336,7 @@ class MemoryKeeper:
             {"role": "user", "content": _prompt(conversation, items, known, pending)},
         ]
         todo_ids = {int(t["id"]) for t in pending}
+        sharing = any(shared(original) for _, original in items)
         for _ in range(self.settings.cognitive.memory.max_tool_turns):
             result = await self.llm.chat(
                 messages, tools=tools, tool_choice="auto", purpose="historian_memory"
@@ -331,7 +349,7 @@ class MemoryKeeper:
             for call in result.tool_calls:
                 try:
                     operation = self._validate(
-                        call.name, call.arguments, conversation, known, todo_ids
+                        call.name, call.arguments, conversation, known, todo_ids, sharing
                     )
                 except Invalid as exc:
                     refused += 1
@@ -352,6 +370,7 @@ class MemoryKeeper:
         conversation: Conversation,
         known: dict[int, dict[str, Any]],
         todo_ids: set[int],
+        sharing: bool = False,
     ) -> Operation:
         if args is None:
             raise Invalid("the arguments are not valid JSON")
@@ -373,6 +392,16 @@ class MemoryKeeper:
             bound_user, bound_group = conversation.bind(scope, user_id)
             if not conversation.filter.allows(scope, bound_group, bound_user):
                 raise Invalid(f"a {conversation.request_type} chat cannot write {scope} memories")
+            if scope == "GLOBAL" and conversation.request_type == "private" and not sharing:
+                raise Invalid(
+                    "what is said in a private chat stays PRIVATE unless the person says it may "
+                    "be known elsewhere"
+                )
+            if scope == "GLOBAL" and pii.sensitive(content):
+                raise Invalid(
+                    "a GLOBAL memory is read in every group; health, id and contact data stay "
+                    "PRIVATE or MEMBER_IN_GROUP"
+                )
             confidence = _number(args.get("confidence", 0.7))
             return Operation(
                 name,
@@ -463,16 +492,13 @@ class MemoryKeeper:
                 if (
                     op.tool == "add_memory"
                     and args["scope"] == "GLOBAL"
-                    and pii.find(args["content"])
+                    and pii.sensitive(args["content"])
                 ):
-                    # Sensitive facts never go to GLOBAL: in a group they stay with the member.
-                    if conversation.group_id is None:
-                        plan.notes.append(
-                            "add_memory: personal data is not kept as a GLOBAL memory"
-                        )
-                        next(vectors)
-                        continue
-                    args = {**args, "scope": "MEMBER_IN_GROUP"}
+                    # Sensitive facts never go to GLOBAL: they stay where they were said, with
+                    # the member in a group, in the private chat otherwise.
+                    private = conversation.group_id is None
+                    args = {**args, "scope": "PRIVATE" if private else "MEMBER_IN_GROUP"}
+                    plan.notes.append(f"add_memory: sensitive, kept as {args['scope']}")
                 if op.tool == "add_memory":
                     user_id, group_id = conversation.bind(args["scope"], args.get("user_id"))
                     _, created = await memories.add(
@@ -635,7 +661,7 @@ def _prompt(
             f"会话 Conversation: 群 {conversation.group_name or ''}({conversation.group_id})"
         )
     else:
-        lines.append("会话 Conversation: 私聊 private chat (only GLOBAL memories)")
+        lines.append("会话 Conversation: 私聊 private chat (PRIVATE; GLOBAL only if shared)")
     people = [f"{name or '?'}({uid})" for uid, name in conversation.participants.items()]
     lines.append("参与者 Participants: " + ", ".join(people))
     if conversation.speaker_id:

@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from service.embedding import Embedder
 from service.errors import Invalid
 from service.llm import ChatModel
+from service.privacy import pii
 from service.profiles import service as profiles
 from service.profiles.consolidate import within_budget
 from service.profiles.document import Profile, ProfileKey, parse, render
@@ -32,6 +33,21 @@ log = logging.getLogger("service.historian")
 _GROUP_WORDS = re.compile(
     r"群|本群|群规|群里|大家|所有人|全体|\b(?:group|everyone|all members|chat rules)\b", re.I
 )
+
+
+# The person says what they tell in private may be known elsewhere: only then does a private
+# chat's fact become GLOBAL (and never a sensitive one).
+_SHARE = re.compile(
+    r"可以告诉(?:大家|别人|其他人)|大家都可以知道|可以公开|告诉大家|群里(?:也)?可以(?:说|提)|"
+    r"\b(?:you can tell (?:everyone|others|anyone)|share (?:it|this) (?:with|in) (?:the )?groups?|"
+    r"not a secret|everyone can know)\b",
+    re.I,
+)
+
+
+def shared(text: str) -> bool:
+    """Whether the speaker says this may be known beyond the private chat."""
+    return bool(_SHARE.search(text))
 
 
 def about_the_group(text: str) -> bool:
@@ -204,6 +220,12 @@ class ProfileMerger:
             profile = parse(str(arguments.get("document", "")), expected=key)
         except Invalid as exc:
             return f"refused: {exc.message}; fix it and call update_profile again"
+        kinds = pii.sensitive(profile.body) if key.entity_type == "user" else []
+        if kinds:
+            return (
+                f"refused: a user profile is read in every group; remove the sensitive data "
+                f"({', '.join(kinds)}) and call update_profile again"
+            )
         # System-owned fields: when, from which event, and the display name seen in context.
         profile.updated_at = moment
         profile.source_event_id = next((f.event_id for f in target.facts if f.event_id), None)
@@ -270,6 +292,13 @@ def _renamed(current: Profile | None, target: Target, moment: datetime) -> Profi
     return profiles.renamed(current, target.name, moment)
 
 
+def for_everyone(facts: list[Fact], *, private: bool) -> list[Fact]:
+    """The facts a user profile may take: it is read in every group the person is in, so
+    never a sensitive one (health, ids, contact data), and from a private chat only what the
+    person said may be known elsewhere."""
+    return [f for f in facts if not pii.sensitive(f.text) and (not private or shared(f.text))]
+
+
 def end_targets(context: Any, facts: list[Fact], llm: bool) -> list[Target]:
     """The profiles an end job concerns: the speaker (user or member) and the group."""
     sender = context.sender_id or (
@@ -277,8 +306,9 @@ def end_targets(context: Any, facts: list[Fact], llm: bool) -> list[Target]:
     )
     targets: list[Target] = []
     if context.request_type == "private":
-        if sender:
-            targets.append(Target(ProfileKey("user", sender), context.sender_name, list(facts)))
+        public = for_everyone(facts, private=True)
+        if sender and public:
+            targets.append(Target(ProfileKey("user", sender), context.sender_name, public))
         return targets
     if sender:
         targets.append(
@@ -298,12 +328,12 @@ def end_targets(context: Any, facts: list[Fact], llm: bool) -> list[Target]:
             "群的主题、规则、文化 the group's topics, rules and culture",
         )
     )
-    if llm and sender:
+    if llm and sender and for_everyone(facts, private=False):
         targets.append(
             Target(
                 ProfileKey("user", sender),
                 context.sender_name,
-                list(facts),
+                for_everyone(facts, private=False),
                 "只写跨群稳定且不敏感的特征；群内信息留在成员侧写 "
                 "only stable, non-sensitive traits true everywhere",
             )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -28,7 +27,6 @@ from service.settings import Settings
 log = logging.getLogger("service.historian")
 
 SCHEMA_VERSION = "final_v1"
-_CONTENT = re.compile(r"<content>(.*?)</content>", re.S)
 
 
 def screen(payload: dict[str, Any], ids: list[str]) -> tuple[dict[str, Any], list[str], list[str]]:
@@ -72,8 +70,13 @@ def screen(payload: dict[str, Any], ids: list[str]) -> tuple[dict[str, Any], lis
 
 def message_content(text: str) -> str:
     """The ``<content>`` of a bot message frame, or the text itself."""
-    match = _CONTENT.search(text)
-    return match.group(1).strip() if match else text.strip()
+    # Found by position, not by a lazy regex: from every '<content>' without a closing tag,
+    # '(.*?)</content>' scanned to the end of the text, quadratic in a hostile message.
+    start = text.find("<content>")
+    end = text.find("</content>", start + len("<content>")) if start >= 0 else -1
+    if end < 0:
+        return text.strip()
+    return text[start + len("<content>") : end].strip()
 
 
 def clip(text: str, limit: int) -> str:

@@ -27,21 +27,22 @@ from sqlalchemy.orm import Mapped, mapped_column
 from service.db.base import Base, created_at_column
 from service.db.types import Embedding
 
-SCOPES = ("GLOBAL", "GROUP", "MEMBER_IN_GROUP")
+SCOPES = ("GLOBAL", "PRIVATE", "GROUP", "MEMBER_IN_GROUP")
 CATEGORIES = ("PROFILE", "PREFERENCE", "FACT", "SUMMARY")
 
 
 class Memory(Base):
-    """One curated fact, bound to a user (GLOBAL), a group (GROUP) or both (MEMBER_IN_GROUP)."""
+    """One curated fact, bound to a user (GLOBAL: everywhere they are; PRIVATE: only in their
+    private chat), a group (GROUP) or both (MEMBER_IN_GROUP)."""
 
     __tablename__ = "memories"
     __table_args__ = (
-        CheckConstraint("scope IN ('GLOBAL', 'GROUP', 'MEMBER_IN_GROUP')", name="scope"),
+        CheckConstraint("scope IN ('GLOBAL', 'PRIVATE', 'GROUP', 'MEMBER_IN_GROUP')", name="scope"),
         CheckConstraint(
             "category IN ('PROFILE', 'PREFERENCE', 'FACT', 'SUMMARY')", name="category"
         ),
         CheckConstraint(
-            "(scope = 'GLOBAL' AND user_id IS NOT NULL AND group_id IS NULL)"
+            "(scope IN ('GLOBAL', 'PRIVATE') AND user_id IS NOT NULL AND group_id IS NULL)"
             " OR (scope = 'GROUP' AND group_id IS NOT NULL AND user_id IS NULL)"
             " OR (scope = 'MEMBER_IN_GROUP' AND group_id IS NOT NULL AND user_id IS NOT NULL)",
             name="scope_binding",

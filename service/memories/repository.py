@@ -42,7 +42,8 @@ class ScopeFilter:
 
     A group (group_id, maybe a user): the group's GROUP memories, its MEMBER_IN_GROUP memories
     (of that user, or of everyone when no user is named), and the user's GLOBAL ones.
-    A private chat (user_id only): that user's GLOBAL memories.
+    A private chat (``ScopeFilter.private``): that user's PRIVATE and GLOBAL memories. PRIVATE
+    ones are never read anywhere else.
     """
 
     group_id: str | None
@@ -61,7 +62,14 @@ class ScopeFilter:
             parts.append(member)
         if self.user_id and "GLOBAL" in self.scopes:
             parts.append(and_(Memory.scope == "GLOBAL", Memory.user_id == self.user_id))
+        if self.user_id and not self.group_id and "PRIVATE" in self.scopes:
+            parts.append(and_(Memory.scope == "PRIVATE", Memory.user_id == self.user_id))
         return or_(*parts) if parts else false()
+
+    @classmethod
+    def private(cls, user_id: str) -> ScopeFilter:
+        """The private chat of ``user_id``: their PRIVATE and GLOBAL memories."""
+        return cls(None, user_id, ("PRIVATE", "GLOBAL"))
 
     def allows(self, scope: str, group_id: str | None, user_id: str | None) -> bool:
         """Whether this conversation may write a memory bound like that."""
@@ -71,6 +79,13 @@ class ScopeFilter:
             return bool(self.group_id) and group_id == self.group_id and user_id is None
         if scope == "MEMBER_IN_GROUP":
             return bool(self.group_id) and group_id == self.group_id and user_id is not None
+        if scope == "PRIVATE":
+            return (
+                not self.group_id
+                and group_id is None
+                and user_id is not None
+                and user_id == self.user_id
+            )
         return (
             group_id is None
             and user_id is not None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from litestar import Controller, Request, Response, delete, get, patch, post
@@ -16,7 +15,6 @@ from service.errors import Invalid, NotFound
 from service.http import RowId, errors, runtime
 from service.memories import repository, service
 from service.memories.models import Memory
-from service.memories.repository import ScopeFilter
 from service.memories.schemas import (
     ForgetRequest,
     ForgetResult,
@@ -36,16 +34,6 @@ def _info(row: dict[str, Any]) -> MemoryInfo:
     return MemoryInfo(**{k: row[k] for k in MemoryInfo.model_fields})
 
 
-def conversation_filter(
-    group_id: str | None, user_id: str | None, scopes: Sequence[str] | None
-) -> ScopeFilter:
-    """The hard scope filter of a request (a conversation, optionally narrowed to scopes)."""
-    if not group_id and not user_id:
-        raise Invalid("group_id or user_id is required", field="group_id")
-    allowed = tuple(scopes) if scopes else ("GLOBAL", "GROUP", "MEMBER_IN_GROUP")
-    return ScopeFilter(group_id, user_id, allowed)
-
-
 def _cause(tenant: TenantContext) -> dict[str, Any]:
     return {"by": "api", "key_prefix": tenant.key_prefix}
 
@@ -62,7 +50,7 @@ class MemoryController(Controller):
         tenant: TenantContext,
         session: AsyncSession,
         memory_scope: str | None = Parameter(
-            query="scope", default=None, pattern="^(GLOBAL|GROUP|MEMBER_IN_GROUP)$"
+            query="scope", default=None, pattern="^(GLOBAL|PRIVATE|GROUP|MEMBER_IN_GROUP)$"
         ),
         user_id: str | None = None,
         group_id: str | None = None,
@@ -103,7 +91,8 @@ class MemoryController(Controller):
     ) -> Response[MemoryCreated]:
         """Add a memory (201); an active near-duplicate in the same scope is returned (200)."""
         rt = runtime(request)
-        [vector] = await rt.embedder.passages([data.content])
+        content = service.check_personal(data.scope, data.content, tenant.pii_policy)
+        [vector] = await rt.embedder.passages([content])
         memory_id, created = await service.add(
             session,
             tenant.tenant_id,
@@ -111,7 +100,7 @@ class MemoryController(Controller):
             user_id=data.user_id,
             group_id=data.group_id,
             category=data.category,
-            content=data.content,
+            content=content,
             vector=vector,
             settings=rt.settings.cognitive.memory,
             cause=_cause(tenant),
@@ -146,16 +135,20 @@ class MemoryController(Controller):
         data: MemoryPatch,
     ) -> MemoryInfo:
         """Change a memory; the old content stays in its history."""
-        vector = None
-        if data.content is not None:
-            [vector] = await runtime(request).embedder.passages([data.content])
+        vector, content = None, data.content
+        if content is not None:
+            current = await repository.get(session, tenant.tenant_id, memory_id)
+            if current is None:
+                raise NotFound("no such memory")
+            content = service.check_personal(current["scope"], content, tenant.pii_policy)
+            [vector] = await runtime(request).embedder.passages([content])
         row = await service.change(
             session,
             tenant.tenant_id,
             memory_id,
             cause=_cause(tenant),
             reason=data.reason,
-            content=data.content,
+            content=content,
             vector=vector,
             category=data.category,
             confidence=data.confidence,
@@ -192,17 +185,8 @@ class MemoryController(Controller):
         data: MemorySearch,
     ) -> list[MemoryHit]:
         """Memories nearest in meaning, only within the conversation's scopes."""
-        scope = conversation_filter(data.group_id, data.user_id, data.scopes)
-        conditions = [scope.where()]
-        if not data.include_inactive:
-            conditions.append(Memory.is_active.is_(True))
-        if data.categories:
-            conditions.append(Memory.category.in_(data.categories))
         vector = await runtime(request).embedder.query(data.query)
-        rows = await repository.nearest(
-            session, tenant.tenant_id, vector, where=and_(*conditions), limit=data.top_k
-        )
-        await repository.touch(session, tenant.tenant_id, [r["id"] for r in rows])
+        rows = await service.search(session, tenant.tenant_id, data, vector)
         return [MemoryHit(score=float(r["score"]), **_info(r).model_dump()) for r in rows]
 
     @post("/forget", status_code=200)
@@ -218,7 +202,8 @@ class MemoryController(Controller):
             raise Invalid("give ids, a category or a query", field="ids")
         conditions = []
         if data.group_id or data.user_id:
-            conditions.append(conversation_filter(data.group_id, data.user_id, data.scopes).where())
+            scope = service.conversation_filter(data.group_id, data.user_id, data.scopes)
+            conditions.append(scope.where())
         elif data.scopes:
             conditions.append(Memory.scope.in_(data.scopes))
         if data.ids:

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from service.context import Moment, path_safe
 from service.db.types import BIGINT_MAX
 
-Scope = Literal["GLOBAL", "GROUP", "MEMBER_IN_GROUP"]
+Scope = Literal["GLOBAL", "PRIVATE", "GROUP", "MEMBER_IN_GROUP"]
 Category = Literal["PROFILE", "PREFERENCE", "FACT", "SUMMARY"]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
@@ -11,10 +12,13 @@ import numpy as np
 from sqlalchemy import and_
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.embedding.base import Vector
 from service.errors import Invalid, NotFound
 from service.memories import repository
 from service.memories.models import CATEGORIES, SCOPES, Memory
 from service.memories.repository import ScopeFilter
+from service.memories.schemas import MemorySearch
+from service.privacy import pii
 from service.retrieval.terms import near_duplicate
 from service.settings import MemorySettings
 
@@ -34,15 +38,60 @@ def check_content(content: str, field: str = "content") -> str:
 
 
 def check_binding(scope: str, user_id: str | None, group_id: str | None) -> None:
-    """GLOBAL needs a user, GROUP a group, MEMBER_IN_GROUP both."""
+    """GLOBAL and PRIVATE need a user, GROUP a group, MEMBER_IN_GROUP both."""
     if scope not in SCOPES:
         raise Invalid(f"scope is one of {', '.join(SCOPES)}", field="scope")
-    if scope == "GLOBAL" and (not user_id or group_id):
-        raise Invalid("a GLOBAL memory is bound to a user_id only", field="user_id")
+    if scope in ("GLOBAL", "PRIVATE") and (not user_id or group_id):
+        raise Invalid(f"a {scope} memory is bound to a user_id only", field="user_id")
     if scope == "GROUP" and (not group_id or user_id):
         raise Invalid("a GROUP memory is bound to a group_id only", field="group_id")
     if scope == "MEMBER_IN_GROUP" and (not group_id or not user_id):
         raise Invalid("a MEMBER_IN_GROUP memory needs group_id and user_id", field="group_id")
+
+
+def conversation_filter(
+    group_id: str | None, user_id: str | None, scopes: Sequence[str] | None
+) -> ScopeFilter:
+    """The hard scope filter of a request (a conversation, optionally narrowed to scopes): a
+    group's (with its person's), or a person's private chat (PRIVATE and GLOBAL)."""
+    if not group_id and not user_id:
+        raise Invalid("group_id or user_id is required", field="group_id")
+    return ScopeFilter(group_id, user_id, tuple(scopes) if scopes else SCOPES)
+
+
+async def search(
+    session: AsyncSession, tenant_id: uuid.UUID, request: MemorySearch, vector: Vector
+) -> list[dict[str, Any]]:
+    """``POST /v1/memories/search`` and ``cognitive_search_memories``: nearest in meaning,
+    within the conversation's scopes only; what is found counts as used."""
+    scope = conversation_filter(request.group_id, request.user_id, request.scopes)
+    conditions = [scope.where()]
+    if not request.include_inactive:
+        conditions.append(Memory.is_active.is_(True))
+    if request.categories:
+        conditions.append(Memory.category.in_(request.categories))
+    rows = await repository.nearest(
+        session, tenant_id, vector, where=and_(*conditions), limit=request.top_k
+    )
+    await repository.touch(session, tenant_id, [r["id"] for r in rows])
+    return rows
+
+
+def check_personal(scope: str, content: str, policy: str, field: str = "content") -> str:
+    """The content to store under the tenant's personal-data ``policy`` (masked, or refused
+    for ``drop``); ``Invalid`` for a GLOBAL memory holding sensitive data (health, ids,
+    contact data): a GLOBAL memory is read in every group its person is in."""
+    kinds = pii.sensitive(content)
+    if scope == "GLOBAL" and kinds:
+        raise Invalid(
+            f"a GLOBAL memory is read in every group; it must not hold {', '.join(kinds)} "
+            "(use PRIVATE or MEMBER_IN_GROUP)",
+            field=field,
+        )
+    kept, found = pii.apply(content, policy)
+    if kept is None:
+        raise Invalid(f"the tenant's policy drops personal data ({', '.join(found)})", field=field)
+    return kept
 
 
 def check_category(category: str) -> str:

@@ -62,7 +62,7 @@ class Upkeep:
         """Merge near-duplicate memories of a conversation that went quiet."""
         key = str(job.job.payload["conversation_key"])
         kind, _, ident = key.partition(":")
-        scope = ScopeFilter(ident, None) if kind == "g" else ScopeFilter(None, ident, ("GLOBAL",))
+        scope = ScopeFilter(ident, None) if kind == "g" else ScopeFilter.private(ident)
         async with job.finishing() as session:
             merged = await service.consolidate(
                 session,

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from service.context import ID_MAX, Moment, _as_id
+from service.context import ID_MAX, ConversationContext, Moment, _as_id
 
 _INHERITED = (
     "request_type",
@@ -21,9 +21,10 @@ _INHERITED = (
 
 
 class MessageIn(BaseModel):
-    """One chat message; context fields missing here come from the batch's top level."""
+    """One chat message; context fields missing here come from the batch's top level. An
+    unknown field is refused by name, not dropped."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     message_id: str = Field(min_length=1, max_length=ID_MAX)
     request_type: Literal["group", "private"]
@@ -52,9 +53,10 @@ class MessageIn(BaseModel):
 
 
 class MessageBatch(BaseModel):
-    """``POST /v1/messages``: up to the configured batch size of messages."""
+    """``POST /v1/messages``: up to the configured batch size of messages (and the context
+    fields they share); an unknown field is refused by name."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     messages: list[MessageIn] = Field(min_length=1)
 
@@ -65,7 +67,9 @@ class MessageBatch(BaseModel):
         if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
             return data
         shared = {k: data[k] for k in _INHERITED if data.get(k) not in (None, "")}
-        data = dict(data)
+        # Handed down to the messages. The rest of a conversation context (bot_id, timestamp,
+        # …: a bot may send the one it sends everywhere) is known and has no use here.
+        data = {k: v for k, v in data.items() if k not in ConversationContext.model_fields}
         data["messages"] = [
             {**shared, **{k: v for k, v in m.items() if v not in (None, "")}}
             if isinstance(m, dict)

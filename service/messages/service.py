@@ -19,7 +19,7 @@ from service.errors import Invalid
 from service.historian.absolutize import Person, Situation, absolutize
 from service.historian.gate import gate
 from service.historian.memories import Conversation, MemoryKeeper, Plan, day_summary
-from service.historian.profiles import ProfileMerger, Target, about_the_group
+from service.historian.profiles import ProfileMerger, Target, about_the_group, for_everyone
 from service.historian.service import clip
 from service.llm import ChatModel
 from service.memories import service as memories
@@ -190,9 +190,11 @@ def passage_text(sender_name: str | None, text: str) -> str:
     return f"{sender_name}: {text}" if sender_name else text
 
 
+# Leading white space is matched (and removed) from its first character only: tried from
+# every character of a long run of spaces, the search was quadratic in the run.
 _REMEMBER = re.compile(
-    r"\s*(?:请|帮我|麻烦)?(?:记住|记得|别忘了|不要忘了|记一下)了?[：:，,\s]*"
-    r"|\s*(?:please\s+)?(?:remember|don't forget|do not forget|note|keep in mind)"
+    r"(?<!\s)\s*(?:请|帮我|麻烦)?(?:记住|记得|别忘了|不要忘了|记一下)了?[：:，,\s]*"
+    r"|(?<!\s)\s*(?:please\s+)?(?:remember|don't forget|do not forget|note|keep in mind)"
     r"\s*(?:that\s+)?[:,]?\s*",
     re.I,
 )
@@ -237,7 +239,8 @@ def extraction_targets(key: str, unread: list[Any], zone: ZoneInfo, *, llm: bool
             facts_by_sender.setdefault(message.sender_id, []).append(fact)
     targets: list[Target] = []
     if kind == "p":
-        facts = group_facts
+        # The user profile is read in every group: only what the person lets be known.
+        facts = for_everyone(group_facts, private=True)
         if facts:
             targets.append(Target(ProfileKey("user", ident), speakers.get(ident), facts))
         return targets
@@ -275,9 +278,11 @@ def extraction_material(
     kind, _, ident = key.partition(":")
     participants: dict[str, str | None] = {}
     items: list[tuple[str, str]] = []
+    speakers: dict[int, str] = {}  # item → its sender: a personal fact stays theirs
     days: set[date] = set()
     group_name = None
     for message in unread:
+        before = len(items)
         local = message.sent_at.astimezone(zone)
         days.add(local.date())
         if message.sender_id:
@@ -293,6 +298,8 @@ def extraction_material(
             items.append(
                 (absolutize(stripped, Situation(local, who, Person(None, None), None)), stripped)
             )
+        if len(items) > before and message.sender_id:
+            speakers[before] = message.sender_id
     speaker = (
         ident if kind == "p" else (next(iter(participants)) if len(participants) == 1 else None)
     )
@@ -305,6 +312,7 @@ def extraction_material(
         speaker_name=participants.get(speaker) if speaker else None,
         participants=participants or ({ident: None} if kind == "p" else {}),
         moment=moment,
+        speakers=speakers,
     )
     return conversation, items, days
 

@@ -47,9 +47,15 @@ class ProfileKey:
 
     @property
     def key(self) -> str:
-        """The row key: ``user:<id>``, ``group:<id>``, ``member:<group>:<user>``."""
+        """The row key: ``user:<id>``, ``group:<id>``, ``member:<group>:<user>``.
+
+        A member key holds two ids, each with '%' and ':' escaped (``key_part``): ids with ':'
+        are common (Matrix, ``@a:b.org``), and unescaped, member X:Y of group C and member Y:C
+        of group X would share one key. A user or group key holds one id after its first ':',
+        which cannot be ambiguous.
+        """
         if self.entity_type == "member":
-            return f"member:{self.group_id}:{self.entity_id}"
+            return member_key(str(self.group_id), self.entity_id)
         return f"{self.entity_type}:{self.entity_id}"
 
     def describe(self) -> str:
@@ -57,6 +63,23 @@ class ProfileKey:
         if self.entity_type == "member":
             return f"member {self.entity_id} of group {self.group_id}"
         return f"{self.entity_type} {self.entity_id}"
+
+
+def key_part(value: str) -> str:
+    """An id as one part of a member key: '%' and ':' percent-escaped (the SQL of migration
+    0012 and ``member_prefix`` escape the same way)."""
+    return value.replace("%", "%25").replace(":", "%3A")
+
+
+def member_key(group_id: str, user_id: str) -> str:
+    """The row key of ``user_id``'s profile as a member of ``group_id``."""
+    return f"member:{key_part(group_id)}:{key_part(user_id)}"
+
+
+def member_prefix(group_id: str) -> str:
+    """What every member key of ``group_id`` starts with (compare it with ``starts_with``,
+    not LIKE: an escaped id still holds '%', and ids may hold '_')."""
+    return f"member:{key_part(group_id)}:"
 
 
 @dataclass

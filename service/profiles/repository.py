@@ -186,12 +186,20 @@ async def of_conversation(
 
 _SEARCH = text(
     f"""
-    SELECT {_COLUMNS}, 1 - (embedding <=> :query) AS score FROM profiles
+    SELECT {_COLUMNS}, 1 - (embedding <=> :query) AS score FROM profiles p
     WHERE tenant_id = :tenant_id AND embedding IS NOT NULL
       AND (CAST(:entity_type AS text) IS NULL OR entity_type = :entity_type)
       AND (entity_type <> 'member' OR group_id = :group_id)
       AND (CAST(:group_id AS text) IS NULL OR entity_type = 'user' OR group_id = :group_id
            OR (entity_type = 'group' AND entity_id = :group_id))
+      -- A conversation's reach: no other group's profile, and of users only its own person
+      -- and (in a group) the group's members.
+      AND (NOT :scoped OR CAST(:group_id AS text) IS NOT NULL OR entity_type = 'user')
+      AND (NOT :scoped OR entity_type <> 'user' OR entity_id = :person
+           OR (CAST(:group_id AS text) IS NOT NULL AND EXISTS (
+                 SELECT 1 FROM profiles m
+                 WHERE m.tenant_id = p.tenant_id AND m.entity_type = 'member'
+                   AND m.group_id = :group_id AND m.entity_id = p.entity_id)))
     ORDER BY embedding <=> :query
     LIMIT :limit
     """
@@ -205,13 +213,19 @@ async def search(
     entity_type: str | None,
     group_id: str | None,
     limit: int,
+    *,
+    person: str | None = None,
+    scoped: bool = False,
 ) -> list[dict[str, Any]]:
-    """Profiles nearest in meaning; member profiles only of the given group."""
+    """Profiles nearest in meaning; member profiles only of the given group. ``scoped``: only
+    what a conversation (``group_id`` or none, and its ``person``) may see."""
     params = {
         "tenant_id": tenant_id,
         "query": query,
         "entity_type": entity_type,
         "group_id": group_id,
         "limit": limit,
+        "person": person,
+        "scoped": scoped,
     }
     return [dict(r._mapping) for r in await session.execute(_SEARCH, params)]

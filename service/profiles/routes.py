@@ -79,6 +79,7 @@ class ProfileController(Controller):
         data: ProfileReplace,
     ) -> ProfileInfo:
         rt = runtime(request)
+        service.check_personal(key, data.document, tenant.pii_policy)
         current = await repository.get(session, tenant.tenant_id, key)
         expected = _if_match(request)
         if current is not None and expected is not None and expected != current["version"]:
@@ -209,12 +210,16 @@ class ProfileController(Controller):
         session: AsyncSession,
         data: ProfileSearch,
     ) -> list[ProfileHit]:
-        """Profiles by meaning; member profiles only within the given group."""
-        rt = runtime(request)
-        vector = await rt.embedder.query(data.query)
-        top_k = data.top_k or tenant.query.profile_top_k
-        rows = await repository.search(
-            session, tenant.tenant_id, vector, data.entity_type, data.group_id, top_k
+        """Profiles by meaning; member profiles only within the given group; with ``context``,
+        only what that conversation may see (as ``cognitive_search_profiles``)."""
+        vector = await runtime(request).embedder.query(data.query)
+        rows = await service.search(
+            session,
+            tenant.tenant_id,
+            data,
+            vector,
+            default_top_k=tenant.query.profile_top_k,
+            allow_cross=tenant.query.allow_cross_group_tools,
         )
         return [ProfileHit(**{k: r[k] for k in ProfileHit.model_fields}) for r in rows]
 

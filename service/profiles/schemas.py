@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from service.context import ID_MAX, ConversationContext
 
 
 class ProfileInfo(BaseModel):
@@ -50,14 +52,27 @@ class Rollback(BaseModel):
 
 
 class ProfileSearch(BaseModel):
-    """``POST /v1/profiles/search``."""
+    """``POST /v1/profiles/search`` = ``cognitive_search_profiles``. With ``context``, only
+    what that conversation may see: in a group, the group's own profile, its members' and the
+    user profiles of its members; in a private chat, its user's profile."""
 
     model_config = ConfigDict(extra="forbid")
 
     query: str = Field(min_length=1, max_length=4000)
-    entity_type: str | None = Field(default=None, pattern="^(user|group|member)$")
-    group_id: str | None = Field(default=None, max_length=128)
+    entity_type: Literal["user", "group", "member"] | None = None
+    group_id: str | None = Field(default=None, max_length=ID_MAX)
     top_k: int | None = Field(default=None, ge=1, le=200)
+    context: ConversationContext | None = None
+
+
+class ProfileLookup(BaseModel):
+    """``cognitive_get_profile``: one profile, as a conversation may see it (a member is one
+    of the conversation's group)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    entity_type: Literal["user", "group", "member"]
+    entity_id: str = Field(min_length=1, max_length=ID_MAX)
 
 
 class ProfileHit(ProfileInfo):

@@ -10,13 +10,17 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import numpy as np
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.context import ConversationContext
 from service.embedding import Embedder
-from service.errors import Conflict, Invalid, NotFound
+from service.errors import Conflict, Forbidden, Invalid, NotFound
+from service.privacy import pii
 from service.profiles import repository
 from service.profiles.consolidate import Body, digest
 from service.profiles.document import Profile, ProfileKey, parse, render
+from service.profiles.schemas import ProfileLookup, ProfileSearch
 from service.retrieval.terms import compact
 
 _TITLES = {"user": "# 用户侧写", "group": "# 群侧写", "member": "# 成员侧写"}
@@ -42,6 +46,25 @@ def key_of(entity_type: str, entity_id: str, group_id: str | None = None) -> Pro
     if entity_type == "member" and not group_id:
         raise Invalid("a member profile needs group_id", field="group_id")
     return ProfileKey(entity_type, entity_id, group_id if entity_type == "member" else None)
+
+
+def check_personal(key: ProfileKey, document: str, policy: str) -> None:
+    """``Invalid`` for a user profile holding sensitive data (health, ids, contact data: it is
+    read in every group the person is in), or any profile holding personal data the tenant's
+    policy does not store."""
+    body = parse(document, expected=key).body
+    kinds = pii.sensitive(body)
+    if key.entity_type == "user" and kinds:
+        raise Invalid(
+            f"a user profile is read in every group; it must not hold {', '.join(kinds)}",
+            field="document",
+        )
+    found = sorted({f.kind for f in pii.find(body)})
+    if found and policy != "store":
+        raise Invalid(
+            f"the tenant's policy ({policy}) keeps no personal data ({', '.join(found)})",
+            field="document",
+        )
 
 
 def load(row: dict[str, Any]) -> Profile:
@@ -230,3 +253,78 @@ async def apply_merge(
         if version is not None:
             return version
     raise Conflict(f"the profile of {key.describe()} kept changing; giving up this merge")
+
+
+def people_of(conversation: ConversationContext) -> set[str]:
+    """The people a conversation is with: the private chat's user, or a group call's sender
+    and the user it serves."""
+    if conversation.request_type == "private":
+        return {conversation.private_user}
+    return {p for p in (conversation.sender_id, conversation.user_id) if p}
+
+
+async def visible_key(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    conversation: ConversationContext,
+    lookup: ProfileLookup,
+    *,
+    allow_cross: bool,
+) -> ProfileKey:
+    """The key of the profile ``lookup`` names, if ``conversation`` may read it: its own
+    group's, that group's members', and the user profiles of its own people and (in a group)
+    of the group's members. ``allow_cross`` (a tenant setting) lifts the limit."""
+    group = conversation.group_id if conversation.request_type == "group" else None
+    if lookup.entity_type == "member":
+        if group is None:
+            raise Invalid("member profiles exist only in a group", field="arguments.entity_type")
+        return key_of("member", lookup.entity_id, group)  # only members of this group
+    key = key_of(lookup.entity_type, lookup.entity_id)
+    if allow_cross:
+        return key
+    if lookup.entity_type == "group":
+        if lookup.entity_id != group:
+            raise Forbidden("this conversation may read only its own group's profile")
+        return key
+    if lookup.entity_id in people_of(conversation):
+        return key
+    member = key_of("member", lookup.entity_id, group) if group else None
+    if member is not None and await repository.get(session, tenant_id, member) is not None:
+        return key
+    raise Forbidden(
+        "this conversation may read only the user profiles of its own people"
+        + (" and of its group's members" if group else "")
+    )
+
+
+async def search(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    request: ProfileSearch,
+    vector: np.ndarray[Any, Any],
+    *,
+    default_top_k: int,
+    allow_cross: bool,
+) -> list[dict[str, Any]]:
+    """``POST /v1/profiles/search`` and ``cognitive_search_profiles``: within the reach of
+    the request's conversation when it names one (unless ``allow_cross``)."""
+    top_k = request.top_k or default_top_k
+    context = request.context
+    if context is None:
+        return await repository.search(
+            session, tenant_id, vector, request.entity_type, request.group_id, top_k
+        )
+    group = context.group_id if context.request_type == "group" else None
+    if request.group_id and request.group_id != group and not allow_cross:
+        raise Forbidden("this conversation may search only its own group", field="group_id")
+    person = context.private_user if group is None else (context.sender_id or context.user_id)
+    return await repository.search(
+        session,
+        tenant_id,
+        vector,
+        request.entity_type,
+        request.group_id or group,
+        top_k,
+        person=person,
+        scoped=not allow_cross,
+    )

@@ -5,9 +5,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from service.context import ID_MAX, ConversationContext, Moment
+from service.ends.schemas import MAX_ITEM_CHARS, MAX_OBSERVATIONS, loose_bool
+from service.memories.schemas import Category
 
 
 class ContextRequest(ConversationContext):
@@ -95,6 +97,44 @@ class Persona(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     text: str = Field(min_length=1, max_length=20_000)
+
+
+class EndArguments(BaseModel):
+    """The ``end`` tool's own arguments; the conversation comes from the call's context."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    memo: str = Field(default="", max_length=MAX_ITEM_CHARS)
+    observations: list[str] = Field(default_factory=list, max_length=MAX_OBSERVATIONS)
+    force: bool = False
+
+    @field_validator("memo", mode="before")
+    @classmethod
+    def _memo(cls, value: Any) -> Any:
+        return "" if value is None else value
+
+    @field_validator("observations", mode="before")
+    @classmethod
+    def _observations(cls, value: Any) -> Any:
+        if value is None:
+            return []
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("force", mode="before")
+    @classmethod
+    def _force(cls, value: Any) -> Any:
+        return loose_bool(value)
+
+
+class MemoryArguments(BaseModel):
+    """``cognitive_search_memories``' arguments (``POST /v1/memories/search`` within the
+    call's conversation)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    query: str = Field(min_length=1, max_length=4000)
+    categories: list[Category] | None = None
+    top_k: int | None = Field(default=None, ge=1, le=200)
 
 
 class ToolCall(BaseModel):

@@ -2,7 +2,8 @@
 
 Hard filters first, always (seed 000 §4.1): in a group, only that group's events, its GROUP
 memories and member profiles, plus the GLOBAL memories and user profile of the people
-involved; in a private chat, only that user's. Nothing from another group is ever mixed in.
+involved; in a private chat, only that user's (with their PRIVATE memories, read nowhere
+else). Nothing from another group is ever mixed in.
 Then ranking (service.recall.ranking): dense and lexical candidates fused, the seeds' time
 decay ``final = relevance × (1 + boost × 0.5^(age / half_life))`` when ``sim ≥
 min_similarity``, an optional reranker, near-duplicates dropped.
@@ -51,7 +52,10 @@ T = TypeVar("T")
 
 SHORT_QUERY = 20
 MEMORY_TOP_K = 5
-_AT = re.compile(r"\[CQ:at,qq=(\w+)\]|<at[^>]*?(?:qq|id|user_id)=\"?(\w+)")
+# A mention: ``[CQ:at,qq=…]`` or an ``<at … qq|id|user_id=…>`` tag. Inside the tag no '<' is
+# crossed, so each scan ends at the next tag and the whole search stays linear in the text (a
+# '[^>]*?' ran to the end of the text from every '<at': quadratic on repeated '<at ').
+_AT = re.compile(r"\[CQ:at,qq=(\w+)\]|<at\b[^<>]*?\b(?:qq|id|user_id)=\"?(\w+)")
 
 
 def build_query(request: ContextRequest) -> str:
@@ -83,7 +87,7 @@ def conversation_scope(context: ConversationContext) -> tuple[list[str], ScopeFi
         person = context.sender_id or context.user_id
         return [context.conversation_key], ScopeFilter(context.group_id, person), person
     person = context.private_user
-    return [context.conversation_key], ScopeFilter(None, person, ("GLOBAL",)), person
+    return [context.conversation_key], ScopeFilter.private(person), person
 
 
 def estimate_tokens(text: str) -> int:

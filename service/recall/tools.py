@@ -10,7 +10,6 @@ import json
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import and_
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.context import ConversationContext, check_json
@@ -18,13 +17,14 @@ from service.db.engine import Database
 from service.embedding import Embedder
 from service.ends.schemas import EndRequest
 from service.ends.service import accept_end
-from service.errors import Forbidden, Invalid, NotFound
+from service.errors import Invalid, NotFound
 from service.llm.rerank import Reranker
-from service.memories import repository as memories
-from service.memories.models import Memory
+from service.memories import service as memory_rules
+from service.memories.schemas import MemorySearch
 from service.profiles import repository as profiles
-from service.profiles.service import key_of
-from service.recall.schemas import EventSearch
+from service.profiles import service as profile_rules
+from service.profiles.schemas import ProfileLookup, ProfileSearch
+from service.recall.schemas import EndArguments, EventSearch, MemoryArguments
 from service.recall.service import Reader, conversation_scope
 from service.settings import Settings
 from service.tenants.service import TenantContext
@@ -152,7 +152,12 @@ async def call(
     settings: Settings,
     reranker: Reranker | None = None,
 ) -> Any:
-    """Execute one tool call within the caller's conversation."""
+    """Execute one tool call within the caller's conversation.
+
+    A call is checked like the REST route it mirrors: its arguments by the same schema (an
+    unknown or malformed argument is a 422 naming it), its reach by the same rules. The
+    conversation is the call's ``context`` only: the model's arguments cannot name another.
+    """
     tool = normalize(name)
     if tool not in _NAMES:
         raise NotFound(f"no tool named {name!r}; GET /v1/tools lists them")
@@ -164,30 +169,51 @@ async def call(
         check_json(arguments, "arguments")
     if not isinstance(arguments, dict):
         raise Invalid("arguments must be an object", field="arguments")
-    conversation = _context(context) if context else None
-    reader = Reader(embedder, reranker)
+    if not context:
+        raise Invalid("a tool call needs the conversation context", field="context")
+    conversation = _context(context)
+    allow_cross = tenant.query.allow_cross_group_tools
     if tool == "cognitive_search_events":
+        _no_context(arguments)
         request = _validate(EventSearch, {**arguments, "context": conversation})
+        reader = Reader(embedder, reranker)
         return (await reader.search_events(session, tenant, request)).model_dump(mode="json")
-    if conversation is None:
-        raise Invalid("this tool needs the conversation context", field="context")
     if tool == "end":
-        request = _validate(EndRequest, {**conversation.model_dump(mode="json"), **arguments})
+        turn: EndArguments = _validate(EndArguments, arguments)
+        request = _validate(
+            EndRequest,
+            {**conversation.model_dump(mode="json", exclude_none=True), **turn.model_dump()},
+            "context",
+        )
         return (await accept_end(db, tenant, request, settings)).model_dump(mode="json")
     if tool == "cognitive_get_profile":
-        return await _get_profile(session, tenant, conversation, arguments)
+        lookup: ProfileLookup = _validate(ProfileLookup, arguments)
+        key = await profile_rules.visible_key(
+            session, tenant.tenant_id, conversation, lookup, allow_cross=allow_cross
+        )
+        row = await profiles.get(session, tenant.tenant_id, key)
+        if row is None:
+            return {
+                "found": False,
+                "entity_type": lookup.entity_type,
+                "entity_id": lookup.entity_id,
+            }
+        return {
+            "found": True,
+            "name": row["name"],
+            "tags": row["tags"],
+            "document": row["document"],
+        }
     if tool == "cognitive_search_profiles":
-        query = str(arguments.get("query") or "")
-        if not query:
-            raise Invalid("query is required", field="arguments.query")
-        group = conversation.group_id if conversation.request_type == "group" else None
-        rows = await profiles.search(
+        _no_context(arguments)
+        search: ProfileSearch = _validate(ProfileSearch, {**arguments, "context": conversation})
+        rows = await profile_rules.search(
             session,
             tenant.tenant_id,
-            await embedder.query(query),
-            arguments.get("entity_type"),
-            group,
-            int(arguments.get("top_k") or tenant.query.profile_top_k),
+            search,
+            await embedder.query(search.query),
+            default_top_k=tenant.query.profile_top_k,
+            allow_cross=allow_cross,
         )
         return [
             {
@@ -200,21 +226,18 @@ async def call(
             }
             for r in rows
         ]
-    query = str(arguments.get("query") or "")
-    if not query:
-        raise Invalid("query is required", field="arguments.query")
-    _, scope, _ = conversation_scope(conversation)
-    conditions = [scope.where(), Memory.is_active.is_(True)]
-    if arguments.get("categories"):
-        conditions.append(Memory.category.in_(list(arguments["categories"])))
-    rows = await memories.nearest(
-        session,
-        tenant.tenant_id,
-        await embedder.query(query),
-        where=and_(*conditions),
-        limit=int(arguments.get("top_k") or tenant.query.tool_default_top_k),
+    wanted: MemoryArguments = _validate(MemoryArguments, arguments)
+    _, scope, person = conversation_scope(conversation)
+    memory_search = MemorySearch(
+        query=wanted.query,
+        group_id=scope.group_id,
+        user_id=person,
+        categories=wanted.categories,
+        top_k=wanted.top_k or tenant.query.tool_default_top_k,
     )
-    await memories.touch(session, tenant.tenant_id, [r["id"] for r in rows])
+    found = await memory_rules.search(
+        session, tenant.tenant_id, memory_search, await embedder.query(wanted.query)
+    )
     return [
         {
             "id": r["id"],
@@ -223,35 +246,17 @@ async def call(
             "content": r["content"],
             "score": round(float(r["score"]), 4),
         }
-        for r in rows
+        for r in found
     ]
 
 
-async def _get_profile(
-    session: AsyncSession,
-    tenant: TenantContext,
-    conversation: ConversationContext,
-    arguments: dict[str, Any],
-) -> Any:
-    entity_type = str(arguments.get("entity_type") or "")
-    entity_id = str(arguments.get("entity_id") or "")
-    group = conversation.group_id if conversation.request_type == "group" else None
-    if entity_type == "member":
-        if group is None:
-            raise Invalid("member profiles exist only in a group", field="arguments.entity_type")
-        key = key_of("member", entity_id, group)  # only members of this group
-    else:
-        key = key_of(entity_type, entity_id)
-        if (
-            entity_type == "group"
-            and entity_id != group
-            and not tenant.query.allow_cross_group_tools
-        ):
-            raise Forbidden("this bot may read only its current group's profile")
-    row = await profiles.get(session, tenant.tenant_id, key)
-    if row is None:
-        return {"found": False, "entity_type": entity_type, "entity_id": entity_id}
-    return {"found": True, "name": row["name"], "tags": row["tags"], "document": row["document"]}
+def _no_context(arguments: dict[str, Any]) -> None:
+    """The model cannot name the conversation: that is the call's ``context``."""
+    if "context" in arguments:
+        raise Invalid(
+            "the conversation comes from the call's context, not from the arguments",
+            field="arguments.context",
+        )
 
 
 def _context(value: dict[str, Any]) -> ConversationContext:

@@ -23,6 +23,7 @@ from service.settings import QuerySettings, Settings
 from service.tenants import repository
 from service.tenants.models import ApiKey, Tenant
 from service.tenants.schemas import CreatedKey, KeyInfo, TenantInfo
+from service.todos.webhook import check_url
 
 PII_POLICIES = ("store", "mask", "drop")
 ERASED_POLICIES = ("accept", "flag", "refuse")
@@ -124,6 +125,8 @@ def validate_overrides(overrides: dict[str, Any], defaults: Settings) -> dict[st
             not isinstance(url, str) or not re.match(r"^https?://[^\s]+$", url) or len(url) > 2000
         ):
             raise Invalid("an http(s) URL, or empty to switch it off", field="settings.webhook_url")
+        if url:
+            check_url(url, allow_private=defaults.webhook_allow_private)
         cleaned["webhook_url"] = url or ""
     if "bot" in overrides:
         bot = overrides["bot"]

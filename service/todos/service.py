@@ -17,7 +17,7 @@ from service.queue import repository as jobs
 from service.queue.worker import JobContext, PermanentJobError
 from service.settings import Settings
 from service.tenants.repository import get_tenant
-from service.todos import repository
+from service.todos import repository, webhook
 
 log = logging.getLogger("service.todos")
 
@@ -89,16 +89,28 @@ class Courier:
             "tenant_id": str(job.job.tenant_id),
             "todo": json.loads(json.dumps(todo, default=str)),
         }
-        timeout = self.settings.cognitive.memory.webhook_timeout_seconds
-        async with httpx.AsyncClient(timeout=timeout) as client:
-            response = await client.post(url, json=body, headers={"User-Agent": "memoria"})
+        try:
+            response = await webhook.post(
+                url,
+                body,
+                timeout=self.settings.cognitive.memory.webhook_timeout_seconds,
+                allow_private=self.settings.webhook_allow_private,
+            )
+        except webhook.Refused as exc:
+            raise PermanentJobError(str(exc)) from None
+        except httpx.HTTPError:
+            # Not why (refused, timed out, …): the job's error is the tenant's to read, and
+            # would tell it what answers where.
+            log.info("todo %s: the webhook could not be reached", todo_id, exc_info=True)
+            raise RuntimeError("the webhook could not be reached") from None
         if response.status_code >= 300:
-            raise RuntimeError(f"webhook answered {response.status_code}")
+            log.info("todo %s: the webhook answered %s", todo_id, response.status_code)
+            raise RuntimeError("the webhook did not accept the delivery")
         async with job.finishing() as session:
             await repository.update(
                 session, job.job.tenant_id, todo_id, {"delivered_at": datetime.now(UTC)}
             )
-        return {"delivered": todo_id, "status": response.status_code}
+        return {"delivered": todo_id}
 
 
 def overdue_before(now: datetime, settings: Settings) -> datetime:

@@ -1,0 +1,88 @@
+"""Where a tenant's webhook may point, and how a delivery reaches it.
+
+A tenant chooses its ``webhook_url``, and the worker POSTs to it from inside the deployment:
+pointed at loopback, a private network or a cloud metadata address, the worker would reach
+what the tenant cannot, and a failure's detail (status, refused connection) would tell it what
+answers there. So such targets are refused (unless the operator allows them), once when the
+URL is set and again at every delivery against the addresses the name resolves to then, and
+the request goes to the address checked (a name that resolves elsewhere a moment later, DNS
+rebinding, changes nothing). A failed delivery is recorded without the target's answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+
+from service.errors import Invalid
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+class Refused(Exception):
+    """The webhook's target is not one the worker may reach."""
+
+
+def public(address: IPAddress) -> bool:
+    """Whether an address is on the public internet (not loopback, link-local, private,
+    multicast, unspecified or reserved; an IPv4-mapped IPv6 address counts as its IPv4)."""
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_global and not address.is_multicast
+
+
+def check_url(url: str, *, allow_private: bool) -> None:
+    """``Invalid`` for a webhook URL that is not http(s) or names a non-public address."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise Invalid("an http(s) URL, or empty to switch it off", field="settings.webhook_url")
+    if allow_private:
+        return
+    host = parts.hostname
+    if host == "localhost" or host.endswith((".localhost", ".local", ".internal")):
+        raise Invalid("the webhook must be on the public internet", field="settings.webhook_url")
+    try:
+        literal = ipaddress.ip_address(host)
+    except ValueError:
+        return  # a name: checked against what it resolves to at each delivery
+    if not public(literal):
+        raise Invalid("the webhook must be on the public internet", field="settings.webhook_url")
+
+
+async def _resolve(host: str, port: int) -> list[IPAddress]:
+    loop = asyncio.get_running_loop()
+    try:
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError:
+        raise Refused("the webhook's host name does not resolve") from None
+    return [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
+
+
+async def post(
+    url: str, body: dict[str, Any], *, timeout: float, allow_private: bool
+) -> httpx.Response:
+    """POST ``body`` to ``url`` at an address checked just before (``Refused`` if none may be
+    reached); TLS is still verified for the URL's host name."""
+    parts = urlsplit(url)
+    host = parts.hostname
+    if parts.scheme not in ("http", "https") or not host:
+        raise Refused("the webhook URL is not http(s)")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    addresses = await _resolve(host, port)
+    allowed = [a for a in addresses if allow_private or public(a)]
+    if not allowed or len(allowed) < len(addresses):
+        raise Refused("the webhook's address is not on the public internet")
+    address = allowed[0]
+    shown = f"[{address}]" if address.version == 6 else str(address)
+    netloc = f"{shown}:{parts.port}" if parts.port else shown
+    pinned = urlunsplit((parts.scheme, netloc, parts.path or "/", parts.query, ""))
+    headers = {"User-Agent": "memoria", "Host": parts.netloc.rpartition("@")[2]}
+    async with httpx.AsyncClient(timeout=timeout, follow_redirects=False) as client:
+        return await client.post(
+            pinned, json=body, headers=headers, extensions={"sni_hostname": host}
+        )
