@@ -9,8 +9,8 @@ User and group keys hold one id after their first ':' and keep their form.
 A PRIVATE memory is bound to a user like a GLOBAL one, but is read only in that user's private
 chat: what a person says in private no longer reaches every group they are in.
 
-Revision ID: 0012
-Revises: 0010
+Revision ID: 0013
+Revises: 0012_erasure
 Create Date: 2026-11-25 10:00:00.000000
 """
 
@@ -20,8 +20,8 @@ from collections.abc import Sequence
 
 from alembic import op
 
-revision: str = "0012"
-down_revision: str | None = "0010"
+revision: str = "0013"
+down_revision: str | None = "0012_erasure"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
