@@ -8,8 +8,8 @@ from typing import Any
 from litestar import Litestar, Router
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
-from litestar.openapi.plugins import ScalarRenderPlugin, SwaggerRenderPlugin
 
+from service.apidocs import SwaggerPage, docs_router, landing, service_version
 from service.audit.routes import audit_log
 from service.audit.service import audit_middleware
 from service.console.routes import console
@@ -85,6 +85,7 @@ def create_app(
     )
     app = Litestar(
         route_handlers=[
+            landing,
             healthz,
             readyz,
             metrics,
@@ -109,10 +110,10 @@ def create_app(
         before_request=refuse_nul_parameters,
         openapi_config=OpenAPIConfig(
             title="Memoria",
-            version="0.1.0",
+            version=service_version(),
             description="Multi-tenant long-term memory for chat bots.",
-            path="/schema",
-            render_plugins=[ScalarRenderPlugin(), SwaggerRenderPlugin(path="/swagger")],
+            render_plugins=[SwaggerPage()],
+            openapi_router=docs_router(),
         ),
         state=_state(rt),
         debug=False,
