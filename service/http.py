@@ -285,7 +285,14 @@ async def provide_admin(request: Request[Any, Any, Any]) -> None:
     check_admin_token(request.headers.get("authorization"), runtime(request).settings)
 
 
-async def provide_system_session(request: Request[Any, Any, Any]) -> AsyncIterator[AsyncSession]:
-    """A transaction as the owning role (admin routes only)."""
+async def provide_system_session(
+    request: Request[Any, Any, Any], admin: None
+) -> AsyncIterator[AsyncSession]:
+    """A transaction as the owning role (admin routes only), opened once the token passed.
+
+    Depending on ``admin`` orders the two: unordered, Litestar resolves them side by side, and
+    a refused token cancelled a transaction half-opened, whose abandoned context managers the
+    event loop later failed to close ("aclose(): asynchronous generator is already running").
+    """
     async with runtime(request).db.system() as session:
         yield session
