@@ -117,6 +117,8 @@ def create_app(
         ),
         state=_state(rt),
         debug=False,
+        # Logging is the process's (configure_logging): one format for every logger.
+        logging_config=None,
     )
     document_errors(app)
     return app

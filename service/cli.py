@@ -8,10 +8,13 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import sys
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
+
+import uvicorn
 
 from service.db.engine import Database
 from service.errors import MemoriaError
@@ -20,6 +23,7 @@ from service.settings import EmbeddingModelSettings, Settings, load_settings
 
 if TYPE_CHECKING:
     from service.reembed.service import RunReport
+    from service.runtime import Runtime
 
 log = logging.getLogger("service.cli")
 
@@ -141,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as exc:
         print(f"memoria: bad configuration: {exc}", file=sys.stderr)
         return 2
-    configure_logging(settings.log_level, settings.log_format)
+    configure_logging(_log_level(settings, args.command), settings.log_format)
     try:
         if args.command == "serve":
             return _serve(settings, args)
@@ -159,9 +163,15 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def _serve(settings: Settings, args: argparse.Namespace) -> int:
-    import uvicorn
+def _log_level(settings: Settings, command: str) -> str:
+    """The services log at the configured level; a one-shot command (tenants, jobs, import…)
+    prints its own output and only warnings besides, unless a level was asked for."""
+    if command in ("serve", "worker") or "log_level" in settings.model_fields_set:
+        return settings.log_level
+    return "WARNING"
 
+
+def _serve(settings: Settings, args: argparse.Namespace) -> int:
     from service.app import create_app
     from service.runtime import Runtime
 
@@ -183,20 +193,92 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
     # handler must exit normally rather than die by the signal, so that the exit hooks run and
     # stop the embedded database.
     signal.signal(signal.SIGTERM, _exit_cleanly)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        # Our logging (configure_logging) stays, levels included: uvicorn's lines come out in
+        # the same format, its start-up narration only at DEBUG (the announcement says it all).
+        log_config=None,
+        log_level=None,
+        access_log=False,
+        timeout_graceful_shutdown=int(settings.cognitive.queue.shutdown_seconds) + 10,
+    )
+    server = _AnnouncingServer(config, lambda url: _announce(settings, runtime, url))
     try:
-        uvicorn.run(
-            app,
-            host=settings.host,
-            port=settings.port,
-            log_level=settings.log_level.lower(),
-            access_log=False,
-            timeout_graceful_shutdown=int(settings.cognitive.queue.shutdown_seconds) + 10,
-        )
+        server.run()
     finally:
         if runtime.worker_process is not None:
             # Stopped by the shutdown hook, unless uvicorn never ran it (a failed bind).
             runtime.worker_process.kill()
-    return 0
+    return 0 if server.started else 1
+
+
+class _AnnouncingServer(uvicorn.Server):
+    """uvicorn's server, saying where it listens once the socket is bound and the app started."""
+
+    def __init__(self, config: uvicorn.Config, announce: Callable[[str], None]) -> None:
+        super().__init__(config)
+        self._announce = announce
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if not self.started:
+            return
+        host, port = self.config.host, self.config.port
+        for server in self.servers:
+            for sock in server.sockets:
+                host, port = sock.getsockname()[:2]  # the real port when 0 was asked for
+                break
+        self._announce(_base_url(str(host), int(port)))
+
+
+def _base_url(host: str, port: int) -> str:
+    # A wildcard address is not one to browse to: the loopback reaches it on this machine.
+    shown = {"0.0.0.0": "127.0.0.1", "::": "[::1]", "": "127.0.0.1"}.get(host, host)  # noqa: S104
+    if ":" in shown and not shown.startswith("["):
+        shown = f"[{shown}]"
+    return f"http://{shown}:{port}"
+
+
+def _announce(settings: Settings, runtime: Runtime, url: str) -> None:
+    """Where the service is, once it answers: its URL, console, docs, data, worker."""
+    from sqlalchemy.engine import make_url
+
+    from service.apidocs import CONSOLE_PATH, DOCS_PATH, service_version
+
+    if settings.database_url:
+        database = make_url(settings.database_url).render_as_string(hide_password=True)
+    else:
+        database = f"embedded PostgreSQL, data in {settings.data_dir.resolve()}"
+    process = runtime.worker_process
+    if process is not None and process.pid is not None:
+        worker = f"a child process (pid {process.pid})"
+    elif runtime.worker is not None:
+        worker = "in this process"
+    else:
+        worker = "none here (run `memoria worker`)"
+    fields = {
+        "url": url,
+        "console": f"{url}{CONSOLE_PATH}",
+        "docs": f"{url}{DOCS_PATH}",
+        "database": database,
+        "worker": worker,
+        "version": service_version(),
+        "pid": os.getpid(),
+    }
+    if settings.log_format == "json":
+        log.info("memoria is ready on %s", url, extra={"fields": fields})
+        return
+    lines = [
+        f"memoria {fields['version']} is ready on {url} (pid {os.getpid()})",
+        f"  console   {fields['console']}",
+        f"  API docs  {fields['docs']}",
+        f"  database  {database}",
+        f"  worker    {worker}",
+        "  stop with Ctrl-C",
+    ]
+    print("\n".join(lines), file=sys.stderr, flush=True)
 
 
 def _mcp(args: argparse.Namespace) -> int:
