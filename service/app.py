@@ -20,6 +20,7 @@ from service.guard import shedding_middleware
 from service.health.routes import healthz, metrics, readyz
 from service.http import (
     MemoriaRequest,
+    body_drain_middleware,
     document_errors,
     error_response,
     provide_session,
@@ -101,6 +102,7 @@ def create_app(
         exception_handlers={Exception: error_response},
         middleware=[
             shedding_middleware(settings.max_inflight_requests),
+            body_drain_middleware(settings.max_body_bytes),
             request_id_middleware,
             metrics_middleware,
             audit_middleware,

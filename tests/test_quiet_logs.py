@@ -12,6 +12,8 @@ import re
 import signal
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,8 @@ import psutil
 import pytest
 
 from service.db.embedded import _tune, tuning_text
-from tests.conftest import ADMIN, ADMIN_TOKEN, AppClient
+from tests.conftest import ADMIN, ADMIN_TOKEN, AppClient, make_settings
+from tests.served import create_tenant, served
 from tests.test_cli import _wait_ready, clean_env, free_port, memoria
 
 
@@ -151,3 +154,30 @@ def test_an_untouched_earlier_tuning_is_lowered_and_an_edited_one_kept(tmp_path:
     _tune(fresh)
     assert _shared_buffers_mb((fresh / "memoria.conf").read_text()) <= 1024
     assert "include_if_exists = 'memoria.conf'" in (fresh / "postgresql.conf").read_text()
+
+
+def _post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, Any]]:
+    """POST as Python's urllib does: the whole body first, then the answer is read."""
+    request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_urllib_reads_the_413_and_it_states_the_limit(db_url: str) -> None:
+    settings = make_settings(db_url, max_body_bytes=65_536)
+    with served(settings, run_worker=False) as base_url:
+        key = create_tenant(base_url)
+        text = json.dumps({"request_type": "group", "group_id": "g", "messages": []})
+        oversized = text[:-2] + " " * 6_000_000 + "]}"
+        headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+        status, body = _post(f"{base_url}/v1/messages", oversized.encode(), headers)
+        assert status == 413
+        assert body["field"] == "body" and "65,536 bytes" in body["message"]
+        assert f"{len(oversized.encode()):,} bytes" in body["message"]
+        # A refused key on a body within the limit is answered as usual.
+        wrong = {**headers, "Authorization": "Bearer mk_aaaaaaaaaa_" + "x" * 43}
+        status, body = _post(f"{base_url}/v1/messages", (text + " " * 60_000).encode(), wrong)
+        assert status == 401
