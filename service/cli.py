@@ -146,6 +146,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"memoria: bad configuration: {exc}", file=sys.stderr)
         return 2
     configure_logging(_log_level(settings, args.command), settings.log_format)
+    if args.command not in ("serve", "worker"):
+        # SIGTERM stops a one-shot command as Ctrl-C does: its work is cancelled between two
+        # statements, the embedding thread stops at its next chunk, and the exit hooks run
+        # (an embedded server this command started is stopped).
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         if args.command == "serve":
             return _serve(settings, args)
