@@ -10,9 +10,10 @@ import os
 import signal
 import socket
 import sys
+import threading
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import uvicorn
 
@@ -137,6 +138,33 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``memoria`` console script."""
+    code = _run(argv)
+    if _embedding_in_flight():
+        _exit_now(code)
+    return code
+
+
+def _embedding_in_flight() -> bool:
+    """True when the local embedder's thread is still computing a chunk nobody awaits any
+    more (a stop or an interrupt cancelled the work it was for)."""
+    return any(t.name.startswith("embed") and t.is_alive() for t in threading.enumerate())
+
+
+def _exit_now(code: int) -> NoReturn:
+    """Leave without the interpreter's join of the embedding thread, which would wait for its
+    chunk (many seconds on a busy machine) only to throw the vectors away. What the exit
+    hooks would do that matters is done here: the embedded server is stopped if this process
+    was the last to use it, and the output is flushed."""
+    from service.db.embedded import stop_embedded
+
+    stop_embedded()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _run(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "mcp":
         return _mcp(args)  # a client of the HTTP API: no service settings, no database
