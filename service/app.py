@@ -8,8 +8,8 @@ from typing import Any
 from litestar import Litestar, Router
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
-from litestar.openapi.plugins import ScalarRenderPlugin, SwaggerRenderPlugin
 
+from service.apidocs import SwaggerPage, docs_router, landing, service_version
 from service.audit.routes import audit_log
 from service.audit.service import audit_middleware
 from service.console.routes import console
@@ -20,6 +20,7 @@ from service.guard import shedding_middleware
 from service.health.routes import healthz, metrics, readyz
 from service.http import (
     MemoriaRequest,
+    body_drain_middleware,
     document_errors,
     error_response,
     provide_session,
@@ -85,6 +86,7 @@ def create_app(
     )
     app = Litestar(
         route_handlers=[
+            landing,
             healthz,
             readyz,
             metrics,
@@ -100,6 +102,7 @@ def create_app(
         exception_handlers={Exception: error_response},
         middleware=[
             shedding_middleware(settings.max_inflight_requests),
+            body_drain_middleware(settings.max_body_bytes),
             request_id_middleware,
             metrics_middleware,
             audit_middleware,
@@ -109,13 +112,15 @@ def create_app(
         before_request=refuse_nul_parameters,
         openapi_config=OpenAPIConfig(
             title="Memoria",
-            version="0.1.0",
+            version=service_version(),
             description="Multi-tenant long-term memory for chat bots.",
-            path="/schema",
-            render_plugins=[ScalarRenderPlugin(), SwaggerRenderPlugin(path="/swagger")],
+            render_plugins=[SwaggerPage()],
+            openapi_router=docs_router(),
         ),
         state=_state(rt),
         debug=False,
+        # Logging is the process's (configure_logging): one format for every logger.
+        logging_config=None,
     )
     document_errors(app)
     return app

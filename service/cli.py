@@ -9,10 +9,14 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import sys
+import threading
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import uvicorn
 
 from service.db.engine import Database
 from service.errors import MemoriaError
@@ -21,6 +25,7 @@ from service.settings import EmbeddingModelSettings, Settings, load_settings
 
 if TYPE_CHECKING:
     from service.reembed.service import RunReport
+    from service.runtime import Runtime
 
 log = logging.getLogger("service.cli")
 
@@ -140,6 +145,33 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``memoria`` console script."""
+    code = _run(argv)
+    if _embedding_in_flight():
+        _exit_now(code)
+    return code
+
+
+def _embedding_in_flight() -> bool:
+    """True when the local embedder's thread is still computing a chunk nobody awaits any
+    more (a stop or an interrupt cancelled the work it was for)."""
+    return any(t.name.startswith("embed") and t.is_alive() for t in threading.enumerate())
+
+
+def _exit_now(code: int) -> NoReturn:
+    """Leave without the interpreter's join of the embedding thread, which would wait for its
+    chunk (many seconds on a busy machine) only to throw the vectors away. What the exit
+    hooks would do that matters is done here: the embedded server is stopped if this process
+    was the last to use it, and the output is flushed."""
+    from service.db.embedded import stop_embedded
+
+    stop_embedded()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _run(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "mcp":
         return _mcp(args)  # a client of the HTTP API: no service settings, no database
@@ -148,7 +180,12 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as exc:
         print(f"memoria: bad configuration: {exc}", file=sys.stderr)
         return 2
-    configure_logging(settings.log_level, settings.log_format)
+    configure_logging(_log_level(settings, args.command), settings.log_format)
+    if args.command not in ("serve", "worker"):
+        # SIGTERM stops a one-shot command as Ctrl-C does: its work is cancelled between two
+        # statements, the embedding thread stops at its next chunk, and the exit hooks run
+        # (an embedded server this command started is stopped).
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         if args.command == "serve":
             return _serve(settings, args)
@@ -166,9 +203,15 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def _serve(settings: Settings, args: argparse.Namespace) -> int:
-    import uvicorn
+def _log_level(settings: Settings, command: str) -> str:
+    """The services log at the configured level; a one-shot command (tenants, jobs, import…)
+    prints its own output and only warnings besides, unless a level was asked for."""
+    if command in ("serve", "worker") or "log_level" in settings.model_fields_set:
+        return settings.log_level
+    return "WARNING"
 
+
+def _serve(settings: Settings, args: argparse.Namespace) -> int:
     from service.app import create_app
     from service.runtime import Runtime
 
@@ -190,20 +233,92 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
     # handler must exit normally rather than die by the signal, so that the exit hooks run and
     # stop the embedded database.
     signal.signal(signal.SIGTERM, _exit_cleanly)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        # Our logging (configure_logging) stays, levels included: uvicorn's lines come out in
+        # the same format, its start-up narration only at DEBUG (the announcement says it all).
+        log_config=None,
+        log_level=None,
+        access_log=False,
+        timeout_graceful_shutdown=int(settings.cognitive.queue.shutdown_seconds) + 10,
+    )
+    server = _AnnouncingServer(config, lambda url: _announce(settings, runtime, url))
     try:
-        uvicorn.run(
-            app,
-            host=settings.host,
-            port=settings.port,
-            log_level=settings.log_level.lower(),
-            access_log=False,
-            timeout_graceful_shutdown=int(settings.cognitive.queue.shutdown_seconds) + 10,
-        )
+        server.run()
     finally:
         if runtime.worker_process is not None:
             # Stopped by the shutdown hook, unless uvicorn never ran it (a failed bind).
             runtime.worker_process.kill()
-    return 0
+    return 0 if server.started else 1
+
+
+class _AnnouncingServer(uvicorn.Server):
+    """uvicorn's server, saying where it listens once the socket is bound and the app started."""
+
+    def __init__(self, config: uvicorn.Config, announce: Callable[[str], None]) -> None:
+        super().__init__(config)
+        self._announce = announce
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if not self.started:
+            return
+        host, port = self.config.host, self.config.port
+        for server in self.servers:
+            for sock in server.sockets:
+                host, port = sock.getsockname()[:2]  # the real port when 0 was asked for
+                break
+        self._announce(_base_url(str(host), int(port)))
+
+
+def _base_url(host: str, port: int) -> str:
+    # A wildcard address is not one to browse to: the loopback reaches it on this machine.
+    shown = {"0.0.0.0": "127.0.0.1", "::": "[::1]", "": "127.0.0.1"}.get(host, host)  # noqa: S104
+    if ":" in shown and not shown.startswith("["):
+        shown = f"[{shown}]"
+    return f"http://{shown}:{port}"
+
+
+def _announce(settings: Settings, runtime: Runtime, url: str) -> None:
+    """Where the service is, once it answers: its URL, console, docs, data, worker."""
+    from sqlalchemy.engine import make_url
+
+    from service.apidocs import CONSOLE_PATH, DOCS_PATH, service_version
+
+    if settings.database_url:
+        database = make_url(settings.database_url).render_as_string(hide_password=True)
+    else:
+        database = f"embedded PostgreSQL, data in {settings.data_dir.resolve()}"
+    process = runtime.worker_process
+    if process is not None and process.pid is not None:
+        worker = f"a child process (pid {process.pid})"
+    elif runtime.worker is not None:
+        worker = "in this process"
+    else:
+        worker = "none here (run `memoria worker`)"
+    fields = {
+        "url": url,
+        "console": f"{url}{CONSOLE_PATH}",
+        "docs": f"{url}{DOCS_PATH}",
+        "database": database,
+        "worker": worker,
+        "version": service_version(),
+        "pid": os.getpid(),
+    }
+    if settings.log_format == "json":
+        log.info("memoria is ready on %s", url, extra={"fields": fields})
+        return
+    lines = [
+        f"memoria {fields['version']} is ready on {url} (pid {os.getpid()})",
+        f"  console   {fields['console']}",
+        f"  API docs  {fields['docs']}",
+        f"  database  {database}",
+        f"  worker    {worker}",
+        "  stop with Ctrl-C",
+    ]
+    print("\n".join(lines), file=sys.stderr, flush=True)
 
 
 def _mcp(args: argparse.Namespace) -> int:

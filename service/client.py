@@ -30,7 +30,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, Protocol, Self, TypeVar
 from urllib.parse import quote
 
 import httpx
-from pydantic import BaseModel, TypeAdapter
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from service.context import ConversationContext
 from service.ends.schemas import EndAccepted, EndRequest, MemoInfo
@@ -131,6 +131,15 @@ class MemoriaAPIError(Exception):
             body=body,
         )
 
+    @classmethod
+    def invalid(cls, field: str, message: str, errors: list[dict[str, Any]] | None = None) -> Self:
+        """A bad argument, refused here before anything is sent: the 422 the service would give
+        (``request_id`` is None, as no request was made)."""
+        body = {"status": 422, "error": "invalid", "message": message, "field": field}
+        if errors:
+            body["errors"] = errors
+        return cls(422, "invalid", message, field, None, body=body)
+
     def as_tool_content(self) -> str:
         """The error as a tool message, so the model can correct its call."""
         detail = {"error": self.error, "message": self.message}
@@ -225,7 +234,27 @@ def _request(
     elif request is not None:
         data.update(request)
     data.update(fields)
-    return model.model_validate(data)
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise _refused(model, exc) from None
+
+
+def _refused(model: type[BaseModel], exc: ValidationError) -> MemoriaAPIError:
+    """A request model's validation error as the service's 422, naming the first bad field."""
+    problems = []
+    for error in exc.errors(include_url=False, include_input=False):
+        message = str(error["msg"]).removeprefix("Value error, ")
+        field = ".".join(str(part) for part in error["loc"])
+        if not field:
+            # A rule across fields ("group_id is required when …") names its field first.
+            first_word = message.split(" ", 1)[0]
+            field = first_word if first_word in model.model_fields else "body"
+        problems.append({"field": field, "message": message})
+    first = problems[0] if problems else {"field": "body", "message": str(exc)}
+    field, message = first["field"], first["message"]
+    said = message if message.startswith(field) else f"{field}: {message}"
+    return MemoriaAPIError.invalid(field, said, problems)
 
 
 def _known(model: type[BaseModel], data: dict[str, Any]) -> dict[str, Any]:
@@ -274,6 +303,17 @@ def _query(**values: Any) -> dict[str, Any]:
     return out
 
 
+def _row_id(value: object, field: str) -> int:
+    """A row id argument as the integer the path needs (a bad one refused like the service)."""
+    try:
+        number: int = int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        raise MemoriaAPIError.invalid(field, f"{field}: not an integer id: {value!r}") from None
+    if number < 1:
+        raise MemoriaAPIError.invalid(field, f"{field}: ids start at 1")
+    return number
+
+
 def _seg(value: object) -> str:
     """One path segment, escaped (ids are the bot's, and may hold anything)."""
     return quote(str(value), safe="")
@@ -282,7 +322,7 @@ def _seg(value: object) -> str:
 def _profile_path(entity_type: str, entity_id: str, group_id: str | None) -> str:
     if entity_type == "member":
         if not group_id:
-            raise ValueError("a member profile needs group_id")
+            raise MemoriaAPIError.invalid("group_id", "group_id: a member profile needs group_id")
         return f"/v1/profiles/member/{_seg(group_id)}/{_seg(entity_id)}"
     return f"/v1/profiles/{_seg(entity_type)}/{_seg(entity_id)}"
 
@@ -315,7 +355,7 @@ def _tool_call_parts(tool_call: Any) -> tuple[str, Any]:
     else:
         name, arguments = getattr(function, "name", None), getattr(function, "arguments", None)
     if not name:
-        raise ValueError("not a tool call: no function name")
+        raise MemoriaAPIError.invalid("tool_call", "not a tool call: no function name")
     return str(name), arguments
 
 
@@ -489,7 +529,7 @@ class _Routes:
     @route
     def get_memory(self, memory_id: int) -> Call[MemoryInfo]:
         """One memory."""
-        return Call("GET", f"/v1/memories/{int(memory_id)}", _one(MemoryInfo))
+        return Call("GET", f"/v1/memories/{_row_id(memory_id, 'memory_id')}", _one(MemoryInfo))
 
     @route
     def update_memory(
@@ -497,17 +537,21 @@ class _Routes:
     ) -> Call[MemoryInfo]:
         """Change a memory; the old content stays in its history."""
         body = _json(_request(MemoryPatch, patch, fields))
-        return Call("PATCH", f"/v1/memories/{int(memory_id)}", _one(MemoryInfo), body=body)
+        return Call(
+            "PATCH", f"/v1/memories/{_row_id(memory_id, 'memory_id')}", _one(MemoryInfo), body=body
+        )
 
     @route
     def delete_memory(self, memory_id: int) -> Call[None]:
         """Delete a memory for real (its history keeps only that it was deleted)."""
-        return Call("DELETE", f"/v1/memories/{int(memory_id)}", _nothing)
+        return Call("DELETE", f"/v1/memories/{_row_id(memory_id, 'memory_id')}", _nothing)
 
     @route
     def memory_history(self, memory_id: int) -> Call[list[HistoryEntry]]:
         """Every change of a memory, oldest first."""
-        return Call("GET", f"/v1/memories/{int(memory_id)}/history", _many(HistoryEntry))
+        return Call(
+            "GET", f"/v1/memories/{_row_id(memory_id, 'memory_id')}/history", _many(HistoryEntry)
+        )
 
     @route
     def search_memories(
@@ -557,7 +601,7 @@ class _Routes:
     ) -> Call[TodoInfo]:
         """Complete, cancel, reopen, reschedule or reassign a todo."""
         body = _json(_request(TodoPatch, patch, fields))
-        return Call("PATCH", f"/v1/todos/{int(todo_id)}", _one(TodoInfo), body=body)
+        return Call("PATCH", f"/v1/todos/{_row_id(todo_id, 'todo_id')}", _one(TodoInfo), body=body)
 
     # -- jobs, settings, keys, tenant, persona --------------------------------------------
 
@@ -572,12 +616,12 @@ class _Routes:
     @route
     def get_job(self, job_id: int) -> Call[JobInfo]:
         """One job."""
-        return Call("GET", f"/v1/jobs/{int(job_id)}", _one(JobInfo))
+        return Call("GET", f"/v1/jobs/{_row_id(job_id, 'job_id')}", _one(JobInfo))
 
     @route
     def retry_job(self, job_id: int) -> Call[JobInfo]:
         """Queue a failed job again."""
-        return Call("POST", f"/v1/jobs/{int(job_id)}/retry", _one(JobInfo))
+        return Call("POST", f"/v1/jobs/{_row_id(job_id, 'job_id')}/retry", _one(JobInfo))
 
     @route
     def get_settings(self) -> Call[EffectiveSettings]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import re
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Annotated, Any
 
 from litestar import Litestar, Request, Response
@@ -14,7 +14,7 @@ from litestar.exceptions import HTTPException, ValidationException
 from litestar.handlers import HTTPRouteHandler
 from litestar.openapi import ResponseSpec
 from litestar.params import Parameter
-from litestar.types import ASGIApp, Message, Receive, Scope, Send
+from litestar.types import ASGIApp, Message, Receive, ReceiveMessage, Scope, Send
 from pydantic import BaseModel
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeout
@@ -81,6 +81,52 @@ def request_id_middleware(app: ASGIApp) -> ASGIApp:
         await app(scope, receive, send_with_id)
 
     return middleware
+
+
+def body_drain_middleware(limit: int) -> Callable[[ASGIApp], ASGIApp]:
+    """An ASGI wrapper factory: before an error answer, read and discard what is left of the
+    request's body.
+
+    An oversized body is refused (413) without being read, as a refused key (401) is; a client
+    that sends its whole body before reading the answer (Python's ``urllib``, ``curl -d @file``)
+    would then write into a connection the server has given up on and see a broken pipe instead
+    of the answer. Up to ``8 × limit`` bytes (at least 8 MiB) are drained first; beyond that the
+    connection is dropped, as a body that large is no honest mistake.
+    """
+    cap = max(8 * limit, 8 * 2**20)
+
+    def wrap(app: ASGIApp) -> ASGIApp:
+        async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] != ScopeType.HTTP:
+                await app(scope, receive, send)
+                return
+            ended = False
+
+            def last(message: ReceiveMessage) -> bool:
+                return message["type"] == "http.disconnect" or not message.get("more_body", False)
+
+            async def tracked_receive() -> ReceiveMessage:
+                nonlocal ended
+                message = await receive()
+                ended = ended or last(message)
+                return message
+
+            async def draining_send(message: Message) -> None:
+                nonlocal ended
+                if message["type"] == "http.response.start" and int(message["status"]) >= 400:
+                    drained = 0
+                    while not ended and drained <= cap:
+                        rest = await receive()
+                        body = rest.get("body", b"")
+                        drained += len(body) if isinstance(body, bytes) else 0
+                        ended = last(rest)
+                await send(message)
+
+            await app(scope, tracked_receive, draining_send)
+
+        return middleware
+
+    return wrap
 
 
 class MemoriaRequest(Request[Any, Any, Any]):
@@ -228,6 +274,8 @@ def error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[
     elif isinstance(exc, HTTPException):
         status = exc.status_code
         body.update(status=status, error=_http_code(status), message=str(exc.detail))
+        if status == 413:
+            body.update(field="body", message=_too_large(request))
         if status == 404 and b"%2f" in bytes(request.scope.get("raw_path") or b"").lower():
             # The router sees the decoded path, where an id's slash splits the id.
             body.update(field="path", message="no such route: ids cannot contain '/' (%2F)")
@@ -244,6 +292,16 @@ def error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[
     if request.scope["state"].get("request_id_unsent"):
         headers["X-Request-ID"] = request_id
     return Response(content=body, status_code=status, headers=headers)
+
+
+def _too_large(request: Request[Any, Any, Any]) -> str:
+    limit = runtime(request).settings.max_body_bytes
+    size = request.headers.get("content-length", "")
+    sent = f" of {int(size):,} bytes" if size.isdigit() else ""
+    return (
+        f"the body{sent} is over the limit of {limit:,} bytes ({limit / 2**20:.3g} MiB);"
+        " send less at a time (e.g. fewer messages a batch)"
+    )
 
 
 def _field_name(key: Any) -> str:
@@ -306,7 +364,14 @@ async def provide_admin(request: Request[Any, Any, Any]) -> None:
     request.scope.setdefault("state", {})["actor"] = ADMIN_ACTOR
 
 
-async def provide_system_session(request: Request[Any, Any, Any]) -> AsyncIterator[AsyncSession]:
-    """A transaction as the owning role (admin routes only)."""
+async def provide_system_session(
+    request: Request[Any, Any, Any], admin: None
+) -> AsyncIterator[AsyncSession]:
+    """A transaction as the owning role (admin routes only), opened once the token passed.
+
+    Depending on ``admin`` orders the two: unordered, Litestar resolves them side by side, and
+    a refused token cancelled a transaction half-opened, whose abandoned context managers the
+    event loop later failed to close ("aclose(): asynchronous generator is already running").
+    """
     async with runtime(request).db.system() as session:
         yield session

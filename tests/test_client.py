@@ -14,7 +14,6 @@ import httpx
 import pytest
 from openai.types.chat import ChatCompletionMessageToolCall
 from openai.types.chat.chat_completion_message_function_tool_call import Function
-from pydantic import ValidationError
 
 import service.client
 from service.app import create_app
@@ -214,9 +213,53 @@ async def test_errors_carry_status_code_message_field_and_request_id(
         await memoria.put_profile("user", "10001", MEMBER_DOC, if_match=3)
     assert stale.value.status == 409 and stale.value.error == "conflict"
 
-    # The request models are the API's: a wrong value fails before anything is sent.
-    with pytest.raises(ValidationError):
+    # The request models are the API's: a wrong value fails before anything is sent, with the
+    # error the service would have answered.
+    with pytest.raises(MemoriaAPIError) as refused:
         await memoria.add_memory(scope="EVERYWHERE", content="x")
+    assert (refused.value.status, refused.value.field) == (422, "scope")
+
+
+def refusing_transport() -> tuple[httpx.MockTransport, list[httpx.Request]]:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(500, json={"status": 500, "error": "internal_error", "message": "x"})
+
+    return httpx.MockTransport(handler), seen
+
+
+async def test_a_bad_argument_raises_the_clients_own_error_and_sends_nothing() -> None:
+    transport, seen = refusing_transport()
+    async with MemoriaClient("http://memoria.test", "mk_a", transport=transport) as client:
+        # A conversation without its group id: the service's own 422, not pydantic's error.
+        with pytest.raises(MemoriaAPIError) as refused:
+            await client.context({"request_type": "group"}, message="hi")
+        error = refused.value
+        assert (error.status, error.error, error.field) == (422, "invalid", "group_id")
+        assert "group_id" in error.message and error.request_id is None
+        assert error.body["errors"] and all("field" in e for e in error.body["errors"])
+        with pytest.raises(MemoriaAPIError) as wrong_id:
+            await client.get_memory("seven")  # type: ignore[arg-type]
+        assert (wrong_id.value.status, wrong_id.value.field) == (422, "memory_id")
+        with pytest.raises(MemoriaAPIError) as no_group:
+            await client.get_profile("member", "10001")
+        assert no_group.value.field == "group_id"
+        with pytest.raises(MemoriaAPIError) as not_a_call:
+            await client.tool_call({"function": {"arguments": "{}"}})
+        assert not_a_call.value.status == 422
+    with (
+        SyncMemoriaClient(
+            "http://memoria.test",
+            "mk_a",
+            transport=httpx.MockTransport(lambda request: httpx.Response(500)),
+        ) as blocking,
+        pytest.raises(MemoriaAPIError) as sync_refused,
+    ):
+        blocking.add_memory(scope="GROUP", group_id="1", category="NOPE", content="x")
+    assert sync_refused.value.field == "category"
+    assert seen == []
 
 
 async def test_a_bad_key_is_401_and_not_retried() -> None:

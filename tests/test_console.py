@@ -5,22 +5,19 @@ search, and stored hostile HTML shown as text."""
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
-from selenium import webdriver
 from selenium.common.exceptions import NoAlertPresentException, TimeoutException
-from selenium.webdriver.chrome.options import Options
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
+from tests.browser import chromium
 from tests.conftest import ADMIN, ADMIN_TOKEN, FAST_QUEUE, make_settings
 from tests.served import served
 
@@ -46,29 +43,7 @@ NEWEST = group_doc("群规：禁止发广告和刷屏", "话题：Python 与 Rus
 @pytest.fixture
 def browser() -> Iterator[WebDriver]:
     """Headless Chromium from the distribution's packages, driven by its chromedriver."""
-    chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
-    if not (chromium and driver_path):
-        message = "needs Debian's chromium and chromium-driver packages"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    options = Options()
-    options.binary_location = chromium
-    for argument in (
-        "--headless=new",
-        "--no-sandbox",  # running as root in a container
-        "--disable-dev-shm-usage",
-        "--window-size=1400,1900",
-        "--lang=en-US",
-    ):
-        options.add_argument(argument)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(options=options, service=Service(executable_path=driver_path))
-    driver.set_page_load_timeout(30)
-    try:
-        yield driver
-    finally:
-        driver.quit()
+    yield from chromium()
 
 
 @pytest.fixture

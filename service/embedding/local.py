@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -42,6 +43,9 @@ class LocalEmbedder:
         self._model: Any = None
         self._pending: list[tuple[list[str], asyncio.Future[list[Vector]]]] = []
         self._flusher: asyncio.Task[None] | None = None
+        # Set by close(): a long passage call stops at its next chunk, so that neither a
+        # shutdown nor the interpreter's exit (which joins this thread) waits for all of it.
+        self._closing = threading.Event()
 
     def _load(self) -> Any:
         if self._model is None:
@@ -59,6 +63,8 @@ class LocalEmbedder:
         model = self._load()
         out: list[Vector] = []
         for start in range(0, len(texts), self._batch):
+            if self._closing.is_set():
+                raise RuntimeError("the embedder is closed")
             chunk = [t[:_MAX_CHARS] or " " for t in texts[start : start + self._batch]]
             matrix = model.passage(chunk) if len(chunk) > 1 else model.passage(chunk[0])[None, :]
             out.extend(row.copy() for row in matrix)
@@ -113,5 +119,6 @@ class LocalEmbedder:
         return vector
 
     async def close(self) -> None:
-        """Stop the embedding thread."""
+        """Stop the embedding thread (a call under way stops at its next chunk)."""
+        self._closing.set()
         self._executor.shutdown(wait=False, cancel_futures=True)

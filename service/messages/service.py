@@ -331,6 +331,8 @@ class Archivist:
         batch = self.settings.models.embedding.batch_size
         done = 0
         while True:
+            if done:
+                job.stop_point()  # each batch commits: a shutdown waits for one, not all
             async with job.transaction() as session:
                 rows = await repository.unembedded_messages(session, job.job.tenant_id, batch)
                 if not rows:

@@ -40,6 +40,11 @@ class LeaseLost(Exception):
     """Another worker took this job over; our writes for it must not commit."""
 
 
+class JobInterrupted(Exception):
+    """The worker is stopping: a long job stopped between two committed steps and goes back
+    to the queue, to go on where it stopped."""
+
+
 @dataclass
 class JobContext:
     """What a handler gets besides the job: tenant transactions and a way to finish in one."""
@@ -48,7 +53,14 @@ class JobContext:
     db: Database
     worker_id: str
     result: dict[str, Any] | None = None
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
     finished: bool = field(default=False, init=False)
+
+    def stop_point(self) -> None:
+        """Between two committed steps of a long job: give the job back if the worker is
+        stopping (a shutdown then waits for one step, not for the whole job)."""
+        if self.stopping.is_set():
+            raise JobInterrupted(f"job {self.job.id}: the worker is stopping")
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncSession]:
@@ -249,7 +261,7 @@ class Worker:
         return len(jobs)
 
     async def _run_job(self, job: ClaimedJob) -> None:
-        context = JobContext(job=job, db=self.db, worker_id=self.id)
+        context = JobContext(job=job, db=self.db, worker_id=self.id, stopping=self._stopping)
         token = job_id_var.set(job.id)
         try:
             handler = self.handlers.get(job.kind)
@@ -269,6 +281,9 @@ class Worker:
         except asyncio.CancelledError:
             await self._release(job)
             raise
+        except JobInterrupted:
+            await self._release(job)
+            log.info("job %s (%s): stopped for the shutdown, queued again", job.id, job.kind)
         except LeaseLost as exc:
             log.warning("worker %s: %s", self.id, exc)
         except Exception as exc:
