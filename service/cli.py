@@ -125,7 +125,11 @@ def _parser() -> argparse.ArgumentParser:
         "mcp", help="serve the memory tools over the Model Context Protocol, for one API key"
     )
     mcp.add_argument("--api-url", required=True, help="the Memoria API, e.g. http://127.0.0.1:8080")
-    mcp.add_argument("--api-key", required=True, help="the tenant's API key (mk_…)")
+    mcp.add_argument(
+        "--api-key",
+        help="the tenant's API key (mk_…); better MEMORIA_API_KEY in the environment, which"
+        " other users cannot read in the process list",
+    )
     mcp.add_argument("--transport", choices=["stdio", "http"], default="stdio")
     mcp.add_argument("--host", default="127.0.0.1", help="bind address for --transport http")
     mcp.add_argument(
@@ -333,8 +337,18 @@ def _mcp(args: argparse.Namespace) -> int:
         bot_id=args.bot_id,
         bot_name=args.bot_name,
     )
+    api_key = args.api_key or os.environ.get("MEMORIA_API_KEY")
+    if not api_key:
+        print("memoria mcp: set MEMORIA_API_KEY (or pass --api-key)", file=sys.stderr)
+        return 2
     token = None
     if args.transport == "http":
+        print(
+            f"memoria mcp: listening on http://{args.host}:{args.port}/mcp"
+            f" for the API at {args.api_url}",
+            file=sys.stderr,
+            flush=True,
+        )
         # From the environment (never the command line, which other users can read), or new.
         token = os.environ.get("MEMORIA_MCP_TOKEN") or secrets.token_urlsafe(32)
         if not os.environ.get("MEMORIA_MCP_TOKEN"):
@@ -347,7 +361,7 @@ def _mcp(args: argparse.Namespace) -> int:
         asyncio.run(
             serve(
                 args.api_url,
-                args.api_key,
+                api_key,
                 defaults,
                 transport=args.transport,
                 host=args.host,

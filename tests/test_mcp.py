@@ -122,11 +122,17 @@ def http_mcp(loopback: tuple[str, str]) -> Iterator[str]:
     """``memoria mcp --transport http`` without default conversation; yields its /mcp URL."""
     base_url, key = loopback
     port = free_port()
-    command = [sys.executable, "-m", "service", "mcp", "--api-url", base_url, "--api-key", key]
+    # The key from the environment: on the command line every local user could read it.
+    command = [sys.executable, "-m", "service", "mcp", "--api-url", base_url]
     process = subprocess.Popen(
         [*command, "--transport", "http", "--port", str(port)],
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "MEMORIA_MCP_TOKEN": MCP_TOKEN},
+        env={
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "MEMORIA_MCP_TOKEN": MCP_TOKEN,
+            "MEMORIA_API_KEY": key,
+        },
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
@@ -143,7 +149,24 @@ def http_mcp(loopback: tuple[str, str]) -> Iterator[str]:
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
         process.terminate()
-        process.wait(timeout=10)
+        _, err = process.communicate(timeout=10)
+    # It says where it listens, and never prints the key.
+    assert f"listening on http://127.0.0.1:{port}/mcp" in err.decode()
+    assert key not in err.decode()
+
+
+def test_mcp_without_a_key_says_how_to_give_one(loopback: tuple[str, str]) -> None:
+    base_url, _ = loopback
+    env = {k: v for k, v in os.environ.items() if k != "MEMORIA_API_KEY"}
+    done = subprocess.run(
+        [sys.executable, "-m", "service", "mcp", "--api-url", base_url],
+        cwd=ROOT,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2 and b"MEMORIA_API_KEY" in done.stderr
 
 
 async def test_streamable_http_needs_the_token(http_mcp: str) -> None:

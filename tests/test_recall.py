@@ -430,6 +430,27 @@ async def test_a_configured_reranker_orders_the_candidates(
     assert len(llm.rerank_requests) == before
 
 
+async def test_the_reranker_sees_top_k_times_the_multiplier(
+    reranked: tuple[AppClient, TenantHandle], llm: FakeLLM
+) -> None:
+    client, tenant = reranked
+    await remember_pets(client, tenant)
+    llm.rerank = lambda query, document: 0.5
+    response = await client.post(
+        "/v1/events/search",
+        json={
+            "query": "我的猫",
+            "top_k": 1,
+            "context": {"request_type": "group", "group_id": "g1"},
+        },
+        headers=tenant.headers,
+    )
+    assert response.status_code == 200, response.text
+    (asked,) = llm.rerank_requests
+    # top_k 1 × rerank_candidate_multiplier 3, not the whole fused union of both sides.
+    assert len(asked["documents"]) == 3 < len(PET_FACTS)
+
+
 async def test_tools_are_listed_and_callable(running: tuple[AppClient, TenantHandle]) -> None:
     client, tenant = running
     definitions = (await client.get("/v1/tools", headers=tenant.headers)).json()

@@ -58,7 +58,8 @@ class EndRequest(ConversationContext):
     @model_validator(mode="before")
     @classmethod
     def _legacy_names(cls, data: Any) -> Any:
-        """action_summary → memo; new_info → one observation; a lone summary → memo."""
+        """action_summary → memo; new_info → observations (a string, or the list the
+        original bot sent for a while); a lone summary → memo."""
         if not isinstance(data, dict):
             return data
         data = dict(data)
@@ -67,11 +68,17 @@ class EndRequest(ConversationContext):
         new_info = data.pop("new_info", None)
         if not data.get("memo"):
             data["memo"] = action or summary or ""
-        if new_info and isinstance(new_info, str) and new_info.strip():
+        if isinstance(new_info, str):
+            new_info = [new_info]
+        if isinstance(new_info, list):
+            given = [i for i in new_info if not (isinstance(i, str) and not i.strip())]
             observations = data.get("observations") or []
             if isinstance(observations, str):
                 observations = [observations]
-            data["observations"] = [*observations, new_info]
+            if given:
+                data["observations"] = [*observations, *given]
+        elif new_info is not None:
+            data["new_info"] = new_info  # refused by name below: neither text nor a list
         return data
 
     @field_validator("observations", mode="before")

@@ -33,7 +33,11 @@ class MessageIn(BaseModel):
     user_id: str | None = Field(default=None, max_length=ID_MAX)
     sender_id: str | None = Field(default=None, max_length=ID_MAX)
     sender_name: str | None = Field(default=None, max_length=200)
-    text: str = Field(max_length=1_000_000)
+    text: str = Field(
+        max_length=1_000_000,
+        description="at most cognitive.messages.text_max_chars characters (20,000 by default);"
+        " longer is refused with 422 naming the message",
+    )
     sent_at: Moment | None = None
     timezone: str | None = Field(default=None, max_length=64)
 
@@ -96,11 +100,21 @@ class MessageSearch(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     query: str = Field(min_length=1, max_length=4000)
+    # As /v1/messages takes it; it must agree with the id given.
+    request_type: Literal["group", "private"] | None = None
     group_id: str | None = Field(default=None, max_length=ID_MAX)
     user_id: str | None = Field(default=None, max_length=ID_MAX)
     top_k: int = Field(default=12, ge=1, le=200)
     time_from: Moment | None = None
     time_to: Moment | None = None
+
+    @model_validator(mode="after")
+    def _request_type(self) -> MessageSearch:
+        if self.request_type == "group" and not self.group_id:
+            raise ValueError("group_id is required when request_type is 'group'")
+        if self.request_type == "private" and (self.group_id or not self.user_id):
+            raise ValueError("a private chat is searched by user_id alone")
+        return self
 
     @field_validator("group_id", "user_id", mode="before")
     @classmethod

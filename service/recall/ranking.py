@@ -215,8 +215,11 @@ async def _rerank(
     q: QuerySettings,
     warnings: list[str] | None,
 ) -> None:
+    # The reranker sees the best top_k × rerank_candidate_multiplier of the fused union (both
+    # sides together give up to twice that), as documented: it is the costly step.
+    head = candidates[: search.pool(q)]
     try:
-        relevance = await reranker.rerank(search.text, [e.row["text"] for e in candidates])
+        relevance = await reranker.rerank(search.text, [e.row["text"] for e in head])
     except LLMError as exc:
         log.warning("reranking skipped: %s", exc)
         if warnings is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from service.context import ID_MAX, ConversationContext, Moment
 from service.ends.schemas import MAX_ITEM_CHARS, MAX_OBSERVATIONS, loose_bool
@@ -61,8 +61,17 @@ class EventSearch(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     query: str = Field(min_length=1, max_length=4000)
-    target_user_id: str | None = Field(default=None, max_length=ID_MAX)
-    target_group_id: str | None = Field(default=None, max_length=ID_MAX)
+    # ``group_id`` / ``user_id`` as the memory and message searches name them.
+    target_user_id: str | None = Field(
+        default=None,
+        max_length=ID_MAX,
+        validation_alias=AliasChoices("target_user_id", "user_id"),
+    )
+    target_group_id: str | None = Field(
+        default=None,
+        max_length=ID_MAX,
+        validation_alias=AliasChoices("target_group_id", "group_id"),
+    )
     top_k: int | None = Field(default=None, ge=1, le=200)
     time_from: Moment | None = None
     time_to: Moment | None = None
