@@ -7,13 +7,13 @@ import math
 import numpy as np
 import pytest
 
+from service.embedding.base import Calibration
 from service.retrieval.fusion import (
     decay,
     mmr,
     reciprocal_rank_fusion,
     scale_by_max,
     scale_min_max,
-    similarity,
     time_decayed,
     weighted_fusion,
 )
@@ -102,8 +102,18 @@ def test_time_decay_worked_numbers() -> None:
     # Very old: no boost left; the future counts as now.
     assert time_decayed(0.8, 0.8, 3650 * DAY, **settings) == pytest.approx(0.8)
     assert decay(-DAY, 14.0) == 1.0
-    assert similarity(0.2) == pytest.approx(0.8)
-    assert similarity(1.7) == 0.0 and similarity(-0.1) == 1.0
+
+
+def test_similarity_is_read_on_the_models_scale() -> None:
+    raw = Calibration()
+    assert raw.similarity(0.8) == pytest.approx(0.8) and raw.similarity(1.3) == 1.0
+    e5 = Calibration(floor=0.77, ceiling=0.98)
+    assert e5.similarity(0.98) == pytest.approx(1.0) and e5.similarity(0.99) == 1.0
+    assert e5.similarity(0.77) == pytest.approx(0.0)
+    # Below the floor the order is kept: a weak match still beats none.
+    assert e5.similarity(0.70) > e5.similarity(0.60)
+    # Unrelated (median 0.77) and related (0.87) pairs fall either side of min_similarity.
+    assert e5.similarity(0.80) < 0.35 < e5.similarity(0.87)
 
 
 def test_mmr_drops_a_near_duplicate() -> None:
