@@ -97,7 +97,26 @@ async def test_migration_rewrites_member_keys_and_their_revisions(
                 tenant,
                 key,
             )
+        for n, (message_id, conversation) in enumerate((("m1", "p:a"), ("m2", "g:g"))):
+            await conn.execute(
+                """INSERT INTO messages (tenant_id, conversation_key, message_id, request_type,
+                                         text, sent_at)
+                   VALUES ($1, $2, $3, 'private', 'x', now())""",
+                tenant,
+                conversation,
+                message_id,
+            )
+            await conn.execute(
+                """INSERT INTO memories (tenant_id, scope, user_id, category, content, evidence)
+                   VALUES ($1, 'GLOBAL', 'a', 'FACT', $2, $3::jsonb)""",
+                tenant,
+                f"memory {n}",
+                f'{{"message_ids": ["{message_id}"]}}',
+            )
         await asyncio.to_thread(command.upgrade, config, "head")
+        scopes = await conn.fetch("SELECT content, scope FROM memories ORDER BY content")
+        # Learned in a's private chat: PRIVATE now; learned in a group: GLOBAL still.
+        assert [tuple(r) for r in scopes] == [("memory 0", "PRIVATE"), ("memory 1", "GLOBAL")]
         keys = {
             r["profile_key"] for r in await conn.fetch("SELECT profile_key FROM profile_revisions")
         }

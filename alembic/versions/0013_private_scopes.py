@@ -7,7 +7,8 @@ group C and member Y:C of group X had one key (ids with ':' are common). They be
 User and group keys hold one id after their first ':' and keep their form.
 
 A PRIVATE memory is bound to a user like a GLOBAL one, but is read only in that user's private
-chat: what a person says in private no longer reaches every group they are in.
+chat: what a person says in private no longer reaches every group they are in. The GLOBAL
+memories already learned in a private chat become PRIVATE.
 
 Revision ID: 0013
 Revises: 0012_erasure
@@ -67,6 +68,29 @@ _PLAIN = "'member:' || p.group_id || ':' || p.entity_id"
 _ESCAPED = f"'member:' || {_escaped('p.group_id')} || ':' || {_escaped('p.entity_id')}"
 
 
+def _ids(name: str) -> str:
+    """The ids listed under ``name`` in a memory's evidence (none when it is not a list)."""
+    listed = f"m.evidence -> '{name}'"
+    return (
+        f"SELECT jsonb_array_elements_text(CASE WHEN jsonb_typeof({listed}) = 'array'"
+        f" THEN {listed} ELSE '[]'::jsonb END)"
+    )
+
+
+# GLOBAL memories learned in a private chat (their evidence is a private chat's events or
+# messages) were read in every group: they become what such a memory is now.
+_PRIVATE_ORIGIN = f"""
+    UPDATE memories m SET scope = 'PRIVATE'
+    WHERE m.scope = 'GLOBAL'
+      AND (EXISTS (SELECT 1 FROM events e
+                   WHERE e.tenant_id = m.tenant_id AND e.request_type = 'private'
+                     AND e.id IN ({_ids("event_ids")}))
+           OR EXISTS (SELECT 1 FROM messages g
+                      WHERE g.tenant_id = m.tenant_id AND g.conversation_key = 'p:' || m.user_id
+                        AND g.message_id IN ({_ids("message_ids")})))
+    """
+
+
 def upgrade() -> None:
     _rekey(_ESCAPED, _PLAIN)
     op.drop_constraint(op.f("ck_memories_scope"), "memories", type_="check")
@@ -83,6 +107,7 @@ def upgrade() -> None:
         " OR (scope = 'GROUP' AND group_id IS NOT NULL AND user_id IS NULL)"
         " OR (scope = 'MEMBER_IN_GROUP' AND group_id IS NOT NULL AND user_id IS NOT NULL)",
     )
+    op.execute(_PRIVATE_ORIGIN)
 
 
 def downgrade() -> None:

@@ -79,13 +79,13 @@ class ProfileController(Controller):
         data: ProfileReplace,
     ) -> ProfileInfo:
         rt = runtime(request)
-        service.check_personal(key, data.document, tenant.pii_policy)
         current = await repository.get(session, tenant.tenant_id, key)
         expected = _if_match(request)
         if current is not None and expected is not None and expected != current["version"]:
             raise Conflict(f"the profile is at version {current['version']}, not {expected}")
         if current is None and expected not in (None, 0):
             raise Conflict("the profile does not exist yet (use If-Match: 0 or none)")
+        service.check_personal(key, data.document, tenant.pii_policy)
         await service.save(
             session,
             tenant.tenant_id,
