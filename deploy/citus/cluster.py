@@ -307,7 +307,10 @@ class CitusCluster:
                 # from the coordinator to each worker for every distributed transaction.
                 "max_connections = 300",
                 "shared_buffers = 128MB",
-                "max_worker_processes = 32",
+                # Citus runs a maintenance daemon per database on each node.
+                "max_worker_processes = 64",
+                # Few shards: a test cluster holds little, and every shard is a table per node.
+                "citus.shard_count = 8",
                 # One machine: Citus' defaults assume a worker per machine.
                 "citus.max_adaptive_executor_pool_size = 4",
                 "log_min_messages = warning",
