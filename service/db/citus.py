@@ -154,20 +154,17 @@ def distribute_schema(connection: Connection) -> bool:
         keys = _foreign_keys(connection, pending)
         for table, name, _ in keys:
             connection.execute(text(f'ALTER TABLE {table} DROP CONSTRAINT "{name}"'))
-        # The shards' policies and the pushed-down searches call Memoria's functions on the
-        # workers (trigger functions stay: the only trigger is on the local jobs table).
-        functions = connection.execute(
+        # The shards' policies call it on the workers.
+        distributed_already = connection.execute(
             text(
-                "SELECT p.oid::regprocedure::text AS signature FROM pg_proc p"
-                " JOIN pg_namespace n ON n.oid = p.pronamespace"
-                " WHERE n.nspname = 'public' AND p.proname LIKE 'memoria%'"
-                " AND p.prorettype <> 'trigger'::regtype"
-                " AND NOT EXISTS (SELECT 1 FROM pg_dist_object d"
-                "  WHERE d.classid = 'pg_proc'::regclass AND d.objid = p.oid)"
+                "SELECT 1 FROM pg_dist_object WHERE classid = 'pg_proc'::regclass"
+                " AND objid = 'memoria_current_tenant()'::regprocedure"
             )
-        ).scalars()
-        for signature in functions.all():
-            connection.execute(text("SELECT create_distributed_function(:s)"), {"s": signature})
+        ).first()
+        if distributed_already is None:
+            connection.execute(
+                text("SELECT create_distributed_function('memoria_current_tenant()')")
+            )
         for table in reference:
             if table in pending:
                 _identity_to_sequence(connection, table)
@@ -191,4 +188,49 @@ def distribute_schema(connection: Connection) -> bool:
             if table in LOCAL_TABLES:
                 continue  # see the module docstring: jobs keeps no foreign key
             connection.execute(text(f'ALTER TABLE {table} ADD CONSTRAINT "{name}" {definition}'))
+    for statement in _ROUTED_TERM_MATCHES:
+        connection.execute(text(statement))
     return True
+
+
+# The lexical searches' functions (migration 0009) read events and messages as the owner,
+# confined to the bound tenant by ``tenant_id = memoria_current_tenant()``. On Citus the
+# search's query, one tenant's, is sent whole to that tenant's worker, function call included,
+# and there the function's own query is a distributed query nested in a shard's query, which
+# Citus refuses unless allowed (it could be sent elsewhere, outside the transaction). Here it
+# cannot go elsewhere: the tenant is handed over as a bound value, so Citus routes the query to
+# the tenant's shard of the same colocation group, the one this node is already reading, and
+# runs it locally in the same transaction. Same signatures and results as on PostgreSQL.
+_ROUTED_TERM_MATCHES = (
+    """
+    CREATE OR REPLACE FUNCTION memoria_event_term_matches(
+        conversation_keys text[], terms tsquery, time_from timestamptz, time_to timestamptz,
+        max_matches integer
+    ) RETURNS TABLE (id varchar)
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path = pg_catalog, public SET citus.allow_nested_distributed_execution = on AS $$
+    BEGIN
+        RETURN QUERY EXECUTE
+            'SELECT e.id FROM events e'
+            ' WHERE e.tenant_id = $1 AND e.conversation_key = ANY($2) AND e.lexical @@ $3'
+            ' AND ($4 IS NULL OR e.occurred_at >= $4) AND ($5 IS NULL OR e.occurred_at < $5)'
+            ' LIMIT $6'
+        USING memoria_current_tenant(), conversation_keys, terms, time_from, time_to,
+              max_matches;
+    END
+    $$
+    """,
+    """
+    CREATE OR REPLACE FUNCTION memoria_message_term_matches(conversation_key text, terms tsquery)
+    RETURNS TABLE (seq bigint)
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path = pg_catalog, public SET citus.allow_nested_distributed_execution = on AS $$
+    BEGIN
+        RETURN QUERY EXECUTE
+            'SELECT m.seq FROM messages m'
+            ' WHERE m.tenant_id = $1 AND m.conversation_key = $2 AND m.lexical @@ $3'
+        USING memoria_current_tenant(), conversation_key, terms;
+    END
+    $$
+    """,
+)

@@ -52,6 +52,7 @@ async def insert_messages(
 
 
 # Count what arrived; pending_count is what no extraction job has been asked to read yet.
+# updated_at takes EXCLUDED's (its default, now()): Citus refuses now() itself in DO UPDATE.
 _TOUCH = text(
     """
     INSERT INTO conversations AS c (tenant_id, conversation_key, request_type, group_id, user_id,
@@ -67,7 +68,7 @@ _TOUCH = text(
         last_seq = GREATEST(c.last_seq, EXCLUDED.last_seq),
         pending_count = c.pending_count + EXCLUDED.pending_count,
         group_name = COALESCE(EXCLUDED.group_name, c.group_name),
-        updated_at = now()
+        updated_at = EXCLUDED.updated_at
     RETURNING pending_count, last_seq
     """
 )
