@@ -104,6 +104,12 @@ def _on_citus(raw_connection: Any) -> bool:
     return bool(raw_connection.info.get("citus"))
 
 
+async def uses_citus(session: AsyncSession) -> bool:
+    """Whether the session's database is a Citus coordinator (known from its connection)."""
+    connection = await session.connection()
+    return _on_citus(await connection.get_raw_connection())
+
+
 def normalize_url(url: str) -> str:
     """Accept ``postgres://`` and ``postgresql://`` URLs and use the asyncpg driver."""
     for prefix in ("postgres://", "postgresql://", "postgresql+psycopg://"):
@@ -163,8 +169,7 @@ class Database:
                 "synchronous_commit": "on" if durable else "off",
             }
             await session.execute(_BIND_TENANT, params)
-            connection = await session.connection()
-            if _on_citus(await connection.get_raw_connection()):
+            if await uses_citus(session):
                 await session.execute(text(citus_bind(tenant_id)))
             yield session
 

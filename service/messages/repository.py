@@ -12,6 +12,7 @@ from pgvector import Vector
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.db.engine import uses_citus
 from service.retrieval.terms import to_tsquery_literal
 
 # One statement for the whole batch; duplicates (by conversation and message_id) are skipped.
@@ -112,10 +113,26 @@ _QUIET = text(
 )
 
 
+# On Citus, conversations are spread over the workers by tenant, and a row lock taken across
+# shards (FOR UPDATE in a multi-shard query) is refused. One multi-shard UPDATE claims them
+# instead: its row locks serialize two workers, and the second one re-checks pending_count > 0
+# after the first commits, so a conversation is still claimed once. Without LIMIT: the batch is
+# every quiet conversation (each one becomes one small job).
+_QUIET_DISTRIBUTED = text(
+    """
+    UPDATE conversations SET pending_count = 0
+    WHERE pending_count > 0 AND updated_at < now() - make_interval(secs => :quiet)
+    RETURNING tenant_id, conversation_key, last_seq
+    """
+)
+
+
 async def take_quiet_conversations(
     session: AsyncSession, quiet_seconds: float, limit: int
 ) -> list[Any]:
     """Quiet conversations with pending messages, their pending count reset."""
+    if await uses_citus(session):
+        return list(await session.execute(_QUIET_DISTRIBUTED, {"quiet": quiet_seconds}))
     return list(await session.execute(_QUIET, {"quiet": quiet_seconds, "limit": limit}))
 
 
