@@ -136,8 +136,7 @@ class DatabaseFactory:
                     # A file copy: a distributed template holds a table per shard, which the
                     # default (WAL-logged, block by block) strategy copies 4 times slower.
                     await conn.execute(
-                        f'CREATE DATABASE "{name}" TEMPLATE "{self.template}"'
-                        " STRATEGY = FILE_COPY"
+                        f'CREATE DATABASE "{name}" TEMPLATE "{self.template}" STRATEGY = FILE_COPY'
                     )
                     return
                 except asyncpg.ObjectInUseError:
