@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import shutil
 import sys
 import tempfile
@@ -38,6 +39,7 @@ import httpx
 import numpy as np
 from event_search_scale import fresh_row, unit_vectors
 from measure import percentiles
+from sqlalchemy.engine import make_url
 
 from service.app import create_app
 from service.db.engine import Database
@@ -56,8 +58,7 @@ MESSAGES = [f"上周{p}玩得怎么样？" for p in ("西湖", "黄山", "苏州
 
 
 def with_database(url: str, name: str) -> str:
-    base, _, _ = url.rpartition("/")
-    return f"{base}/{name}"
+    return make_url(url).set(database=name).render_as_string(hide_password=False)
 
 
 @asynccontextmanager
@@ -200,6 +201,7 @@ async def main() -> None:
     parser.add_argument("--requests", type=int, default=200, help="requests per case")
     parser.add_argument("--cluster-url", help="a running coordinator's database URL")
     args = parser.parse_args()
+    logging.getLogger("httpx").setLevel(logging.WARNING)
 
     print(
         f"{args.tenants} then {args.tenants + args.more} tenants, {args.events:,} events each,"
