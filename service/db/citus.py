@@ -25,7 +25,13 @@ a later migration adds is distributed too:
   Citus, see ``service.db.engine``), and the application role gets LOGIN, because Citus opens
   its connections to the workers as the current role (``memoria_app`` after ``SET ROLE``).
   On a self-hosted cluster give that role a password in ``pg_dist_authinfo`` or ``.pgpass``;
-  the local test cluster trusts 127.0.0.1.
+  the local test cluster trusts 127.0.0.1;
+* the lexical-match functions of migration 0009 are replaced by versions that route their
+  query to the tenant's shard (see ``_ROUTED_TERM_MATCHES``).
+
+Not handled: the analytics views of ``sql/`` for analyst roles (Citus reads the shards as the
+querying role, so views that rely on their owner's rights see nothing; see the README), and
+the re-embedding run's trigger on distributed tables (``citus.enable_unsafe_triggers``).
 """
 
 from __future__ import annotations
@@ -144,7 +150,13 @@ def distribute_schema(connection: Connection) -> bool:
 
     # Role settings, every time (cheap, and a new node or a restored role gets them again).
     # Citus creates the role on the workers; LOGIN because it connects to them as this role.
-    connection.execute(text(f"ALTER ROLE {APP_ROLE} LOGIN"))
+    can_login = connection.execute(
+        text("SELECT rolcanlogin FROM pg_roles WHERE rolname = :r"), {"r": APP_ROLE}
+    ).scalar_one()
+    if not can_login:
+        # Needs CREATEROLE; on a managed cluster where the migrating role lacks it, an
+        # administrator runs this once (deploy/initdb/01-memoria.sql creates the role).
+        connection.execute(text(f"ALTER ROLE {APP_ROLE} LOGIN"))
     connection.execute(text("ALTER ROLE CURRENT_USER SET citus.propagate_set_commands = 'local'"))
     # Citus hides its shards from pg_class with a filter that asyncpg's type introspection (a
     # recursive catalog query, run once per connection and new type) pays for per row: 2.5 s
