@@ -9,7 +9,8 @@ the timings are the path to the database and back. Measured, per setup:
 
   * ``/v1/context``, one client, rotating over the tenants (p50/p95/p99);
   * ``/v1/end`` (a memo and two observations: the hand-over's one statement), one client;
-  * ``/v1/context`` from 4 concurrent clients: requests per second.
+  * ``/v1/context`` from 4 concurrent clients: requests per second;
+  * the seeding itself: the historian's event upsert, per event (with tenant creation).
 
 On one machine the cluster is not faster: its coordinator forwards each statement to a worker
 over a local connection. The point is that overhead, and that it stays flat with more tenants.
@@ -161,7 +162,9 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, str]:
         async with httpx.AsyncClient(transport=transport, base_url="http://bench") as http:
             tenants: list[dict[str, str]] = []
             for phase, count in (("", args.tenants), ("+", args.more)):
+                started = time.perf_counter()
                 tenants += await add_tenants(http, db, count, args.events, rng)
+                seeding = (time.perf_counter() - started) / (count * args.events)
                 label = f"{len(tenants)} tenants"
                 asks = [
                     (tenants[n % len(tenants)], {**GROUP, "message": MESSAGES[n % len(MESSAGES)]})
@@ -186,6 +189,7 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, str]:
                 results[f"context, {label}"] = percentiles(context)
                 results[f"end, {label}"] = percentiles(end)
                 results[f"context x4, {label}"] = f"{rate:,.0f} requests/s"
+                results[f"event upsert, {label}"] = f"{seeding * 1000:.2f} ms per event (200 a job)"
     finally:
         for hook in app.on_shutdown:
             await hook(app)
