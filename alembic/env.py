@@ -41,6 +41,15 @@ def _run(connection: Connection) -> None:
     )
     with context.begin_transaction():
         context.run_migrations()
+    # On a Citus coordinator, lay out whatever the migrations made (idempotent; no-op without
+    # Citus). Its own transaction, after the chain, so every migration stays as it is.
+    from service.db.citus import distribute_schema
+
+    if connection.in_transaction():
+        distribute_schema(connection)
+    else:
+        with connection.begin():
+            distribute_schema(connection)
 
 
 async def _run_async() -> None:

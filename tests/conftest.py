@@ -11,7 +11,7 @@ import uuid
 import warnings
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
@@ -83,19 +83,73 @@ async def _admin_execute(server_url: str, *statements: str) -> None:
         await conn.close()
 
 
+async def citus_workers(server_url: str) -> list[str] | None:
+    """The workers' URLs when the server is a Citus coordinator (workers registered in its
+    ``postgres`` database, as ``deploy/citus/cluster.py`` does), else None."""
+    conn = await asyncpg.connect(plain_dsn(server_url))
+    try:
+        if not await conn.fetchval("SELECT count(*) FROM pg_extension WHERE extname = 'citus'"):
+            return None
+        rows = await conn.fetch(
+            "SELECT nodename, nodeport FROM pg_dist_node"
+            " WHERE groupid <> 0 AND noderole = 'primary' ORDER BY nodeid"
+        )
+    finally:
+        await conn.close()
+    url = make_url(server_url)
+    return [
+        url.set(host=r["nodename"], port=r["nodeport"]).render_as_string(hide_password=False)
+        for r in rows
+    ]
+
+
 @dataclass
 class DatabaseFactory:
-    """Creates fresh, migrated databases by cloning a template (fast: a file copy)."""
+    """Creates fresh, migrated databases by cloning a template (fast: a file copy).
+
+    On a Citus coordinator each database exists on every node: Citus keeps its metadata in
+    the coordinator's database and the shards in the workers' databases of the same name, so
+    the template is copied on each node, and the copies make one consistent cluster database.
+    """
 
     server_url: str
     template: str
     created: list[str]
+    workers: list[str] = field(default_factory=list)
+
+    @property
+    def citus(self) -> bool:
+        return bool(self.workers)
+
+    async def _copy_template(self, node_url: str, name: str) -> None:
+        conn = await asyncpg.connect(plain_dsn(node_url))
+        try:
+            for attempt in range(5):
+                # Citus' maintenance daemon connects to every database using it, the template
+                # too; a database being copied must have no other connection.
+                await conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = $1 AND pid <> pg_backend_pid()",
+                    self.template,
+                )
+                try:
+                    # A file copy: a distributed template holds a table per shard, which the
+                    # default (WAL-logged, block by block) strategy copies 4 times slower.
+                    await conn.execute(
+                        f'CREATE DATABASE "{name}" TEMPLATE "{self.template}" STRATEGY = FILE_COPY'
+                    )
+                    return
+                except asyncpg.ObjectInUseError:
+                    if attempt == 4:
+                        raise
+                    await asyncio.sleep(0.2)
+        finally:
+            await conn.close()
 
     async def create(self) -> str:
         name = f"memoria_t_{uuid.uuid4().hex[:12]}"
-        await _admin_execute(
-            self.server_url, f'CREATE DATABASE "{name}" TEMPLATE "{self.template}"'
-        )
+        for node in [self.server_url, *self.workers]:
+            await self._copy_template(node, name)
         self.created.append(name)
         return database_url(self.server_url, name)
 
@@ -105,26 +159,63 @@ class DatabaseFactory:
         self.created.append(name)
         return database_url(self.server_url, name)
 
+    async def drop(self, name: str) -> None:
+        """Drop a database on every node."""
+        for node in [self.server_url, *self.workers]:
+            with contextlib.suppress(Exception):
+                await _admin_execute(node, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+async def _citus_template(server_url: str, workers: list[str], template: str) -> None:
+    """The template database on every node, with Citus and pgvector, workers registered."""
+    for node in [server_url, *workers]:
+        await _admin_execute(
+            node,
+            f'DROP DATABASE IF EXISTS "{template}" WITH (FORCE)',
+            f'CREATE DATABASE "{template}"',
+        )
+        await _admin_execute(
+            database_url(node, template),
+            "CREATE EXTENSION IF NOT EXISTS citus",
+            "CREATE EXTENSION IF NOT EXISTS vector",
+        )
+    coordinator = make_url(server_url)
+    await _admin_execute(
+        database_url(server_url, template),
+        f"SELECT citus_set_coordinator_host('{coordinator.host}', {coordinator.port or 5432})",
+        *(
+            f"SELECT citus_add_node('{make_url(w).host}', {make_url(w).port or 5432})"
+            for w in workers
+        ),
+    )
+
 
 @pytest.fixture(scope="session")
 async def databases(pg_server_url: str) -> AsyncIterator[DatabaseFactory]:
     """The migrated template and a factory of fresh databases cloned from it."""
     template = f"memoria_tpl_{os.getpid()}"
-    await _admin_execute(
-        pg_server_url, f'DROP DATABASE IF EXISTS "{template}"', f'CREATE DATABASE "{template}"'
-    )
+    workers = await citus_workers(pg_server_url) or []
+    if workers:
+        await _citus_template(pg_server_url, workers, template)
+    else:
+        await _admin_execute(
+            pg_server_url, f'DROP DATABASE IF EXISTS "{template}"', f'CREATE DATABASE "{template}"'
+        )
     await asyncio.to_thread(upgrade_to_head, database_url(pg_server_url, template), Settings())
-    factory = DatabaseFactory(pg_server_url, template, [])
+    factory = DatabaseFactory(pg_server_url, template, [], workers)
     yield factory
     for name in [*factory.created, template]:
-        with contextlib.suppress(Exception):
-            await _admin_execute(pg_server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await factory.drop(name)
 
 
 @pytest.fixture
-async def db_url(databases: DatabaseFactory) -> str:
+async def db_url(databases: DatabaseFactory) -> AsyncIterator[str]:
     """A fresh migrated database for one test."""
-    return await databases.create()
+    url = await databases.create()
+    yield url
+    if databases.citus:
+        # Each Citus database keeps a maintenance daemon per node: do not let them pile up.
+        await databases.drop(make_url(url).database or "")
 
 
 @pytest.fixture(scope="session")

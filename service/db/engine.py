@@ -60,8 +60,18 @@ async def _vector_codec(connection: asyncpg.Connection) -> None:
     )
 
 
+async def _uses_citus(connection: asyncpg.Connection) -> bool:
+    return bool(
+        await connection.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')"
+        )
+    )
+
+
 def _register_vector(dbapi_connection: Any, connection_record: Any) -> None:
-    """Binary vector I/O on every new connection (numpy arrays in, pgvector Vectors out)."""
+    """Binary vector I/O on every new connection (numpy arrays in, pgvector Vectors out), and
+    whether the database is a Citus coordinator (see ``citus_bind``)."""
+    connection_record.info["citus"] = dbapi_connection.run_async(_uses_citus)
     try:
         dbapi_connection.run_async(_vector_codec)
     except ValueError:
@@ -76,6 +86,28 @@ def _register_vector(dbapi_connection: Any, connection_record: Any) -> None:
 def _retry_vector(dbapi_connection: Any, connection_record: Any, connection_proxy: Any) -> None:
     if connection_record.info.get("vector_pending"):
         _register_vector(dbapi_connection, connection_record)
+
+
+def citus_bind(tenant_id: uuid.UUID) -> str:
+    """On Citus, the tenant setting again as a ``SET LOCAL`` statement of its own.
+
+    Row-level security runs on the workers, in the sessions Citus opens to them, which
+    ``set_config()`` never reaches; Citus replays a transaction's ``SET LOCAL`` statements
+    there (``citus.propagate_set_commands = 'local'``, set for the migrating role by
+    ``service.db.citus``). It takes a statement's whole text, so this one travels alone. The
+    value is a UUID, never client text.
+    """
+    return f"SET LOCAL app.tenant_id = '{uuid.UUID(str(tenant_id))}'"
+
+
+def _on_citus(raw_connection: Any) -> bool:
+    return bool(raw_connection.info.get("citus"))
+
+
+async def uses_citus(session: AsyncSession) -> bool:
+    """Whether the session's database is a Citus coordinator (known from its connection)."""
+    connection = await session.connection()
+    return _on_citus(await connection.get_raw_connection())
 
 
 def normalize_url(url: str) -> str:
@@ -137,6 +169,8 @@ class Database:
                 "synchronous_commit": "on" if durable else "off",
             }
             await session.execute(_BIND_TENANT, params)
+            if await uses_citus(session):
+                await session.execute(text(citus_bind(tenant_id)))
             yield session
 
     @asynccontextmanager
@@ -159,6 +193,8 @@ class Database:
                 raw = await conn.get_raw_connection()
                 driver: asyncpg.Connection = raw.driver_connection
                 await driver.execute(bind)
+                if _on_citus(raw):
+                    await driver.execute(citus_bind(tenant_id))
                 try:
                     yield driver
                 except BaseException:

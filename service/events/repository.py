@@ -19,7 +19,8 @@ from service.retrieval.terms import terms, to_tsquery_literal, to_tsvector_liter
 
 # Upsert by event id: a retried job rewrites the same rows instead of adding new ones. The same
 # statement keeps the event's search vector (event_vectors) in step: written when there is an
-# embedding, removed when a rewrite leaves none.
+# embedding, removed when a rewrite leaves none. updated_at takes EXCLUDED's (its default, now()):
+# Citus refuses now() itself in DO UPDATE.
 _UPSERT = text(
     """
     WITH written AS (
@@ -36,7 +37,8 @@ _UPSERT = text(
             text = EXCLUDED.text, source_text = EXCLUDED.source_text,
             is_absolute = EXCLUDED.is_absolute, warnings = EXCLUDED.warnings,
             metadata = EXCLUDED.metadata, embedding = EXCLUDED.embedding,
-            lexical = EXCLUDED.lexical, job_id = EXCLUDED.job_id, updated_at = now()
+            lexical = EXCLUDED.lexical, job_id = EXCLUDED.job_id,
+            updated_at = EXCLUDED.updated_at
         RETURNING tenant_id, id, conversation_key, occurred_at, embedding
     ), searchable AS (
         INSERT INTO event_vectors (tenant_id, event_id, conversation_key, occurred_at, embedding)

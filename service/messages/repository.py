@@ -12,6 +12,7 @@ from pgvector import Vector
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.db.engine import uses_citus
 from service.retrieval.terms import to_tsquery_literal
 
 # One statement for the whole batch; duplicates (by conversation and message_id) are skipped.
@@ -52,6 +53,7 @@ async def insert_messages(
 
 
 # Count what arrived; pending_count is what no extraction job has been asked to read yet.
+# updated_at takes EXCLUDED's (its default, now()): Citus refuses now() itself in DO UPDATE.
 _TOUCH = text(
     """
     INSERT INTO conversations AS c (tenant_id, conversation_key, request_type, group_id, user_id,
@@ -67,7 +69,7 @@ _TOUCH = text(
         last_seq = GREATEST(c.last_seq, EXCLUDED.last_seq),
         pending_count = c.pending_count + EXCLUDED.pending_count,
         group_name = COALESCE(EXCLUDED.group_name, c.group_name),
-        updated_at = now()
+        updated_at = EXCLUDED.updated_at
     RETURNING pending_count, last_seq
     """
 )
@@ -111,10 +113,26 @@ _QUIET = text(
 )
 
 
+# On Citus, conversations are spread over the workers by tenant, and a row lock taken across
+# shards (FOR UPDATE in a multi-shard query) is refused. One multi-shard UPDATE claims them
+# instead: its row locks serialize two workers, and the second one re-checks pending_count > 0
+# after the first commits, so a conversation is still claimed once. Without LIMIT: the batch is
+# every quiet conversation (each one becomes one small job).
+_QUIET_DISTRIBUTED = text(
+    """
+    UPDATE conversations SET pending_count = 0
+    WHERE pending_count > 0 AND updated_at < now() - make_interval(secs => :quiet)
+    RETURNING tenant_id, conversation_key, last_seq
+    """
+)
+
+
 async def take_quiet_conversations(
     session: AsyncSession, quiet_seconds: float, limit: int
 ) -> list[Any]:
     """Quiet conversations with pending messages, their pending count reset."""
+    if await uses_citus(session):
+        return list(await session.execute(_QUIET_DISTRIBUTED, {"quiet": quiet_seconds}))
     return list(await session.execute(_QUIET, {"quiet": quiet_seconds, "limit": limit}))
 
 

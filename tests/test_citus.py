@@ -1,0 +1,245 @@
+"""On a Citus cluster: tenants' rows live in shards on the workers, row-level security holds
+there, and a request for one tenant is answered by one node (router queries).
+
+Runs only when ``TEST_DATABASE_URL`` points at a Citus coordinator, e.g. the local cluster of
+``deploy/citus/cluster.py``; skipped on a plain PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import numpy as np
+import pytest
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+
+from service.app import create_app
+from service.db.engine import Database
+from service.events.repository import _first_pass
+from tests.conftest import (
+    FAST_QUEUE,
+    AppClient,
+    DatabaseFactory,
+    TenantHandle,
+    database_url,
+    make_settings,
+    new_tenant,
+    plain_dsn,
+    serve_app,
+    until_finished,
+)
+
+GROUP = {
+    "request_type": "group",
+    "group_id": "g1",
+    "group_name": "Python 群",
+    "sender_id": "10001",
+    "sender_name": "张三",
+    "timezone": "Asia/Shanghai",
+}
+
+
+@pytest.fixture
+def cluster(databases: DatabaseFactory) -> DatabaseFactory:
+    if not databases.citus:
+        pytest.skip("needs TEST_DATABASE_URL at a Citus coordinator (deploy/citus/cluster.py)")
+    return databases
+
+
+def chat(tenant: int, n: int) -> dict[str, Any]:
+    return {
+        **GROUP,
+        "messages": [
+            {
+                "message_id": f"t{tenant}m{i}",
+                "sender_id": "10001",
+                "sender_name": "张三",
+                "text": f"第 {i} 条消息，来自租户 {tenant}",
+                "sent_at": f"2026-03-01T10:{i:02d}:00",
+            }
+            for i in range(n)
+        ],
+    }
+
+
+async def fetch(url: str, sql: str, *args: Any) -> list[asyncpg.Record]:
+    conn = await asyncpg.connect(plain_dsn(url))
+    try:
+        return list(await conn.fetch(sql, *args))
+    finally:
+        await conn.close()
+
+
+async def test_tenants_rows_live_in_their_shards_on_both_workers(
+    cluster: DatabaseFactory, db_url: str
+) -> None:
+    database = make_url(db_url).database or ""
+    worker_ports = {make_url(w).port for w in cluster.workers}
+    placed: dict[int, list[tuple[str, int]]] = {}  # worker port -> (tenant, messages written)
+    settings = make_settings(db_url)
+    async with serve_app(create_app(settings, migrate=False, run_worker=False)) as client:
+        # Tenants are hashed to shards: add tenants until both workers hold some (8 shards
+        # over 2 workers: a handful of tenants almost always suffices; 24 bounds the loop).
+        for n in range(24):
+            tenant = await new_tenant(client, name=f"tenant-{n}")
+            count = 3 + n % 4
+            response = await client.post(
+                "/v1/messages", json=chat(n, count), headers=tenant.headers
+            )
+            assert response.status_code == 202, response.text
+            (shard,) = await fetch(
+                db_url,
+                "SELECT s.shardid, s.nodeport FROM citus_shards s WHERE s.shardid ="
+                " get_shard_id_for_distribution_column('messages', $1::uuid)",
+                tenant.id,
+            )
+            placed.setdefault(shard["nodeport"], []).append((tenant.id, count))
+            if n >= 3 and worker_ports <= placed.keys():
+                break
+    # Distributed shards are on the workers only; the coordinator keeps metadata.
+    assert set(placed) == worker_ports
+
+    for worker in cluster.workers:
+        port = make_url(worker).port
+        shards = await fetch(
+            db_url,
+            "SELECT shardid FROM citus_shards WHERE table_name = 'messages'::regclass"
+            " AND nodeport = $1",
+            port,
+        )
+        union = " UNION ALL ".join(
+            f"SELECT tenant_id, count(*) AS n FROM messages_{s['shardid']} GROUP BY tenant_id"
+            for s in shards
+        )
+        # Straight from the worker's own tables, not through the coordinator.
+        found = {
+            str(r["tenant_id"]): r["n"] for r in await fetch(database_url(worker, database), union)
+        }
+        assert found == dict(placed[port])
+
+
+async def test_row_level_security_holds_on_the_workers(
+    cluster: DatabaseFactory, db_url: str
+) -> None:
+    settings = make_settings(db_url)
+    async with serve_app(create_app(settings, migrate=False, run_worker=False)) as client:
+        tenants = [await new_tenant(client, name=f"t{i}") for i in range(4)]
+        for i, tenant in enumerate(tenants):
+            response = await client.post(
+                "/v1/messages", json=chat(i, i + 2), headers=tenant.headers
+            )
+            assert response.status_code == 202, response.text
+    db = Database(db_url, pool_size=2)
+    try:
+        for i, tenant in enumerate(tenants):
+            tenant_id = uuid.UUID(tenant.id)
+            # No tenant filter: a multi-shard query on every worker; only RLS confines it.
+            everything = text("SELECT tenant_id, count(*) AS n FROM messages GROUP BY tenant_id")
+            async with db.tenant(tenant_id) as session:
+                rows = (await session.execute(everything)).all()
+            assert [(r.tenant_id, r.n) for r in rows] == [(tenant_id, i + 2)]
+            async with db.tenant_connection(tenant_id) as conn:
+                raw = await conn.fetch(everything.text)
+            assert [(r["tenant_id"], r["n"]) for r in raw] == [(tenant_id, i + 2)]
+    finally:
+        await db.dispose()
+
+
+async def counters(db_url: str) -> tuple[int, int]:
+    (row,) = await fetch(
+        db_url,
+        "SELECT query_execution_single_shard AS single, query_execution_multi_shard AS multi"
+        " FROM citus_stat_counters WHERE name = current_database()",
+    )
+    return int(row["single"]), int(row["multi"])
+
+
+@pytest.fixture
+async def served(
+    cluster: DatabaseFactory, db_url: str
+) -> AsyncIterator[tuple[AppClient, TenantHandle]]:
+    database = make_url(db_url).database
+    # Counted per query by Citus; the app's connections are opened after this.
+    await fetch(db_url, f'ALTER DATABASE "{database}" SET citus.enable_stat_counters = on')
+    settings = make_settings(db_url, cognitive={"queue": FAST_QUEUE})
+    async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
+        yield client, await new_tenant(client)
+
+
+async def test_one_tenants_requests_are_router_queries(
+    served: tuple[AppClient, TenantHandle], db_url: str
+) -> None:
+    client, tenant = served
+    for request_id, observation in (("a", "我在学 asyncio 和数据库连接池"), ("b", "我喜欢喝咖啡")):
+        response = await client.post(
+            "/v1/end",
+            json={**GROUP, "request_id": request_id, "memo": "聊了", "observations": [observation]},
+            headers=tenant.headers,
+        )
+        assert response.status_code == 202, response.text
+        job = await until_finished(client, tenant, response.json()["job_id"])
+        assert job["status"] == "done", job
+    response = await client.post("/v1/messages", json=chat(0, 5), headers=tenant.headers)
+    assert response.status_code == 202, response.text
+
+    # The per-turn context, the event and message searches and the end hand-over of one
+    # tenant: every statement Citus executes for them touches one shard.
+    before = await counters(db_url)
+    ask = {**GROUP, "message": "<message><content>asyncio 连接池怎么配置？</content></message>"}
+    context = await client.post("/v1/context", json=ask, headers=tenant.headers)
+    assert context.status_code == 200, context.text
+    assert context.json()["events"], "the context found no event: nothing was routed"
+    events = await client.post(
+        "/v1/events/search",
+        json={
+            "query": "asyncio",
+            "context": {"request_type": "group", "group_id": "g1", "sender_id": "10001"},
+        },
+        headers=tenant.headers,
+    )
+    assert events.status_code == 200, events.text
+    messages = await client.post(
+        "/v1/messages/search", json={"group_id": "g1", "query": "消息"}, headers=tenant.headers
+    )
+    assert messages.status_code == 200, messages.text
+    end = await client.post(
+        "/v1/end",
+        json={**GROUP, "request_id": "c", "memo": "又聊了", "observations": ["明天交周报"]},
+        headers=tenant.headers,
+    )
+    assert end.status_code == 202, end.text
+    after = await counters(db_url)
+    assert after[0] > before[0]  # Citus did execute them, one shard each
+    assert after[1] == before[1], "a single tenant's request ran a multi-shard query"
+
+
+async def test_explain_shows_the_event_search_is_routed_to_one_shard(
+    served: tuple[AppClient, TenantHandle], db_url: str
+) -> None:
+    _, tenant = served
+    db = Database(db_url, pool_size=2)
+    try:
+        params = {
+            "tenant_id": uuid.UUID(tenant.id),
+            "conversation_keys": ["group:g1"],
+            "query": np.ones(384, dtype=np.float32) / np.sqrt(384),
+            "limit": 5,
+            "pool": 29,
+            "sample": 1000,
+        }
+        async with db.tenant(uuid.UUID(tenant.id)) as session:
+            plan = "\n".join(
+                r[0]
+                for r in await session.execute(
+                    text("EXPLAIN " + _first_pass(False, False).text), params
+                )
+            )
+    finally:
+        await db.dispose()
+    task_counts = [line.split(":")[1].strip() for line in plan.splitlines() if "Task Count" in line]
+    assert task_counts, plan
+    assert set(task_counts) == {"1"}, plan
