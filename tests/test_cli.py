@@ -180,11 +180,14 @@ def test_serve_on_the_embedded_default_keeps_data_and_stops_cleanly(tmp_path: Pa
 
 
 def _worker_children(serve: subprocess.Popen[bytes]) -> list[psutil.Process]:
-    return [
-        child
-        for child in psutil.Process(serve.pid).children()
-        if "worker" in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE
-    ]
+    found = []
+    for child in psutil.Process(serve.pid).children():
+        try:
+            if "worker" in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE:
+                found.append(child)
+        except (psutil.ZombieProcess, psutil.NoSuchProcess):
+            continue  # exited between the listing and the look (a zombie has no command line)
+    return found
 
 
 def _gone(process: psutil.Process) -> bool:

@@ -210,7 +210,7 @@ async def test_errors_carry_status_code_message_field_and_request_id(
     assert unscoped.value.status == 422 and unscoped.value.field == "group_id"
 
     with pytest.raises(MemoriaAPIError) as stale:
-        await memoria.put_profile("user", "10001", MEMBER_DOC, if_match=3)
+        await memoria.put_profile("user", "10001", USER_DOC, if_match=3)
     assert stale.value.status == 409 and stale.value.error == "conflict"
 
     # The request models are the API's: a wrong value fails before anything is sent, with the

@@ -42,7 +42,11 @@ async def test_refused_admin_calls_leave_nothing_for_the_event_loop_to_clean_up(
                     *(client.get("/admin/tenants", headers=wrong) for _ in range(30)),
                     *(client.get("/admin/tenants", headers=ADMIN) for _ in range(10)),
                 )
-                assert sorted(a.status_code for a in answers) == [200] * 10 + [401] * 30
+                codes = [a.status_code for a in answers]
+                # Refused: 401, or 429 once this client has failed too often; the admin's
+                # own calls from the same client still pass.
+                assert codes[30:] == [200] * 10
+                assert all(code in (401, 429) for code in codes[:30])
             # What the loop would find later: abandoned generators are closed when collected.
             gc.collect()
             await asyncio.sleep(0.2)
