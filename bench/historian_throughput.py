@@ -46,11 +46,9 @@ from service.settings import Settings
 from service.tenants.service import TenantContext, create_tenant
 from tests.conftest import plain_dsn
 from tests.fake_llm import FakeLLM, Reply, tool
+from tests.test_volume import CITIES, DOINGS, PLACES
 
 START = datetime(2026, 1, 1, 8, tzinfo=UTC)
-PLACES = ["公司", "健身房", "西湖边", "图书馆", "火锅店", "机场", "医院", "咖啡馆", "球场"]
-DOINGS = ["加班写代码", "跑了五公里", "看了一场电影", "和朋友吃饭", "学吉他", "拍照", "读书"]
-CITIES = ["上海", "杭州", "深圳", "成都", "南京"]
 WINDOW = 1000
 
 

@@ -362,10 +362,10 @@ async def _redact_profiles(
             continue
         # The front matter is rebuilt by the renderer from the parsed profile, never edited
         # as text: a name that looks like YAML cannot break it.
-        profile = redactor.profile(parse(row.document, max_chars=None))
         document = redactor.document(row.document)
         if document == row.document:
             continue  # the name was only a YAML key or the like: nothing of theirs to remove
+        profile = redactor.profile(parse(row.document, max_chars=None))
         [vector] = await embedder.passages([digest(profile.body)])
         version = await profiles.write(
             session,

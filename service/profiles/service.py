@@ -234,8 +234,7 @@ async def apply_merge(
         # The vector is of the body's digest, which most facts leave as it was: then the
         # stored vector stays and the embedder is not called at all.
         text = digest(merged.body)
-        unchanged = current is not None and row is not None and row["embedded"]
-        if unchanged and current is not None and digest(current.body) == text:
+        if row is not None and row["embedded"] and digest(row["body"]) == text:
             vector = None
         else:
             [vector] = await embedder.passages([text])
