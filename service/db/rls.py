@@ -6,6 +6,7 @@ import sqlalchemy as sa
 from alembic import op
 
 from service.db.engine import APP_ROLE
+from service.db.vector_index import VectorIndex
 
 
 def create_app_role() -> None:
@@ -56,3 +57,13 @@ def embedding_dim() -> int:
         sa.text("SELECT value FROM memoria_meta WHERE key = 'embedding_dim'")
     ).scalar_one()
     return int(value)
+
+
+def create_vector_index(index: VectorIndex) -> None:
+    """Create a vector index as defined once (``service.db.vector_index``), for the
+    deployment's dimension; a covering index too narrow for the vectors leaves them in the
+    rows (storage MAIN)."""
+    dim = embedding_dim()
+    if index.storage(dim) == "MAIN":
+        op.execute(f"ALTER TABLE {index.table} ALTER COLUMN {index.vector_column} SET STORAGE MAIN")
+    op.execute(index.create_sql(dim))

@@ -26,7 +26,9 @@ from sqlalchemy.dialects.postgresql import JSONB, TSVECTOR, UUID
 from sqlalchemy.orm import Mapped, mapped_column
 
 from service.db.base import Base, created_at_column
+from service.db.registry import Embedded
 from service.db.types import Embedding
+from service.events.vectors import EVENT_VECTORS_SCAN
 
 
 class Event(Base):
@@ -95,12 +97,11 @@ class EventVector(Base):
         ForeignKeyConstraint(
             ["tenant_id", "event_id"], ["events.tenant_id", "events.id"], ondelete="CASCADE"
         ),
+        # The one definition of the index (at a dimension small enough to carry the vectors).
         Index(
-            "ix_event_vectors_scan",
-            "tenant_id",
-            "conversation_key",
-            "occurred_at",
-            postgresql_include=["event_id", "embedding"],
+            EVENT_VECTORS_SCAN.name,
+            *EVENT_VECTORS_SCAN.columns,
+            postgresql_include=[*EVENT_VECTORS_SCAN.include, EVENT_VECTORS_SCAN.vector_column],
         ),
     )
 
@@ -109,3 +110,7 @@ class EventVector(Base):
     conversation_key: Mapped[str] = mapped_column(String(200), nullable=False)
     occurred_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
     embedding: Mapped[Any] = mapped_column(HALFVEC(), nullable=False)
+
+
+# An event's vector is made of its text as is.
+EMBEDDED = Embedded(table="events", key=("id",), key_types=("text",), source=("text",))

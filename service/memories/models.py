@@ -25,6 +25,7 @@ from sqlalchemy.dialects.postgresql import JSONB, UUID
 from sqlalchemy.orm import Mapped, mapped_column
 
 from service.db.base import Base, created_at_column
+from service.db.registry import Embedded
 from service.db.types import Embedding
 
 SCOPES = ("GLOBAL", "PRIVATE", "GROUP", "MEMBER_IN_GROUP")
@@ -109,3 +110,7 @@ class MemoryHistory(Base):
         JSONB, nullable=False, server_default=sql("'{}'::jsonb")
     )
     created_at: Mapped[datetime] = created_at_column()
+
+
+# A memory's vector is made of its content as is.
+EMBEDDED = Embedded(table="memories", key=("id",), key_types=("bigint",), source=("content",))

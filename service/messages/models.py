@@ -22,6 +22,7 @@ from sqlalchemy.dialects.postgresql import TSVECTOR, UUID
 from sqlalchemy.orm import Mapped, mapped_column
 
 from service.db.base import Base, created_at_column
+from service.db.registry import Embedded
 from service.db.types import Embedding
 
 
@@ -94,3 +95,27 @@ class Conversation(Base):
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), nullable=False, server_default=func.now()
     )
+
+
+def passage_text(sender_name: str | None, text: str) -> str:
+    """What is embedded of a message: who said it, and what.
+
+    Questions about a chat name people ("what did Caroline paint?"); a vector of the bare
+    text cannot tell whose message it was (on LoCoMo, dense hit@10 0.30 without the name,
+    0.55 with it).
+    """
+    return f"{sender_name}: {text}" if sender_name else text
+
+
+def _passage(row: Any) -> str:
+    return passage_text(row.sender_name, row.text)
+
+
+# The message's vector is made of who said it and what (see ``passage_text``).
+EMBEDDED = Embedded(
+    table="messages",
+    key=("conversation_key", "message_id"),
+    key_types=("text", "text"),
+    source=("sender_name", "text"),
+    passage=_passage,
+)

@@ -25,6 +25,7 @@ from service.llm import ChatModel
 from service.memories import service as memories
 from service.memories.upkeep import enqueue_consolidation
 from service.messages import repository
+from service.messages.models import passage_text
 from service.messages.schemas import MessageBatch, MessagesStored
 from service.privacy import pii
 from service.privacy.service import was_erased
@@ -178,16 +179,6 @@ async def _enqueue_extraction(
         dedupe_key=f"extract:{key}:{upto_seq}",
     )
     return job_id
-
-
-def passage_text(sender_name: str | None, text: str) -> str:
-    """What is embedded of a message: who said it, and what.
-
-    Questions about a chat name people ("what did Caroline paint?"); a vector of the bare
-    text cannot tell whose message it was (on LoCoMo, dense hit@10 0.30 without the name,
-    0.55 with it).
-    """
-    return f"{sender_name}: {text}" if sender_name else text
 
 
 # Leading white space is matched (and removed) from its first character only: tried from

@@ -1,11 +1,15 @@
 """Erasure of a person, a group or a tenant: their rows go, others' mentions of them are
 redacted, a tombstone remains.
 
-A person's rows are found by their id in id columns (sender, user, creator, assignee, the
-profiles of the person and of their memberships, the rows that reference those), compared for
-equality. Another person's statement that names them is kept and loses the name (see
-``redaction``); it is never deleted, and nothing is matched by a pattern built from an id or a
-name, so a name like "is", "2", "%" or "tags" touches nobody else's data.
+Which tables hold what of a person is declared by each aggregate (``service.db.registry``):
+erasure loops over those declarations. A person's rows are found by their id in id columns
+(sender, user, creator, assignee, the profiles of the person and of their memberships, the
+rows that reference those), compared for equality. Another person's statement that names
+them is kept and loses the name (see ``redaction``); it is never deleted, and nothing is
+matched by a pattern built from an id or a name, so a name like "is", "2", "%" or "tags"
+touches nobody else's data.
+
+The ``jobs`` table's part is declared here (``JOBS``), where its SQL has always been.
 """
 
 from __future__ import annotations
@@ -17,84 +21,62 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.db import registry
+from service.db.registry import Erasing, PersonalTable, Redaction, names_filter
 from service.embedding import Embedder
-from service.exports import repository as exports
 from service.privacy import keys
-from service.privacy.people import Person, find_person, names_filter
-from service.profiles import repository as profiles
-from service.profiles.consolidate import digest
-from service.profiles.document import parse
-from service.retrieval.terms import terms, to_tsvector_literal
+from service.privacy.people import find_person
 
 # Columns of a job's payload (and of rows quoted in it) that name a person by id.
 PERSON_FIELDS = ("sender_id", "user_id", "creator_id", "assignee_id")
+# The column of a group's rows in an export document.
+GROUP_FIELDS = ("group_id",)
 
 
 def _rowcount(result: Any) -> int:
     return int(getattr(result, "rowcount", 0) or 0)
 
 
+async def _size(session: AsyncSession, parts: list[str], params: dict[str, Any]) -> int:
+    """The sum of the declared counts (each a scalar subquery)."""
+    if not parts:
+        return 0
+    sql = "SELECT " + " + ".join(f"({part})" for part in parts)
+    return int((await session.execute(text(sql), params)).scalar_one())
+
+
 async def count_user_rows(session: AsyncSession, tenant_id: uuid.UUID, user_id: str) -> int:
     """A quick size of a person's data: decides between erasing now and as a job."""
-    result = await session.execute(
-        text(
-            """
-            SELECT (SELECT count(*) FROM messages WHERE tenant_id = :t AND sender_id = :u)
-                 + (SELECT count(*) FROM events WHERE tenant_id = :t AND sender_id = :u)
-            """
-        ),
-        {"t": tenant_id, "u": user_id},
-    )
-    return int(result.scalar_one())
+    parts = [t.size_user for t in registry.tables() if t.size_user]
+    return await _size(session, parts, {"t": tenant_id, "u": user_id})
 
 
-# What is the person's own, by id. :u the id, :pk their private conversation.
-_OWN: list[tuple[str, str]] = [
-    (
-        "messages",
-        "DELETE FROM messages WHERE tenant_id = :t AND (sender_id = :u OR user_id = :u"
-        " OR conversation_key = :pk)",
-    ),
-    ("conversations", "DELETE FROM conversations WHERE tenant_id = :t AND conversation_key = :pk"),
-    (
-        "events",
-        "DELETE FROM events WHERE tenant_id = :t AND (user_id = :u OR sender_id = :u"
-        " OR conversation_key = :pk)",
-    ),
-    (
-        "memos",
-        "DELETE FROM memos WHERE tenant_id = :t AND (sender_id = :u OR user_id = :u"
-        " OR conversation_key = :pk)",
-    ),
-    (
-        "memory_history",
-        "DELETE FROM memory_history WHERE tenant_id = :t AND memory_id IN"
-        " (SELECT id FROM memories WHERE tenant_id = :t AND user_id = :u)",
-    ),
-    ("memories", "DELETE FROM memories WHERE tenant_id = :t AND user_id = :u"),
-    # The person's profile and their member profiles; their revisions go with them (cascade).
-    (
-        "profiles",
-        "DELETE FROM profiles WHERE tenant_id = :t AND entity_id = :u"
-        " AND entity_type IN ('user', 'member')",
-    ),
-    (
-        "todos",
-        "DELETE FROM todos WHERE tenant_id = :t AND (creator_id = :u OR assignee_id = :u"
-        " OR user_id = :u OR conversation_key = :pk)",
-    ),
-    # Their hand-overs, their private chat's jobs, an export or erasure of them.
-    (
-        "jobs",
-        """DELETE FROM jobs WHERE tenant_id = :t AND id <> :spare
-           AND (payload -> 'context' ->> 'sender_id' = :u
-                OR payload -> 'context' ->> 'user_id' = :u
-                OR payload ->> 'conversation_key' = :pk
-                OR (kind IN ('privacy.export', 'privacy.erase_user')
-                    AND COALESCE(payload ->> 'subject', payload ->> 'user_id') = :u
-                    AND COALESCE(payload ->> 'kind', 'user') = 'user'))""",
-    ),
-]
+async def count_group_rows(session: AsyncSession, tenant_id: uuid.UUID, group_id: str) -> int:
+    """A quick size of a group's data."""
+    parts = [t.size_group for t in registry.tables() if t.size_group]
+    return await _size(session, parts, {"t": tenant_id, "k": f"g:{group_id}"})
+
+
+async def count_tenant_rows(session: AsyncSession, tenant_id: uuid.UUID) -> int:
+    """A quick size of a tenant's data."""
+    parts = [t.size_tenant for t in registry.tables() if t.size_tenant]
+    return await _size(session, parts, {"t": tenant_id})
+
+
+async def _erase_copies(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    kind: str,
+    subject: str,
+    subject_hash: str,
+    names: list[str],
+    fields: tuple[str, ...],
+    counts: dict[str, int],
+) -> None:
+    erasing = Erasing(session, tenant_id, kind, subject, subject_hash, names, fields)
+    for table in registry.tables():
+        if table.erase_copies is not None:
+            counts[table.table] = await table.erase_copies(erasing)
 
 
 async def erase_user(
@@ -117,301 +99,49 @@ async def erase_user(
     p = {"t": tenant_id, "u": user_id, "pk": person.private_key, "spare": spare_job or 0}
     counts: dict[str, int] = {}
     # Copies first: an export is matched by what it holds before that is deleted.
-    counts["exports"] = await exports.erase(
-        session, tenant_id, subject, user_id, person.needles, PERSON_FIELDS
+    await _erase_copies(
+        session, tenant_id, "user", user_id, subject, person.needles, PERSON_FIELDS, counts
     )
-    for name, sql in _OWN:
-        counts[name] = _rowcount(await session.execute(text(sql), p))
+    for table in registry.tables():
+        for name, sql in table.erase_user:
+            counts[name] = _rowcount(await session.execute(text(sql), p))
     if person.redactor:
-        await _redact_mentions(session, tenant_id, person, embedder, keep, counts)
-    counts["audit_log"] = await _forget_targets(session, tenant_id, user_id)
+        redaction = Redaction(
+            session=session,
+            tenant_id=tenant_id,
+            person_id=user_id,
+            redactor=person.redactor,
+            embedder=embedder,
+            keep=keep,
+            scope={
+                "t": tenant_id,
+                "keys": person.conversations,
+                "groups": person.groups,
+                "peers": person.peers,
+                "needles": person.needles,
+            },
+            counts=counts,
+        )
+        for table in registry.tables():
+            if table.redact is not None:
+                await table.redact(redaction)
     await _tombstone(session, tenant_id, "user", subject, requested_by, counts)
     return counts
 
 
-async def _redact_mentions(
-    session: AsyncSession,
-    tenant_id: uuid.UUID,
-    person: Person,
-    embedder: Embedder,
-    keep: int,
-    counts: dict[str, int],
-) -> None:
-    """Others' statements in the person's conversations lose the person's names."""
-    redactor = person.redactor
-    scope = {
-        "t": tenant_id,
-        "keys": person.conversations,
-        "groups": person.groups,
-        "peers": person.peers,
-        "needles": person.needles,
-    }
-
-    async def rows(sql: str) -> list[Any]:
-        return list(await session.execute(text(sql), scope))
-
-    # Messages: the vector and terms are cleared; the embedding job makes them again from
-    # the redacted text.
-    for row in await rows(
-        "SELECT conversation_key, message_id, text FROM messages WHERE tenant_id = :t"
-        f" AND conversation_key = ANY(:keys) AND {names_filter('text')}"
-    ):
-        if redactor.mentions(row.text):
-            await session.execute(
-                text(
-                    "UPDATE messages SET text = :body, embedding = NULL, lexical = ''::tsvector"
-                    " WHERE tenant_id = :t AND conversation_key = :k AND message_id = :id"
-                ),
-                {
-                    "t": tenant_id,
-                    "k": row.conversation_key,
-                    "id": row.message_id,
-                    "body": redactor.text(row.text),
-                },
-            )
-            _count(counts, "messages_redacted")
-    # Events: text, source and metadata; searchable again at once (vector, terms).
-    changed_events: list[dict[str, Any]] = []
-    for row in await rows(
-        "SELECT id, text, source_text, metadata FROM events WHERE tenant_id = :t"
-        " AND conversation_key = ANY(:keys) AND ("
-        f"{names_filter('text')} OR {names_filter('source_text')}"
-        f" OR {names_filter('metadata::text')})"
-    ):
-        new = {
-            "text": redactor.text(row.text),
-            "source_text": redactor.text(row.source_text) if row.source_text else row.source_text,
-            "metadata": redactor.json(row.metadata),
-        }
-        if (new["text"], new["source_text"], new["metadata"]) != (
-            row.text,
-            row.source_text,
-            row.metadata,
-        ):
-            changed_events.append({"id": row.id, **new, "text_changed": new["text"] != row.text})
-    vectors = iter(
-        await embedder.passages([e["text"] for e in changed_events if e["text_changed"]])
-        if any(e["text_changed"] for e in changed_events)
-        else []
-    )
-    for event in changed_events:
-        params = {
-            "t": tenant_id,
-            "id": event["id"],
-            "text": event["text"],
-            "source": event["source_text"],
-            "meta": json.dumps(event["metadata"], ensure_ascii=False),
-        }
-        if event["text_changed"]:
-            vector = next(vectors)
-            await session.execute(
-                text(
-                    """
-                    WITH written AS (
-                        UPDATE events SET text = :text, source_text = :source,
-                               metadata = CAST(:meta AS jsonb), embedding = :vector,
-                               lexical = CAST(:lexical AS tsvector), updated_at = now()
-                        WHERE tenant_id = :t AND id = :id
-                        RETURNING tenant_id, id, embedding
-                    )
-                    UPDATE event_vectors AS v
-                    SET embedding = CAST(l2_normalize(w.embedding) AS halfvec)
-                    FROM written AS w WHERE v.tenant_id = w.tenant_id AND v.event_id = w.id
-                    """
-                ),
-                {**params, "vector": vector, "lexical": to_tsvector_literal(terms(event["text"]))},
-            )
-        else:
-            await session.execute(
-                text(
-                    "UPDATE events SET source_text = :source, metadata = CAST(:meta AS jsonb),"
-                    " updated_at = now() WHERE tenant_id = :t AND id = :id"
-                ),
-                params,
-            )
-        _count(counts, "events_redacted")
-    for row in await rows(
-        "SELECT id, memo FROM memos WHERE tenant_id = :t AND conversation_key = ANY(:keys)"
-        f" AND {names_filter('memo')}"
-    ):
-        if redactor.mentions(row.memo):
-            await session.execute(
-                text("UPDATE memos SET memo = :memo WHERE tenant_id = :t AND id = :id"),
-                {"t": tenant_id, "id": row.id, "memo": redactor.text(row.memo)},
-            )
-            _count(counts, "memos_redacted")
-    for row in await rows(
-        "SELECT id, description, evidence FROM todos WHERE tenant_id = :t"
-        f" AND conversation_key = ANY(:keys) AND ({names_filter('description')}"
-        f" OR {names_filter('evidence::text')})"
-    ):
-        description, evidence = redactor.text(row.description), redactor.json(row.evidence)
-        if (description, evidence) != (row.description, row.evidence):
-            await session.execute(
-                text(
-                    "UPDATE todos SET description = :d, evidence = CAST(:e AS jsonb)"
-                    " WHERE tenant_id = :t AND id = :id"
-                ),
-                {
-                    "t": tenant_id,
-                    "id": row.id,
-                    "d": description,
-                    "e": json.dumps(evidence, ensure_ascii=False),
-                },
-            )
-            _count(counts, "todos_redacted")
-    await _redact_memories(session, tenant_id, person, embedder, counts, rows)
-    await _redact_profiles(session, tenant_id, person, embedder, keep, counts, rows)
-    await _redact_jobs(session, tenant_id, person, counts, rows)
+# ---------------------------------------------------------------- the jobs table
 
 
-async def _redact_memories(
-    session: AsyncSession,
-    tenant_id: uuid.UUID,
-    person: Person,
-    embedder: Embedder,
-    counts: dict[str, int],
-    rows: Any,
-) -> None:
-    """Memories of the person's groups and of the people they spoke with, and the history of
-    those memories."""
-    redactor = person.redactor
-    # Their groups' memories, and the group-less (global) memories of people they spoke with.
-    in_scope = "(group_id = ANY(:groups) OR (group_id IS NULL AND user_id = ANY(:peers)))"
-    changed = []
-    for row in await rows(
-        f"SELECT id, content, evidence FROM memories WHERE tenant_id = :t AND {in_scope}"
-        f" AND ({names_filter('content')} OR {names_filter('evidence::text')})"
-    ):
-        content, evidence = redactor.text(row.content), redactor.json(row.evidence)
-        if (content, evidence) != (row.content, row.evidence):
-            changed.append((row, content, evidence))
-    moved = [c for c in changed if c[1] != c[0].content]
-    vectors = iter(await embedder.passages([c[1] for c in moved]) if moved else [])
-    for row, content, evidence in changed:
-        params: dict[str, Any] = {
-            "t": tenant_id,
-            "id": row.id,
-            "c": content,
-            "e": json.dumps(evidence, ensure_ascii=False),
-        }
-        vector = ", embedding = :v" if content != row.content else ""
-        if vector:
-            params["v"] = next(vectors)
-        await session.execute(
-            text(
-                f"UPDATE memories SET content = :c, evidence = CAST(:e AS jsonb){vector}"
-                " WHERE tenant_id = :t AND id = :id"
-            ),
-            params,
-        )
-        _count(counts, "memories_redacted")
-    for row in await rows(
-        "SELECT id, old_content, new_content, reason, cause FROM memory_history"
-        " WHERE tenant_id = :t AND memory_id IN"
-        f" (SELECT id FROM memories WHERE tenant_id = :t AND {in_scope})"
-        f" AND ({names_filter('old_content')} OR {names_filter('new_content')}"
-        f" OR {names_filter('reason')} OR {names_filter('cause::text')})"
-    ):
-        new = (
-            redactor.json(row.old_content),
-            redactor.json(row.new_content),
-            redactor.json(row.reason),
-            redactor.json(row.cause),
-        )
-        if new != (row.old_content, row.new_content, row.reason, row.cause):
-            await session.execute(
-                text(
-                    "UPDATE memory_history SET old_content = :o, new_content = :n, reason = :r,"
-                    " cause = CAST(:c AS jsonb) WHERE tenant_id = :t AND id = :id"
-                ),
-                {
-                    "t": tenant_id,
-                    "id": row.id,
-                    "o": new[0],
-                    "n": new[1],
-                    "r": new[2],
-                    "c": json.dumps(new[3], ensure_ascii=False) if new[3] is not None else None,
-                },
-            )
-            _count(counts, "memory_history_redacted")
-
-
-async def _redact_profiles(
-    session: AsyncSession,
-    tenant_id: uuid.UUID,
-    person: Person,
-    embedder: Embedder,
-    keep: int,
-    counts: dict[str, int],
-    rows: Any,
-) -> None:
-    """The profiles of the person's groups, of fellow members and of the people they spoke
-    with: a new version without the name, and their kept revisions redacted too."""
-    redactor = person.redactor
-    in_scope = (
-        "((entity_type = 'group' AND entity_id = ANY(:groups))"
-        " OR (entity_type = 'member' AND group_id = ANY(:groups))"
-        " OR (entity_type = 'user' AND entity_id = ANY(:peers)))"
-    )
-    for row in await rows(
-        f"SELECT profile_key, document, version FROM profiles WHERE tenant_id = :t AND {in_scope}"
-        f" AND {names_filter('document')}"
-    ):
-        if not redactor.mentions(row.document):
-            continue
-        # The front matter is rebuilt by the renderer from the parsed profile, never edited
-        # as text: a name that looks like YAML cannot break it.
-        document = redactor.document(row.document)
-        if document == row.document:
-            continue  # the name was only a YAML key or the like: nothing of theirs to remove
-        profile = redactor.profile(parse(row.document, max_chars=None))
-        [vector] = await embedder.passages([digest(profile.body)])
-        version = await profiles.write(
-            session,
-            tenant_id,
-            profile,
-            document,
-            vector,
-            expected=row.version,
-            replaced_by={"by": "erasure"},
-            keep=keep,
-        )
-        if version is not None:
-            _count(counts, "profiles_redacted")
-    for row in await rows(
-        "SELECT profile_key, version, document FROM profile_revisions WHERE tenant_id = :t"
-        " AND profile_key IN (SELECT profile_key FROM profiles"
-        f" WHERE tenant_id = :t AND {in_scope}) AND {names_filter('document')}"
-    ):
-        document = redactor.document(row.document)
-        if document != row.document:
-            await session.execute(
-                text(
-                    "UPDATE profile_revisions SET document = :d"
-                    " WHERE tenant_id = :t AND profile_key = :k AND version = :v"
-                ),
-                {"t": tenant_id, "k": row.profile_key, "v": row.version, "d": document},
-            )
-            _count(counts, "profile_revisions_redacted")
-
-
-async def _redact_jobs(
-    session: AsyncSession,
-    tenant_id: uuid.UUID,
-    person: Person,
-    counts: dict[str, int],
-    rows: Any,
-) -> None:
+async def _redact_jobs(r: Redaction) -> None:
     """Jobs of the person's conversations: others' hand-overs keep their payload, without the
     person's name and without the person's own messages quoted in them."""
-    redactor = person.redactor
-    uid = person.id
+    redactor = r.redactor
+    uid = r.person_id
 
     def owned(item: dict[str, Any]) -> bool:
         return any(item.get(f) == uid for f in PERSON_FIELDS)
 
-    for row in await rows(
+    for row in await r.rows(
         "SELECT id, payload, result, last_error FROM jobs WHERE tenant_id = :t"
         " AND (payload -> 'context' ->> 'group_id' = ANY(:groups)"
         "      OR payload ->> 'conversation_key' = ANY(:keys))"
@@ -420,43 +150,86 @@ async def _redact_jobs(
         result = redactor.json(row.result, owned)
         error = redactor.text(row.last_error) if row.last_error else row.last_error
         if (payload, result, error) != (row.payload, row.result, row.last_error):
-            await session.execute(
+            await r.session.execute(
                 text(
                     "UPDATE jobs SET payload = CAST(:p AS jsonb), result = CAST(:r AS jsonb),"
                     " last_error = :e WHERE tenant_id = :t AND id = :id"
                 ),
                 {
-                    "t": tenant_id,
+                    "t": r.tenant_id,
                     "id": row.id,
                     "e": error,
                     "p": json.dumps(payload, ensure_ascii=False),
                     "r": json.dumps(result, ensure_ascii=False) if result is not None else None,
                 },
             )
-            _count(counts, "jobs_redacted")
+            r.count("jobs_redacted")
 
 
-async def _forget_targets(session: AsyncSession, tenant_id: uuid.UUID, user_id: str) -> int:
-    """Audit entries keep what was done; an id of the person among their targets goes."""
-    result = await session.execute(
-        text(
-            """
-            UPDATE audit_log AS a
-            SET targets = (SELECT COALESCE(jsonb_object_agg(k, v), '{}'::jsonb)
-                           FROM jsonb_each(a.targets) AS e(k, v)
-                           WHERE v <> to_jsonb(CAST(:u AS text)))
-            WHERE a.tenant_id = :t
-              AND EXISTS (SELECT 1 FROM jsonb_each(a.targets) AS e(k, v)
-                          WHERE v = to_jsonb(CAST(:u AS text)))
-            """
+JOBS = PersonalTable(
+    table="jobs",
+    personal=("payload", "result", "last_error"),
+    not_personal={
+        "kind": "a code from a fixed set",
+        "status": "a code from a fixed set",
+        "lease_owner": "the worker process holding the job",
+        "dedupe_key": "a key made of ids that runs a job once",
+    },
+    # Their hand-overs, their private chat's jobs, an export or erasure of them.
+    erase_user=(
+        (
+            "jobs",
+            """DELETE FROM jobs WHERE tenant_id = :t AND id <> :spare
+           AND (payload -> 'context' ->> 'sender_id' = :u
+                OR payload -> 'context' ->> 'user_id' = :u
+                OR payload ->> 'conversation_key' = :pk
+                OR (kind IN ('privacy.export', 'privacy.erase_user')
+                    AND COALESCE(payload ->> 'subject', payload ->> 'user_id') = :u
+                    AND COALESCE(payload ->> 'kind', 'user') = 'user'))""",
         ),
-        {"t": tenant_id, "u": user_id},
-    )
-    return _rowcount(result)
+    ),
+    erase_group=(
+        (
+            "jobs",
+            "DELETE FROM jobs WHERE tenant_id = :t AND (payload -> 'context' ->> 'group_id'"
+            " = :g OR payload ->> 'conversation_key' = :k OR (kind = 'privacy.export'"
+            " AND payload ->> 'kind' = 'group' AND payload ->> 'subject' = :g))",
+        ),
+    ),
+    redact=_redact_jobs,
+    export_user=f"""
+           SELECT id, kind, status, attempts, payload, last_error, created_at,
+                  (payload -> 'context' ->> 'sender_id' = :u
+                   OR payload -> 'context' ->> 'user_id' = :u
+                   OR payload ->> 'conversation_key' = :pk) AS own
+           FROM jobs
+           WHERE tenant_id = :t AND status IN ('queued', 'running', 'failed') AND id <> :spare
+             AND (payload -> 'context' ->> 'sender_id' = :u
+                  OR payload -> 'context' ->> 'user_id' = :u
+                  OR payload ->> 'conversation_key' = :pk
+                  OR ((payload -> 'context' ->> 'group_id' = ANY(:groups)
+                       OR payload ->> 'conversation_key' = ANY(:keys))
+                      AND {names_filter("payload::text")}))
+           ORDER BY id""",
+    # The names in the context of their hand-overs; the names of others and of the bot.
+    own_names=(
+        """SELECT payload -> 'context' ->> 'sender_name' AS name FROM jobs
+    WHERE tenant_id = :t AND payload -> 'context' ->> 'sender_id' = :u
+      AND payload -> 'context' ->> 'sender_name' IS NOT NULL""",
+    ),
+    shared_names=(
+        """SELECT payload -> 'context' ->> 'sender_name' AS name FROM jobs
+    WHERE tenant_id = :t AND payload -> 'context' ->> 'sender_name' = ANY(:names)
+      AND payload -> 'context' ->> 'sender_id' IS DISTINCT FROM :u""",
+        """SELECT payload -> 'context' ->> 'bot_name' AS name FROM jobs
+    WHERE tenant_id = :t AND payload -> 'context' ->> 'bot_name' = ANY(:names)""",
+    ),
+)
+
+TABLES = (JOBS,)
 
 
-def _count(counts: dict[str, int], name: str) -> None:
-    counts[name] = counts.get(name, 0) + 1
+# ---------------------------------------------------------------- groups and tenants
 
 
 async def erase_group(
@@ -465,26 +238,11 @@ async def erase_group(
     """Erase a group: its conversation, events, memos, memories, profiles, todos, jobs."""
     p = {"t": tenant_id, "g": group_id, "k": f"g:{group_id}"}
     subject = await keys.subject_hash(session, tenant_id, "group", group_id)
-    counts: dict[str, int] = {
-        "exports": await exports.erase(session, tenant_id, subject, group_id, [], ("group_id",))
-    }
-    statements = {
-        "messages": "DELETE FROM messages WHERE tenant_id = :t AND conversation_key = :k",
-        "conversations": "DELETE FROM conversations WHERE tenant_id = :t AND conversation_key = :k",
-        "events": "DELETE FROM events WHERE tenant_id = :t AND conversation_key = :k",
-        "memos": "DELETE FROM memos WHERE tenant_id = :t AND conversation_key = :k",
-        "memory_history": "DELETE FROM memory_history WHERE tenant_id = :t AND memory_id IN"
-        " (SELECT id FROM memories WHERE tenant_id = :t AND group_id = :g)",
-        "memories": "DELETE FROM memories WHERE tenant_id = :t AND group_id = :g",
-        "profiles": "DELETE FROM profiles WHERE tenant_id = :t AND ((entity_type = 'group'"
-        " AND entity_id = :g) OR (entity_type = 'member' AND group_id = :g))",
-        "todos": "DELETE FROM todos WHERE tenant_id = :t AND conversation_key = :k",
-        "jobs": "DELETE FROM jobs WHERE tenant_id = :t AND (payload -> 'context' ->> 'group_id'"
-        " = :g OR payload ->> 'conversation_key' = :k OR (kind = 'privacy.export'"
-        " AND payload ->> 'kind' = 'group' AND payload ->> 'subject' = :g))",
-    }
-    for name, sql in statements.items():
-        counts[name] = _rowcount(await session.execute(text(sql), p))
+    counts: dict[str, int] = {}
+    await _erase_copies(session, tenant_id, "group", group_id, subject, [], GROUP_FIELDS, counts)
+    for table in registry.tables():
+        for name, sql in table.erase_group:
+            counts[name] = _rowcount(await session.execute(text(sql), p))
     await _tombstone(session, tenant_id, "group", subject, requested_by, counts)
     return counts
 
@@ -529,38 +287,30 @@ async def was_erased(session: AsyncSession, tenant_id: uuid.UUID, user_ids: list
     return {hashes[r.subject_hash] for r in rows}
 
 
-# Tenant tables, parents before children (the order of a whole-tenant export too).
-TENANT_TABLES = [
-    "conversations",
-    "messages",
-    "memos",
-    "events",
-    "profiles",
-    "profile_revisions",
-    "memories",
-    "memory_history",
-    "todos",
-    "jobs",
-    "api_keys",
-    "erasures",
-    "audit_log",
-]
+def tenant_tables() -> list[PersonalTable]:
+    """The tables of a tenant's rows, parents before children: the order of a whole-tenant
+    export (after the tenant's own row)."""
+    return [t for t in registry.tables() if t.tenant_key == "tenant_id" and t.tenant_export]
 
 
 async def erase_tenant(session: AsyncSession, tenant_id: uuid.UUID) -> dict[str, int] | None:
     """Delete a tenant and all its data (keys included); a tombstone remains. None: no such
     tenant."""
     counts: dict[str, int] = {}
-    for table in ("exports", *TENANT_TABLES):  # an export's chunks go with it (cascade)
-        if table == "erasures":
-            continue
-        result = await session.execute(
-            text(f"DELETE FROM {table} WHERE tenant_id = :t"), {"t": tenant_id}
-        )
-        counts[table] = _rowcount(result)
-    gone = await session.execute(text("DELETE FROM tenants WHERE id = :t"), {"t": tenant_id})
-    if not _rowcount(gone):
-        return None
+    tables = [t for t in registry.tables() if t.tenant_erase]
+    for table in tables:
+        if table.tenant_key == "tenant_id":  # its children go with it (cascade)
+            result = await session.execute(
+                text(f"DELETE FROM {table.table} WHERE tenant_id = :t"), {"t": tenant_id}
+            )
+            counts[table.table] = _rowcount(result)
+    for table in tables:
+        if table.tenant_key != "tenant_id":  # the tenant's own row, last
+            gone = await session.execute(
+                text(f"DELETE FROM {table.table} WHERE {table.tenant_key} = :t"), {"t": tenant_id}
+            )
+            if not _rowcount(gone):
+                return None
     subject = await keys.subject_hash(session, tenant_id, "tenant", str(tenant_id))
     await _tombstone(session, tenant_id, "tenant", subject, "admin", counts)
     return counts

@@ -17,21 +17,22 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.db import registry
 from service.db.engine import Database
 from service.privacy.erasure import (
-    TENANT_TABLES,
+    count_group_rows,
+    count_tenant_rows,
     count_user_rows,
     erase_group,
     erase_tenant,
     erase_user,
+    tenant_tables,
     was_erased,
 )
 from service.privacy.keys import subject_hash
 from service.privacy.people import find_person
-from service.privacy.people import names_filter as _names
 
 __all__ = [
-    "TENANT_TABLES",
     "count_export_rows",
     "count_user_rows",
     "document_parts",
@@ -46,174 +47,20 @@ __all__ = [
 ]
 
 # ---------------------------------------------------------------- export
+#
+# Each aggregate declares its section of a person's export (their own rows, and others'
+# rows in their conversations that may name them: kept only if they do; :u the id, :pk
+# their private conversation) and of a group's (see ``service.db.registry``).
 
 
-_IN_SCOPE_PROFILES = (
-    "((entity_type = 'group' AND entity_id = ANY(:groups))"
-    " OR (entity_type = 'member' AND group_id = ANY(:groups))"
-    " OR (entity_type = 'user' AND entity_id = ANY(:peers)))"
-)
-_OWN_PROFILES = "entity_id = :u AND entity_type IN ('user', 'member')"
-
-# Each section: the person's own rows (``own``), and others' rows in their conversations that
-# may name them (kept only if they do). :u the id, :pk their private conversation.
-_USER_SECTIONS: list[tuple[str, str]] = [
-    (
-        "messages",
-        f"""SELECT conversation_key, message_id, request_type, group_id, user_id, sender_id,
-                  sender_name, text, sent_at, created_at,
-                  (sender_id = :u OR user_id = :u OR conversation_key = :pk) AS own
-           FROM messages
-           WHERE tenant_id = :t AND (sender_id = :u OR user_id = :u OR conversation_key = :pk
-                                     OR (conversation_key = ANY(:keys) AND {_names("text")}))
-           ORDER BY sent_at""",
-    ),
-    (
-        "events",
-        f"""SELECT id, conversation_key, request_type, group_id, user_id, sender_id, kind, text,
-                  source_text, is_absolute, occurred_at, timezone, location_abs, metadata,
-                  (user_id = :u OR sender_id = :u OR conversation_key = :pk) AS own
-           FROM events
-           WHERE tenant_id = :t
-             AND (user_id = :u OR sender_id = :u OR conversation_key = :pk
-                  OR (conversation_key = ANY(:keys)
-                      AND ({_names("text")} OR {_names("source_text")}
-                           OR {_names("metadata::text")})))
-           ORDER BY occurred_at""",
-    ),
-    (
-        "memos",
-        f"""SELECT request_id, end_seq, conversation_key, group_id, user_id, sender_id, memo,
-                  said_at, (sender_id = :u OR user_id = :u OR conversation_key = :pk) AS own
-           FROM memos
-           WHERE tenant_id = :t AND (sender_id = :u OR user_id = :u OR conversation_key = :pk
-                                     OR (conversation_key = ANY(:keys) AND {_names("memo")}))
-           ORDER BY said_at""",
-    ),
-    (
-        "memories",
-        f"""SELECT id, scope, user_id, group_id, category, content, confidence, importance,
-                  valid_from, valid_to, is_active, last_used_at, evidence, created_at,
-                  updated_at, (user_id = :u) AS own
-           FROM memories
-           WHERE tenant_id = :t
-             AND (user_id = :u OR ((group_id = ANY(:groups)
-                                    OR (group_id IS NULL AND user_id = ANY(:peers)))
-                                   AND {_names("content")}))
-           ORDER BY id""",
-    ),
-    (
-        "memory_history",
-        f"""SELECT h.memory_id, h.action, h.old_content, h.new_content, h.reason, h.cause,
-                  h.created_at, (m.user_id = :u) AS own
-           FROM memory_history AS h
-           JOIN memories AS m ON m.tenant_id = h.tenant_id AND m.id = h.memory_id
-           WHERE h.tenant_id = :t
-             AND (m.user_id = :u
-                  OR ((m.group_id = ANY(:groups)
-                       OR (m.group_id IS NULL AND m.user_id = ANY(:peers)))
-                      AND ({_names("h.old_content")}
-                           OR {_names("h.new_content")})))
-           ORDER BY h.id""",
-    ),
-    (
-        "profiles",
-        f"""SELECT entity_type, entity_id, group_id, name, tags, document, version, updated_at,
-                  ({_OWN_PROFILES}) AS own
-           FROM profiles
-           WHERE tenant_id = :t
-             AND ({_OWN_PROFILES} OR ({_IN_SCOPE_PROFILES} AND {_names("document")}))
-           ORDER BY profile_key""",
-    ),
-    (
-        "profile_revisions",
-        f"""SELECT r.profile_key, r.version, r.document, r.replaced_by, r.created_at,
-                  (p.entity_id = :u AND p.entity_type IN ('user', 'member')) AS own
-           FROM profile_revisions AS r
-           JOIN profiles AS p ON p.tenant_id = r.tenant_id AND p.profile_key = r.profile_key
-           WHERE r.tenant_id = :t
-             AND ((p.entity_id = :u AND p.entity_type IN ('user', 'member'))
-                  OR ((
-                      (p.entity_type = 'group' AND p.entity_id = ANY(:groups))
-                      OR (p.entity_type = 'member' AND p.group_id = ANY(:groups))
-                      OR (p.entity_type = 'user' AND p.entity_id = ANY(:peers)))
-                      AND {_names("r.document")}))
-           ORDER BY r.profile_key, r.version""",
-    ),
-    (
-        "todos",
-        f"""SELECT id, group_id, user_id, creator_id, assignee_id, description, trigger_time,
-                  status, created_at, completed_at,
-                  (creator_id = :u OR assignee_id = :u OR user_id = :u
-                   OR conversation_key = :pk) AS own
-           FROM todos
-           WHERE tenant_id = :t
-             AND (creator_id = :u OR assignee_id = :u OR user_id = :u OR conversation_key = :pk
-                  OR (conversation_key = ANY(:keys) AND {_names("description")}))
-           ORDER BY id""",
-    ),
-    (
-        "jobs",
-        f"""SELECT id, kind, status, attempts, payload, last_error, created_at,
-                  (payload -> 'context' ->> 'sender_id' = :u
-                   OR payload -> 'context' ->> 'user_id' = :u
-                   OR payload ->> 'conversation_key' = :pk) AS own
-           FROM jobs
-           WHERE tenant_id = :t AND status IN ('queued', 'running', 'failed') AND id <> :spare
-             AND (payload -> 'context' ->> 'sender_id' = :u
-                  OR payload -> 'context' ->> 'user_id' = :u
-                  OR payload ->> 'conversation_key' = :pk
-                  OR ((payload -> 'context' ->> 'group_id' = ANY(:groups)
-                       OR payload ->> 'conversation_key' = ANY(:keys))
-                      AND {_names("payload::text")}))
-           ORDER BY id""",
-    ),
-]
-
-_GROUP_SECTIONS: list[tuple[str, str]] = [
-    ("conversation", "SELECT * FROM conversations WHERE tenant_id = :t AND conversation_key = :k"),
-    (
-        "messages",
-        """SELECT message_id, sender_id, sender_name, text, sent_at FROM messages
-           WHERE tenant_id = :t AND conversation_key = :k ORDER BY sent_at""",
-    ),
-    (
-        "events",
-        """SELECT id, sender_id, kind, text, source_text, is_absolute, occurred_at, metadata
-           FROM events WHERE tenant_id = :t AND conversation_key = :k ORDER BY occurred_at""",
-    ),
-    (
-        "memos",
-        "SELECT request_id, end_seq, sender_id, memo, said_at FROM memos"
-        " WHERE tenant_id = :t AND conversation_key = :k ORDER BY said_at",
-    ),
-    (
-        "memories",
-        """SELECT id, scope, user_id, category, content, is_active, valid_from, valid_to,
-                  created_at FROM memories WHERE tenant_id = :t AND group_id = :g ORDER BY id""",
-    ),
-    (
-        "profiles",
-        """SELECT entity_type, entity_id, name, tags, document, version FROM profiles
-           WHERE tenant_id = :t AND ((entity_type = 'group' AND entity_id = :g)
-                                     OR (entity_type = 'member' AND group_id = :g))
-           ORDER BY profile_key""",
-    ),
-    (
-        "profile_revisions",
-        """SELECT r.profile_key, r.version, r.document, r.replaced_by, r.created_at
-           FROM profile_revisions AS r
-           JOIN profiles AS p ON p.tenant_id = r.tenant_id AND p.profile_key = r.profile_key
-           WHERE r.tenant_id = :t AND ((p.entity_type = 'group' AND p.entity_id = :g)
-                                       OR (p.entity_type = 'member' AND p.group_id = :g))
-           ORDER BY r.profile_key, r.version""",
-    ),
-    (
-        "todos",
-        "SELECT id, creator_id, assignee_id, description, trigger_time, status FROM todos"
-        " WHERE tenant_id = :t AND conversation_key = :k ORDER BY id",
-    ),
-]
+def _sections(kind: str) -> list[tuple[str, str]]:
+    """(section name, query) of a person's or a group's export, in the aggregates' order."""
+    out = []
+    for table in registry.tables():
+        query = table.export_user if kind == "user" else table.export_group
+        if query is not None:
+            out.append((table.section, query))
+    return out
 
 
 def _strings(value: Any) -> Iterator[str]:
@@ -239,18 +86,8 @@ async def count_export_rows(
     if kind == "user":
         return await count_user_rows(session, tenant_id, subject)
     if kind == "group":
-        sql = """
-            SELECT (SELECT count(*) FROM messages WHERE tenant_id = :t AND conversation_key = :k)
-                 + (SELECT count(*) FROM events WHERE tenant_id = :t AND conversation_key = :k)
-            """
-    else:
-        sql = """
-            SELECT (SELECT count(*) FROM messages WHERE tenant_id = :t)
-                 + (SELECT count(*) FROM events WHERE tenant_id = :t)
-                 + (SELECT count(*) FROM memories WHERE tenant_id = :t)
-            """
-    result = await session.execute(text(sql), {"t": tenant_id, "k": f"g:{subject}"})
-    return int(result.scalar_one())
+        return await count_group_rows(session, tenant_id, subject)
+    return await count_tenant_rows(session, tenant_id)
 
 
 async def document_parts(
@@ -279,10 +116,10 @@ async def document_parts(
             "needles": person.needles,
             "spare": spare_job,
         }
-        sections = _USER_SECTIONS
+        sections = _sections("user")
     else:
         params = {"t": tenant_id, "g": subject, "k": f"g:{subject}"}
-        sections = _GROUP_SECTIONS
+        sections = _sections("group")
     head = {"subject": {"kind": kind, "id": subject}, "generated_at": datetime.now(UTC)}
     yield _json(head)[:-1]
     for name, query in sections:
@@ -313,34 +150,43 @@ async def export_stream(
             yield part.encode()
 
 
-# Vectors (and, during a re-embedding, their shadow copies) are derived from the texts.
-_HIDDEN_COLUMNS = {"embedding", "embedding_next", "key_hash"}
+def _hidden(table: registry.PersonalTable) -> set[str]:
+    """Columns a whole-tenant export leaves out: secrets, and vectors (and, during a
+    re-embedding, their shadow copies), which are derived from the texts."""
+    hidden = set(table.hidden)
+    for column in registry.embedded():
+        if column.table == table.table:
+            hidden |= {column.vector, column.shadow}
+    return hidden
 
 
 async def tenant_parts(
     session: AsyncSession, tenant_id: uuid.UUID, counts: dict[str, int]
 ) -> AsyncIterator[str]:
     """The whole tenant as NDJSON: one line per row, ``{"table": …, "row": …}``; ``counts``
-    gets the rows per table."""
-    tenant = (
-        await session.execute(
-            text("SELECT id, name, settings, created_at FROM tenants WHERE id = :t"),
-            {"t": tenant_id},
-        )
-    ).first()
-    if tenant is not None:
-        yield _json({"table": "tenants", "row": dict(tenant._mapping)}) + "\n"
-        counts["tenants"] = 1
-    for table in TENANT_TABLES:
+    gets the rows per table. The tenant's own row comes first."""
+    for table in registry.tables():
+        if table.tenant_key != "tenant_id" and table.tenant_export:
+            row = (
+                await session.execute(
+                    text(f"SELECT * FROM {table.table} WHERE {table.tenant_key} = :t"),
+                    {"t": tenant_id},
+                )
+            ).first()
+            if row is not None:
+                yield _json({"table": table.table, "row": dict(row._mapping)}) + "\n"
+                counts[table.table] = 1
+    for table in tenant_tables():
+        hidden = _hidden(table)
         result = await session.stream(
-            text(f"SELECT * FROM {table} WHERE tenant_id = :t"), {"t": tenant_id}
+            text(f"SELECT * FROM {table.table} WHERE tenant_id = :t"), {"t": tenant_id}
         )
         count = 0
         async for row in result:
-            data = {k: v for k, v in row._mapping.items() if k not in _HIDDEN_COLUMNS}
-            yield _json({"table": table, "row": data}) + "\n"
+            data = {k: v for k, v in row._mapping.items() if k not in hidden}
+            yield _json({"table": table.table, "row": data}) + "\n"
             count += 1
-        counts[table] = count
+        counts[table.table] = count
 
 
 async def export_tenant(db: Database, tenant_id: uuid.UUID) -> AsyncIterator[bytes]:

@@ -21,7 +21,9 @@ from sqlalchemy.dialects.postgresql import JSONB, UUID
 from sqlalchemy.orm import Mapped, mapped_column
 
 from service.db.base import Base, created_at_column
+from service.db.registry import Embedded
 from service.db.types import Embedding
+from service.profiles.consolidate import digest
 
 
 class ProfileRow(Base):
@@ -74,3 +76,17 @@ class ProfileRevision(Base):
         JSONB, nullable=False, server_default=sql("'{}'::jsonb")
     )
     created_at: Mapped[datetime] = created_at_column()
+
+
+def _passage(row: Any) -> str:
+    return digest(row.body)
+
+
+# A profile's vector is made of a digest of its body (see ``consolidate.digest``).
+EMBEDDED = Embedded(
+    table="profiles",
+    key=("profile_key",),
+    key_types=("text",),
+    source=("body",),
+    passage=_passage,
+)

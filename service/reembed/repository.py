@@ -19,37 +19,25 @@ from pgvector import Vector
 from sqlalchemy import Row, TextClause, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.db import registry
+from service.db.registry import Embedded
 from service.reembed.models import ACTIVE, ReembedRun
 
-
-@dataclass(frozen=True)
-class VectorTable:
-    """A table whose rows carry an embedding of their text."""
-
-    name: str
-    key: tuple[str, ...]  # the primary key after tenant_id: the order a pass walks in
-    key_types: tuple[str, ...]
-    source: tuple[str, ...]  # the columns the embedded text is made of
-
-    @property
-    def trigger(self) -> str:
-        """The name of the trigger that empties stale shadow vectors."""
-        return f"{self.name}_reembed_stale"
+# A table whose rows carry an embedding of their text, as its aggregate declares it.
+VectorTable = Embedded
 
 
-TABLES = (
-    VectorTable("events", ("id",), ("text",), ("text",)),
-    VectorTable(
-        "messages", ("conversation_key", "message_id"), ("text", "text"), ("sender_name", "text")
-    ),
-    VectorTable("memories", ("id",), ("bigint",), ("content",)),
-    VectorTable("profiles", ("profile_key",), ("text",), ("body",)),
-)
-TABLES_BY_NAME = {t.name: t for t in TABLES}
+def vector_tables() -> list[VectorTable]:
+    """Every table with vectors made from text (``service.db.registry``)."""
+    return registry.embedded()
 
-# Above this many dimensions the half-precision vectors no longer fit in a B-tree entry of
-# event_vectors' covering index (see migration 0006): the index then carries only the ids.
-COVERING_MAX_DIM = 1100
+
+def vector_table(name: str) -> VectorTable:
+    """One table with vectors, by name; KeyError when there is none."""
+    for table in vector_tables():
+        if table.name == name:
+            return table
+    raise KeyError(name)
 
 
 # ---------------------------------------------------------------- runs
@@ -259,7 +247,7 @@ async def table_progress(session: AsyncSession, run_id: int) -> list[TableProgre
     )
     found = {r.table_name: r for r in rows}
     out = []
-    for table in TABLES:
+    for table in vector_tables():
         r = found.get(table.name)
         done, total, open_ = (int(r.done), int(r.total), int(r.open)) if r else (0, 0, 0)
         # Rows written during the pass, ahead of its cursor, are embedded too.
@@ -307,7 +295,7 @@ async def bound_lock_waits(session: AsyncSession, seconds: float) -> None:
 
 async def add_shadows(session: AsyncSession, dimensions: int) -> None:
     """The shadow column of the new type, and its trigger, on every table with vectors."""
-    for table in TABLES:
+    for table in vector_tables():
         # No default: adding the column only changes the catalog, whatever the table's size.
         await session.execute(
             text(f"ALTER TABLE {table.name} ADD COLUMN embedding_next vector({int(dimensions)})")
@@ -325,7 +313,7 @@ async def add_shadows(session: AsyncSession, dimensions: int) -> None:
 
 async def drop_shadows(session: AsyncSession) -> None:
     """Remove the shadow columns and triggers (a cancelled run)."""
-    for table in TABLES:
+    for table in vector_tables():
         await session.execute(text(f"DROP TRIGGER IF EXISTS {table.trigger} ON {table.name}"))
         await session.execute(
             text(f"ALTER TABLE {table.name} DROP COLUMN IF EXISTS embedding_next")
@@ -449,9 +437,13 @@ async def write_shadows(
 
 
 async def lock_tables(session: AsyncSession) -> None:
-    """Hold every table with vectors for the switch: no writes, no reads of the old vectors."""
-    names = ", ".join(["events", "event_vectors", *(t.name for t in TABLES if t.name != "events")])
-    await session.execute(text(f"LOCK TABLE {names} IN ACCESS EXCLUSIVE MODE"))
+    """Hold every table with vectors for the switch, and the tables of their copies: no
+    writes, no reads of the old vectors."""
+    names: list[str] = []
+    for table in vector_tables():
+        names.append(table.name)
+        names += [d.table for d in registry.derived() if d.source.split(".")[0] == table.name]
+    await session.execute(text(f"LOCK TABLE {', '.join(names)} IN ACCESS EXCLUSIVE MODE"))
 
 
 # Indexes that read the vector column (in a key, an expression or a predicate), as SQL.
@@ -487,29 +479,11 @@ async def swap_columns(session: AsyncSession, table: VectorTable) -> None:
         await connection.exec_driver_sql(definition)
 
 
-async def rebuild_event_vectors(session: AsyncSession, dimensions: int) -> None:
-    """Remake the half-precision copies of the events' (new) vectors, as migration 0006 did."""
-    dim = int(dimensions)
-    covering = dim <= COVERING_MAX_DIM
-    for statement in (
-        "DROP INDEX ix_event_vectors_scan",
-        "TRUNCATE event_vectors",
-        f"ALTER TABLE event_vectors ALTER COLUMN embedding TYPE halfvec({dim})",
-        # Too wide for the index, the vectors stay in the rows (not in TOAST) for the search.
-        "ALTER TABLE event_vectors ALTER COLUMN embedding SET STORAGE "
-        + ("EXTERNAL" if covering else "MAIN"),
-        # Copy before indexing: one sorted index build is far cheaper than many insertions.
-        f"""
-        INSERT INTO event_vectors (tenant_id, event_id, conversation_key, occurred_at, embedding)
-        SELECT tenant_id, id, conversation_key, occurred_at,
-               CAST(l2_normalize(embedding) AS halfvec({dim}))
-        FROM events WHERE embedding IS NOT NULL
-        """,
-        "CREATE INDEX ix_event_vectors_scan ON event_vectors"
-        " (tenant_id, conversation_key, occurred_at)"
-        + (" INCLUDE (event_id, embedding)" if covering else " INCLUDE (event_id)"),
-    ):
-        await session.execute(text(statement))
+async def rebuild_copies(session: AsyncSession, dimensions: int) -> None:
+    """Remake the vectors copied from the new ones (the events' half-precision copies and
+    their covering index, as their one definition says)."""
+    for copy in registry.derived():
+        await copy.rebuild(session, dimensions)
 
 
 async def record_model(session: AsyncSession, model: str, dimensions: int) -> None:

@@ -24,13 +24,11 @@ from service.db.engine import Database
 from service.db.meta import read_meta
 from service.embedding import Embedder, build_embedder, vector_space
 from service.errors import ConfigurationError, Conflict, Invalid, NotFound, Unavailable
-from service.messages.service import passage_text
-from service.profiles.consolidate import digest
 from service.queue import repository as jobs
 from service.queue.worker import JobContext, PermanentJobError
 from service.reembed import repository
 from service.reembed.models import ACTIVE, ReembedRun
-from service.reembed.repository import TABLES, TABLES_BY_NAME, TableProgress, VectorTable
+from service.reembed.repository import TableProgress, VectorTable, vector_table, vector_tables
 from service.settings import EmbeddingModelSettings, Settings
 
 log = logging.getLogger("service.reembed")
@@ -160,7 +158,7 @@ async def start(
         await repository.add_shadows(session, dimensions)
         tenants = await repository.tenant_ids(session)
         for tenant_id in tenants:
-            for table in TABLES:
+            for table in vector_tables():
                 await repository.insert_progress(session, tenant_id, run_id, table.name)
                 await _enqueue_batch(session, settings, tenant_id, run_id, table.name, 0)
         if not tenants:
@@ -338,11 +336,7 @@ async def _ask_for_switch(session: AsyncSession, run_id: int, tenant_id: uuid.UU
 
 def passage(table: VectorTable, row: Row[Any]) -> str:
     """The text a row's vector is made of, exactly as the service embeds it when writing."""
-    if table.name == "messages":
-        return passage_text(row.sender_name, row.text)
-    if table.name == "profiles":
-        return digest(row.body)
-    return str(getattr(row, table.source[0]))
+    return table.text_of(row)
 
 
 class Reembedder:
@@ -371,7 +365,7 @@ class Reembedder:
         """Embed one batch of a tenant's pass over a table and queue the next, or end it."""
         try:
             run_id = int(job.job.payload["run_id"])
-            table = TABLES_BY_NAME[str(job.job.payload["table"])]
+            table = vector_table(str(job.job.payload["table"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise PermanentJobError(f"malformed re-embedding job payload: {exc}") from exc
         async with self.db.system() as session:
@@ -444,7 +438,7 @@ class Reembedder:
         # Without locks first, a batch per transaction, while full batches keep coming.
         while True:
             full = False
-            for table in TABLES:
+            for table in vector_tables():
                 async with self.db.system() as session:
                     written, read = await _catch_up(session, table, embedder, run.batch_size)
                     await repository.count_caught_up(session, run_id, written)
@@ -485,7 +479,7 @@ async def _switch(session: AsyncSession, run_id: int, embedder: Embedder | None)
     await repository.bound_lock_waits(session, LOCK_WAIT_SECONDS)
     await repository.lock_tables(session)
     last = 0
-    for table in TABLES:
+    for table in vector_tables():
         while True:
             rows = await repository.stale_rows(session, table, run.batch_size)
             if not rows:
@@ -497,9 +491,9 @@ async def _switch(session: AsyncSession, run_id: int, embedder: Embedder | None)
             if written != len(rows):  # nothing writes under our locks
                 raise RuntimeError(f"{table.name}: rows changed under the switch's lock")
             last += written
-    for table in TABLES:
+    for table in vector_tables():
         await repository.swap_columns(session, table)
-    await repository.rebuild_event_vectors(session, run.dimensions)
+    await repository.rebuild_copies(session, run.dimensions)
     await repository.record_model(session, run.model_name, run.dimensions)
     await repository.count_caught_up(session, run_id, last)
     await repository.set_status(session, run_id, "done")

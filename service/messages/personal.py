@@ -1,0 +1,110 @@
+"""What messages and conversations hold of people: how a subject's rows are found,
+exported, erased and redacted (see ``service.db.registry``)."""
+
+from __future__ import annotations
+
+from sqlalchemy import text
+
+from service.db.registry import PersonalTable, Redaction, names_filter
+from service.messages.models import EMBEDDED as _MESSAGE_TEXT
+
+_ID = "a code from a fixed set"
+
+
+async def redact_messages(r: Redaction) -> None:
+    """Others' messages in the person's conversations lose the person's names; the vector and
+    terms are cleared, and the embedding job makes them again from the redacted text."""
+    for row in await r.rows(
+        "SELECT conversation_key, message_id, text FROM messages WHERE tenant_id = :t"
+        f" AND conversation_key = ANY(:keys) AND {names_filter('text')}"
+    ):
+        if r.redactor.mentions(row.text):
+            await r.session.execute(
+                text(
+                    "UPDATE messages SET text = :body, embedding = NULL, lexical = ''::tsvector"
+                    " WHERE tenant_id = :t AND conversation_key = :k AND message_id = :id"
+                ),
+                {
+                    "t": r.tenant_id,
+                    "k": row.conversation_key,
+                    "id": row.message_id,
+                    "body": r.redactor.text(row.text),
+                },
+            )
+            r.count("messages_redacted")
+
+
+CONVERSATIONS = PersonalTable(
+    table="conversations",
+    ids=("conversation_key", "group_id", "user_id"),
+    personal=("group_name",),
+    not_personal={"request_type": _ID},
+    erase_user=(
+        (
+            "conversations",
+            "DELETE FROM conversations WHERE tenant_id = :t AND conversation_key = :pk",
+        ),
+    ),
+    erase_group=(
+        (
+            "conversations",
+            "DELETE FROM conversations WHERE tenant_id = :t AND conversation_key = :k",
+        ),
+    ),
+    export_group="SELECT * FROM conversations WHERE tenant_id = :t AND conversation_key = :k",
+    export_section="conversation",
+    shared_names=(
+        "SELECT group_name AS name FROM conversations"
+        " WHERE tenant_id = :t AND group_name = ANY(:names)",
+    ),
+)
+
+MESSAGES = PersonalTable(
+    table="messages",
+    ids=("conversation_key", "group_id", "user_id", "sender_id"),
+    personal=("sender_name", "text", "embedding"),
+    not_personal={"message_id": "the client's id of a message", "request_type": _ID},
+    erase_user=(
+        (
+            "messages",
+            "DELETE FROM messages WHERE tenant_id = :t AND (sender_id = :u OR user_id = :u"
+            " OR conversation_key = :pk)",
+        ),
+    ),
+    erase_group=(
+        ("messages", "DELETE FROM messages WHERE tenant_id = :t AND conversation_key = :k"),
+    ),
+    redact=redact_messages,
+    export_user=f"""
+           SELECT conversation_key, message_id, request_type, group_id, user_id, sender_id,
+                  sender_name, text, sent_at, created_at,
+                  (sender_id = :u OR user_id = :u OR conversation_key = :pk) AS own
+           FROM messages
+           WHERE tenant_id = :t AND (sender_id = :u OR user_id = :u OR conversation_key = :pk
+                                     OR (conversation_key = ANY(:keys) AND {names_filter("text")}))
+           ORDER BY sent_at""",
+    export_group="""
+           SELECT message_id, sender_id, sender_name, text, sent_at FROM messages
+           WHERE tenant_id = :t AND conversation_key = :k ORDER BY sent_at""",
+    size_user="SELECT count(*) FROM messages WHERE tenant_id = :t AND sender_id = :u",
+    size_group="SELECT count(*) FROM messages WHERE tenant_id = :t AND conversation_key = :k",
+    size_tenant="SELECT count(*) FROM messages WHERE tenant_id = :t",
+    own_names=(
+        "SELECT sender_name AS name FROM messages"
+        " WHERE tenant_id = :t AND sender_id = :u AND sender_name IS NOT NULL",
+    ),
+    shared_names=(
+        "SELECT sender_name AS name FROM messages"
+        " WHERE tenant_id = :t AND sender_name = ANY(:names) AND sender_id IS DISTINCT FROM :u",
+    ),
+    conversations=(
+        "SELECT conversation_key AS key FROM messages WHERE tenant_id = :t AND sender_id = :u",
+    ),
+    peers=(
+        "SELECT sender_id AS id FROM messages"
+        " WHERE tenant_id = :t AND conversation_key = ANY(:keys) AND sender_id <> :u",
+    ),
+)
+
+TABLES = (CONVERSATIONS, MESSAGES)
+EMBEDDED = (_MESSAGE_TEXT,)

@@ -1,0 +1,153 @@
+"""What profiles and their kept revisions hold of people: how a subject's profiles are
+found, exported, erased and redacted (see ``service.db.registry``)."""
+
+from __future__ import annotations
+
+from sqlalchemy import text
+
+from service.db.registry import PersonalTable, Redaction, names_filter
+from service.profiles import repository as profiles
+from service.profiles.consolidate import digest
+from service.profiles.document import parse
+from service.profiles.models import EMBEDDED as _PROFILE_DIGEST
+
+# The profiles of the person's groups, of fellow members and of the people they spoke with.
+_IN_SCOPE = (
+    "((entity_type = 'group' AND entity_id = ANY(:groups))"
+    " OR (entity_type = 'member' AND group_id = ANY(:groups))"
+    " OR (entity_type = 'user' AND entity_id = ANY(:peers)))"
+)
+_OWN = "entity_id = :u AND entity_type IN ('user', 'member')"
+
+
+async def redact_profiles(r: Redaction) -> None:
+    """Profiles in the person's reach get a new version without the name, and their kept
+    revisions are redacted too; the front matter is kept byte for byte (see
+    ``Redactor.document``)."""
+    redactor = r.redactor
+    for row in await r.rows(
+        f"SELECT profile_key, document, version FROM profiles WHERE tenant_id = :t AND {_IN_SCOPE}"
+        f" AND {names_filter('document')}"
+    ):
+        if not redactor.mentions(row.document):
+            continue
+        # The front matter is rebuilt by the renderer from the parsed profile, never edited
+        # as text: a name that looks like YAML cannot break it.
+        document = redactor.document(row.document)
+        if document == row.document:
+            continue  # the name was only a YAML key or the like: nothing of theirs to remove
+        profile = redactor.profile(parse(row.document, max_chars=None))
+        [vector] = await r.embedder.passages([digest(profile.body)])
+        version = await profiles.write(
+            r.session,
+            r.tenant_id,
+            profile,
+            document,
+            vector,
+            expected=row.version,
+            replaced_by={"by": "erasure"},
+            keep=r.keep,
+        )
+        if version is not None:
+            r.count("profiles_redacted")
+    for row in await r.rows(
+        "SELECT profile_key, version, document FROM profile_revisions WHERE tenant_id = :t"
+        " AND profile_key IN (SELECT profile_key FROM profiles"
+        f" WHERE tenant_id = :t AND {_IN_SCOPE}) AND {names_filter('document')}"
+    ):
+        document = redactor.document(row.document)
+        if document != row.document:
+            await r.session.execute(
+                text(
+                    "UPDATE profile_revisions SET document = :d"
+                    " WHERE tenant_id = :t AND profile_key = :k AND version = :v"
+                ),
+                {"t": r.tenant_id, "k": row.profile_key, "v": row.version, "d": document},
+            )
+            r.count("profile_revisions_redacted")
+
+
+# The person's profile and their member profiles; their revisions go with them (cascade).
+PROFILES = PersonalTable(
+    table="profiles",
+    ids=("entity_id", "group_id", "profile_key"),
+    personal=("name", "tags", "document", "body", "embedding"),
+    not_personal={
+        "entity_type": "a code from a fixed set",
+        "source_event_id": "the id of the event the profile last learned from",
+    },
+    erase_user=(
+        (
+            "profiles",
+            "DELETE FROM profiles WHERE tenant_id = :t AND entity_id = :u"
+            " AND entity_type IN ('user', 'member')",
+        ),
+    ),
+    erase_group=(
+        (
+            "profiles",
+            "DELETE FROM profiles WHERE tenant_id = :t AND ((entity_type = 'group'"
+            " AND entity_id = :g) OR (entity_type = 'member' AND group_id = :g))",
+        ),
+    ),
+    redact=redact_profiles,
+    export_user=f"""
+           SELECT entity_type, entity_id, group_id, name, tags, document, version, updated_at,
+                  ({_OWN}) AS own
+           FROM profiles
+           WHERE tenant_id = :t
+             AND ({_OWN} OR ({_IN_SCOPE} AND {names_filter("document")}))
+           ORDER BY profile_key""",
+    export_group="""
+           SELECT entity_type, entity_id, name, tags, document, version FROM profiles
+           WHERE tenant_id = :t AND ((entity_type = 'group' AND entity_id = :g)
+                                     OR (entity_type = 'member' AND group_id = :g))
+           ORDER BY profile_key""",
+    own_names=(
+        "SELECT name FROM profiles"
+        " WHERE tenant_id = :t AND entity_id = :u AND entity_type IN ('user', 'member')",
+    ),
+    shared_names=(
+        "SELECT name FROM profiles WHERE tenant_id = :t AND name = ANY(:names)"
+        " AND NOT (entity_id = :u AND entity_type IN ('user', 'member'))",
+    ),
+    conversations=(
+        "SELECT 'g:' || group_id AS key FROM profiles"
+        " WHERE tenant_id = :t AND entity_type = 'member' AND entity_id = :u",
+    ),
+    peers=(
+        "SELECT entity_id AS id FROM profiles WHERE tenant_id = :t AND entity_type = 'member'"
+        " AND group_id = ANY(:groups) AND entity_id <> :u",
+    ),
+)
+
+# Deleted with their profile (cascade), redacted with it (above).
+PROFILE_REVISIONS = PersonalTable(
+    table="profile_revisions",
+    ids=("profile_key",),
+    personal=("document",),
+    not_personal={"replaced_by": "what replaced the version: a code and a job or key id"},
+    export_user=f"""
+           SELECT r.profile_key, r.version, r.document, r.replaced_by, r.created_at,
+                  (p.entity_id = :u AND p.entity_type IN ('user', 'member')) AS own
+           FROM profile_revisions AS r
+           JOIN profiles AS p ON p.tenant_id = r.tenant_id AND p.profile_key = r.profile_key
+           WHERE r.tenant_id = :t
+             AND ((p.entity_id = :u AND p.entity_type IN ('user', 'member'))
+                  OR ((
+                      (p.entity_type = 'group' AND p.entity_id = ANY(:groups))
+                      OR (p.entity_type = 'member' AND p.group_id = ANY(:groups))
+                      OR (p.entity_type = 'user' AND p.entity_id = ANY(:peers)))
+                      AND {names_filter("r.document")}))
+           ORDER BY r.profile_key, r.version""",
+    export_group="""
+           SELECT r.profile_key, r.version, r.document, r.replaced_by, r.created_at
+           FROM profile_revisions AS r
+           JOIN profiles AS p ON p.tenant_id = r.tenant_id AND p.profile_key = r.profile_key
+           WHERE r.tenant_id = :t AND ((p.entity_type = 'group' AND p.entity_id = :g)
+                                       OR (p.entity_type = 'member' AND p.group_id = :g))
+           ORDER BY r.profile_key, r.version""",
+)
+
+TABLES = (PROFILES, PROFILE_REVISIONS)
+EMBEDDED = (_PROFILE_DIGEST,)
