@@ -4,8 +4,13 @@ export or re-embedding unnoticed, and the vector index is the one defined in cod
 from __future__ import annotations
 
 import asyncpg
+from alembic.operations import Operations
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from service.db import registry
+from service.db.rls import create_vector_index
 from service.events.vectors import EVENT_VECTORS_SCAN
 from tests.conftest import plain_dsn
 
@@ -157,3 +162,34 @@ def test_the_index_definition_at_both_sides_of_the_covering_limit() -> None:
     assert index.storage(limit) == "EXTERNAL"
     assert index.create_sql(limit + 1).endswith("INCLUDE (event_id)")
     assert index.storage(limit + 1) == "MAIN"
+
+
+async def test_the_migration_helper_creates_the_index_as_defined(db_url: str) -> None:
+    """A future migration that rebuilds the index gets the same definition."""
+    conn = await asyncpg.connect(plain_dsn(db_url))
+    try:
+        before = await conn.fetchval(
+            "SELECT pg_get_indexdef(CAST($1 AS regclass))", EVENT_VECTORS_SCAN.name
+        )
+        await conn.execute(EVENT_VECTORS_SCAN.drop_sql())
+    finally:
+        await conn.close()
+    engine = create_async_engine(db_url)
+    try:
+        async with engine.begin() as connection:
+
+            def migrate(sync_conn: object) -> None:
+                context = MigrationContext.configure(sync_conn)  # type: ignore[arg-type]
+                with Operations.context(context):
+                    create_vector_index(EVENT_VECTORS_SCAN)
+
+            await connection.run_sync(migrate)
+            after = (
+                await connection.execute(
+                    text("SELECT pg_get_indexdef(CAST(:name AS regclass))"),
+                    {"name": EVENT_VECTORS_SCAN.name},
+                )
+            ).scalar_one()
+    finally:
+        await engine.dispose()
+    assert after == before
