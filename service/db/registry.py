@@ -170,8 +170,9 @@ class Embedded:
     ``key``: the primary key after ``tenant_id`` (the order a re-embedding walks in), with
     its SQL types; ``source``: the columns the embedded text is made of; ``passage``: that
     text, from a row holding the ``source`` columns, exactly as the service embeds it when
-    writing (``None``: the single source column as is). Vectors are embedded as passages
-    (the embedder's document prefix), never as queries.
+    writing (``None``: the single source column as is). ``prefix``: the kind of text the
+    embedder is given, which decides its instruction prefix; stored vectors are always
+    ``passage`` (``Embedder.passages``), a search's query is never stored.
     """
 
     table: str
@@ -180,6 +181,11 @@ class Embedded:
     source: tuple[str, ...]
     vector: str = "embedding"
     passage: Callable[[Any], str] | None = None
+    prefix: str = "passage"
+
+    def __post_init__(self) -> None:
+        if self.prefix != "passage":
+            raise ValueError(f"{self.table}.{self.vector}: stored vectors are passages")
 
     @property
     def name(self) -> str:
