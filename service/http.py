@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Annotated, Any
 
 from litestar import Litestar, Request, Response
+from litestar.di import Provide
 from litestar.enums import ScopeType
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.handlers import HTTPRouteHandler
@@ -350,6 +351,25 @@ async def provide_session(
     """The request's one transaction, confined to the caller's tenant; commits on success."""
     async with runtime(request).db.tenant(tenant.tenant_id, durable=not tenant.fast_ack) as session:
         yield session
+
+
+async def provide_read_session(
+    request: Request[Any, Any, Any], tenant: TenantContext
+) -> AsyncIterator[AsyncSession]:
+    """A read route's transaction: read-only, on the read replica when one is configured
+    (``MEMORIA_READ_DATABASE_URL``), confined to the caller's tenant as ``provide_session`` is.
+
+    A replica lags the primary by its replication delay, so a route that must see a write of
+    its own request, or one the client just made and reads back by id, keeps ``session``.
+    """
+    rt = runtime(request)
+    async with (rt.read_db or rt.db).tenant(tenant.tenant_id, read_only=True) as session:
+        yield session
+
+
+def reads() -> dict[str, Provide]:
+    """A read route's dependencies: its ``session`` is ``provide_read_session``'s."""
+    return {"session": Provide(provide_read_session)}
 
 
 async def provide_admin(request: Request[Any, Any, Any]) -> None:

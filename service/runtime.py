@@ -43,6 +43,8 @@ class Runtime:
     reranker: Reranker | None
     auth: Authenticator
     head: str | None
+    # The read routes' database: a replica's (MEMORIA_READ_DATABASE_URL), else ``db`` itself.
+    read_db: Database | None = None
     known_revisions: frozenset[str] = frozenset()
     limiter: RateLimiter = field(default_factory=lambda: RateLimiter(0, 1))
     failed_auth: FailedAuthentications = field(
@@ -75,6 +77,7 @@ class Runtime:
             reranker=build_reranker(settings.models.reranker),
             auth=Authenticator(db, settings),
             head=head,
+            read_db=Database.for_reads(settings, db),
             known_revisions=known,
             limiter=RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst),
             failed_auth=FailedAuthentications(settings),
@@ -202,4 +205,6 @@ class Runtime:
             await self.llm.close()
         if self.reranker is not None:
             await self.reranker.close()
+        if self.read_db is not None and self.read_db is not self.db:
+            await self.read_db.dispose()
         await self.db.dispose()

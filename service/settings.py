@@ -238,6 +238,12 @@ class Settings(BaseSettings):
     )
 
     database_url: str | None = None
+    read_database_url: str | None = Field(
+        None,
+        description="a read replica (streaming standby) for the read routes: context, searches,"
+        " listings, profile reads; unset: everything runs on database_url. Replica reads may"
+        " lag the primary by the replication delay",
+    )
     data_dir: Path = Path("./data/pg")
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
@@ -245,6 +251,12 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(1_048_576, ge=1024)
     db_pool_size: int = Field(20, ge=1, le=500)
     db_max_overflow: int = Field(10, ge=0, le=500)
+    last_used_flush_seconds: float = Field(
+        5.0, gt=0, description="how often the memories' and keys' last-used times are written"
+    )
+    last_used_flush_ids: int = Field(
+        1000, ge=1, description="waiting last-used ids that trigger a write before the timer"
+    )
     auth_cache_seconds: float = Field(2.0, ge=0)
     privacy_sync_limit: int = Field(5000, ge=0)
     privacy_secret: SecretStr | None = Field(
@@ -292,7 +304,7 @@ class Settings(BaseSettings):
     cognitive: CognitiveSettings = CognitiveSettings()
     models: ModelsSettings = ModelsSettings()
 
-    @field_validator("admin_token", "privacy_secret", mode="before")
+    @field_validator("admin_token", "privacy_secret", "read_database_url", mode="before")
     @classmethod
     def _empty_token_is_none(cls, value: Any) -> Any:
         return None if value in ("", None) else value

@@ -11,10 +11,19 @@
 -- the tables bypasses their row-level security, so the views do the filtering themselves:
 -- each one joins `analytics.tenants`, which holds only the tenants granted (in
 -- `analytics.analyst_grants`) to the querying role or to a role whose privileges it inherits
--- (`pg_has_role(…, 'USAGE')`; `current_user` inside a view is the querying role, not the
--- owner). Every view is a security barrier, so a condition or function in the analyst's own
--- query is never evaluated on rows before that filter has removed the other tenants.
--- Consequently the owner must never be `memoria_app` (RLS would then hide every row).
+-- (`pg_has_role(…, 'USAGE')` of the querying role: the role set with SET ROLE, else the
+-- role that logged in; read from the session rather than `current_user` so that it is the
+-- analyst's also inside the owner's functions of a Citus cluster, below). Every view is a
+-- security barrier, so a condition or function in the analyst's own query is never
+-- evaluated on rows before that filter has removed the other tenants. Consequently the
+-- owner must never be `memoria_app` (RLS would then hide every row).
+--
+-- On a Citus cluster (the `citus` extension installed) the last block of this file wraps
+-- every view: Citus runs the shards' part of a query on the workers as the current role,
+-- where an analyst has no privilege on the shards and row-level security hides every row.
+-- There the views' queries move to schema `analytics_owner` (no access for anyone else) and
+-- each `analytics` view reads them through a SECURITY DEFINER function, so the query runs,
+-- and reaches the workers, as the owner, while the tenant filter still names the analyst.
 --
 -- What is never shown: vectors (`embedding`), API keys, job payloads, results and errors,
 -- tenant settings (webhook URLs), profile documents, and the text kept in memory_history.
@@ -49,7 +58,17 @@ WHERE t.id IN (
     SELECT g.tenant_id
     FROM analytics.analyst_grants g
     JOIN pg_catalog.pg_roles r ON r.rolname = g.role_name
-    WHERE pg_catalog.pg_has_role(r.oid, 'USAGE')
+    -- The querying role: SET ROLE's (checked by PostgreSQL: only a role one is a member of),
+    -- else the login role. Unlike current_user, it stays the analyst's inside a SECURITY
+    -- DEFINER function (the Citus wrappers below).
+    WHERE pg_catalog.pg_has_role(
+        CASE pg_catalog.current_setting('role')
+            WHEN 'none' THEN session_user
+            ELSE pg_catalog.current_setting('role')::name
+        END,
+        r.oid,
+        'USAGE'
+    )
 );
 COMMENT ON VIEW analytics.tenants IS 'The tenants granted to you (directly or to a role you inherit).';
 
@@ -193,5 +212,78 @@ COMMENT ON FUNCTION analytics.revoke_tenant(name, uuid) IS
 
 REVOKE ALL ON FUNCTION analytics.grant_tenant(name, uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION analytics.revoke_tenant(name, uuid) FROM PUBLIC;
+
+-- Citus only: each view's query moves to analytics_owner.<view>, read by a SECURITY DEFINER
+-- function analytics_owner.<view>_rows(), and analytics.<view> becomes a view of that
+-- function (see the top of this file for why). The statements above have just made every
+-- analytics view a plain one again, so what analytics_owner held is stale: it is rebuilt.
+-- The function takes no argument and filters on the session's role itself, so calling it
+-- directly gives nothing more than the view.
+DO $$
+DECLARE
+    views text[];
+    view text;
+    grant_ record;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus') THEN
+        RETURN;
+    END IF;
+    DROP SCHEMA IF EXISTS analytics_owner CASCADE;
+    CREATE SCHEMA analytics_owner;
+    REVOKE ALL ON SCHEMA analytics_owner FROM PUBLIC;
+    COMMENT ON SCHEMA analytics_owner IS
+        'The analytics views'' queries on Citus, run as the owner (made by sql/analytics.sql).';
+    -- The names first: the loop adds views of the same names to the schema it reads.
+    SELECT array_agg(c.relname::text ORDER BY c.relname) INTO views
+    FROM pg_class c
+    WHERE c.relnamespace = 'analytics'::regnamespace AND c.relkind = 'v';
+    FOREACH view IN ARRAY coalesce(views, '{}')
+    LOOP
+        EXECUTE format('ALTER VIEW analytics.%I SET SCHEMA analytics_owner', view);
+        EXECUTE format(
+            'CREATE FUNCTION analytics_owner.%I() RETURNS SETOF analytics_owner.%I'
+            ' LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp'
+            ' AS %L',
+            view || '_rows', view,
+            format('SELECT * FROM analytics_owner.%I', view)
+        );
+        EXECUTE format(
+            'CREATE VIEW analytics.%I WITH (security_barrier = true)'
+            ' AS SELECT * FROM analytics_owner.%I()',
+            view, view || '_rows'
+        );
+        EXECUTE format(
+            'COMMENT ON VIEW analytics.%I IS %L',
+            view, obj_description(format('analytics_owner.%I', view)::regclass, 'pg_class')
+        );
+        -- The grants made on the view (by sql/analyst_role.sql) pass to its wrapper; the
+        -- query itself is the owner's alone.
+        FOR grant_ IN
+            SELECT a.privilege_type, a.grantee
+            FROM pg_class c, aclexplode(c.relacl) a
+            WHERE c.oid = format('analytics_owner.%I', view)::regclass
+              AND a.grantee <> c.relowner
+        LOOP
+            EXECUTE format(
+                'GRANT %s ON analytics.%I TO %s',
+                grant_.privilege_type, view,
+                CASE WHEN grant_.grantee = 0 THEN 'PUBLIC'
+                     ELSE quote_ident(pg_get_userbyid(grant_.grantee)) END
+            );
+        END LOOP;
+        EXECUTE format('REVOKE ALL ON analytics_owner.%I FROM PUBLIC', view);
+        FOR grant_ IN
+            SELECT DISTINCT a.grantee
+            FROM pg_class c, aclexplode(c.relacl) a
+            WHERE c.oid = format('analytics_owner.%I', view)::regclass
+              AND a.grantee NOT IN (0, c.relowner)
+        LOOP
+            EXECUTE format(
+                'REVOKE ALL ON analytics_owner.%I FROM %I', view, pg_get_userbyid(grant_.grantee)
+            );
+        END LOOP;
+    END LOOP;
+END
+$$;
 
 COMMIT;

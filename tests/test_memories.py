@@ -345,6 +345,8 @@ async def test_search_is_hard_filtered_and_marks_use(client: AppClient) -> None:
     ).json()
     contents = {h["content"] for h in hits}
     assert contents == {"用户A(10001) 喜欢川菜和火锅", "用户A(10001) 是素食者"}
+    # Use is written to the primary in batches (the search itself writes nothing).
+    await client.app.state.runtime.db.last_use.flush()
     used = (await client.get(f"/v1/memories/{mine['id']}", headers=tenant.headers)).json()
     assert used["last_used_at"] is not None
     missing = await client.post("/v1/memories/search", json={"query": "x"}, headers=tenant.headers)

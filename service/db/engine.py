@@ -5,6 +5,11 @@
   row-level security hides every other tenant's rows even from a query that forgets its filter.
 * ``system()``: the few places that must cross tenants (authenticating a key, creating a tenant,
   claiming jobs from the shared queue). They run as the owning role, which RLS does not restrict.
+
+A process may also have a second ``Database`` on a read replica (``MEMORIA_READ_DATABASE_URL``,
+see ``Database.for_reads``): the read routes open ``tenant(..., read_only=True)`` there, with
+the same role and tenant binding, so row-level security applies on the replica as on the
+primary. Every ``Database`` of a process shares one ``LastUse`` batch, written to the primary.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 
+from service.db.last_use import LastUse
 from service.errors import Conflict, Invalid, MemoriaError, Unavailable
 from service.settings import Settings
 
@@ -39,6 +45,17 @@ _BIND_TENANT = text(
     "SELECT set_config('role', :role, true), set_config('app.tenant_id', :tenant_id, true),"
     " set_config('synchronous_commit', :synchronous_commit, true)"
 )
+# The same, and the transaction made read-only (allowed at any point of a transaction, unlike
+# going back to read-write): a read route that tried to write would fail here as it would on
+# a replica, instead of only once a replica is configured.
+_BIND_TENANT_READ_ONLY = text(
+    "SELECT set_config('role', :role, true), set_config('app.tenant_id', :tenant_id, true),"
+    " set_config('synchronous_commit', :synchronous_commit, true),"
+    " set_config('transaction_read_only', 'on', true)"
+)
+
+# Where a session opened by a ``Database`` finds the process's ``LastUse`` batch.
+LAST_USE = "memoria.last_use"
 
 
 def _encode_vector(value: Any) -> bytes:
@@ -128,10 +145,24 @@ def resolve_database_url(settings: Settings) -> str:
 
 
 class Database:
-    """The engine and session factory of one process."""
+    """The engine and session factory of one process (or of its read replica)."""
 
-    def __init__(self, url: str, *, pool_size: int = 20, max_overflow: int = 10) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        pool_size: int = 20,
+        max_overflow: int = 10,
+        last_use: LastUse | None = None,
+        last_use_seconds: float = 5.0,
+        last_use_max_ids: int = 1000,
+    ) -> None:
         self.url = normalize_url(url)
+        # A replica's Database is given the primary's batch: last-used times go to the primary.
+        self.last_use = last_use or LastUse(
+            self, every_seconds=last_use_seconds, max_ids=last_use_max_ids
+        )
+        self._owns_last_use = last_use is None
         self.engine: AsyncEngine = create_async_engine(
             self.url,
             pool_size=pool_size,
@@ -150,17 +181,33 @@ class Database:
             resolve_database_url(settings),
             pool_size=settings.db_pool_size,
             max_overflow=settings.db_max_overflow,
+            last_use_seconds=settings.last_used_flush_seconds,
+            last_use_max_ids=settings.last_used_flush_ids,
+        )
+
+    @classmethod
+    def for_reads(cls, settings: Settings, primary: Database) -> Database:
+        """The database of the read routes: the replica at ``MEMORIA_READ_DATABASE_URL`` (its
+        own pool, the primary's last-used batch), or ``primary`` itself when none is set."""
+        if not settings.read_database_url:
+            return primary
+        return cls(
+            settings.read_database_url,
+            pool_size=settings.db_pool_size,
+            max_overflow=settings.db_max_overflow,
+            last_use=primary.last_use,
         )
 
     @asynccontextmanager
     async def tenant(
-        self, tenant_id: uuid.UUID, *, durable: bool = True
+        self, tenant_id: uuid.UUID, *, durable: bool = True, read_only: bool = False
     ) -> AsyncIterator[AsyncSession]:
         """A transaction confined to one tenant by row-level security; commits on success.
 
         ``durable=False`` commits without waiting for the WAL flush (a tenant's opt-in fast
         acknowledgement): a database crash may lose the last fraction of a second of such
-        commits, never corrupt anything.
+        commits, never corrupt anything. ``read_only`` refuses any write (the read routes'
+        transactions, which a replica may serve).
         """
         async with self._transaction() as session:
             params = {
@@ -168,7 +215,7 @@ class Database:
                 "tenant_id": str(tenant_id),
                 "synchronous_commit": "on" if durable else "off",
             }
-            await session.execute(_BIND_TENANT, params)
+            await session.execute(_BIND_TENANT_READ_ONLY if read_only else _BIND_TENANT, params)
             if await uses_citus(session):
                 await session.execute(text(citus_bind(tenant_id)))
             yield session
@@ -220,6 +267,7 @@ class Database:
     async def _transaction(self) -> AsyncIterator[AsyncSession]:
         try:
             async with self.sessions() as session, session.begin():
+                session.info[LAST_USE] = self.last_use
                 yield session
         except DBAPIError as exc:
             error = translate_db_error(exc)
@@ -235,7 +283,10 @@ class Database:
             await session.execute(text("SELECT 1"))
 
     async def dispose(self) -> None:
-        """Close every pooled connection."""
+        """Write the waiting last-used times (if this is the primary), close every pooled
+        connection."""
+        if self._owns_last_use:
+            await self.last_use.close()
         await self.engine.dispose()
 
 

@@ -12,7 +12,7 @@ from service.context import checked_moment, scope_of
 from service.errors import Invalid, NotFound
 from service.events import repository
 from service.events.schemas import EventInfo, EventPage
-from service.http import errors
+from service.http import errors, reads
 from service.tenants.service import TenantContext
 
 
@@ -34,7 +34,7 @@ class EventController(Controller):
     path = "/v1/events"
     tags = ["events"]
 
-    @get("/")
+    @get("/", dependencies=reads())
     async def list_events(
         self,
         tenant: TenantContext,

@@ -11,7 +11,7 @@ from litestar.response import Stream
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.exports import service
-from service.http import RowId, errors, provide_admin, provide_system_session, runtime
+from service.http import RowId, errors, provide_admin, provide_system_session, reads, runtime
 from service.tenants.service import TenantContext
 
 
@@ -21,7 +21,12 @@ class ExportController(Controller):
     path = "/v1/exports"
     tags = ["privacy"]
 
-    @get("/{export_id:int}", media_type="application/json", responses=errors(404, 409))
+    @get(
+        "/{export_id:int}",
+        media_type="application/json",
+        responses=errors(404, 409),
+        dependencies=reads(),
+    )
     async def fetch(
         self,
         request: Request[Any, Any, Any],
@@ -33,8 +38,10 @@ class ExportController(Controller):
         export = await service.ready(
             session, tenant.tenant_id, export_id, caller=tenant.key_prefix or ""
         )
+        # Read where ``ready`` was: an export visible there has all its chunks there too.
+        rt = runtime(request)
         return Stream(
-            service.content(runtime(request).db, tenant.tenant_id, export_id),
+            service.content(rt.read_db or rt.db, tenant.tenant_id, export_id),
             media_type=service.media_type(export["kind"]),
         )
 

@@ -14,6 +14,7 @@ from sqlalchemy import ColumnElement, Float, and_, bindparam, false, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.types import NullType
 
+from service.db.engine import LAST_USE
 from service.memories.models import Memory
 
 _FIELDS = [
@@ -284,8 +285,16 @@ async def vectors(
 
 
 async def touch(session: AsyncSession, tenant_id: uuid.UUID, ids: list[int]) -> None:
-    """Retrieval counts as use (forgetting spares what is used)."""
-    if ids:
+    """Retrieval counts as use (forgetting spares what is used).
+
+    A session opened by ``Database`` hands the ids to the process's ``LastUse`` batch, which
+    writes them to the primary within seconds: the read itself writes nothing (so a read
+    replica can serve it). Any other session writes them at once.
+    """
+    last_use = session.info.get(LAST_USE)
+    if last_use is not None:
+        last_use.record("memories", tenant_id, ids)
+    elif ids:
         await session.execute(
             text(
                 "UPDATE memories SET last_used_at = now()"

@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db.types import BIGINT_MAX
 from service.errors import Invalid, NotFound
-from service.http import RowId, errors, runtime
+from service.http import RowId, errors, reads, runtime
 from service.memories import repository, service
 from service.memories.models import Memory
 from service.memories.schemas import (
@@ -44,7 +44,7 @@ class MemoryController(Controller):
     path = "/v1/memories"
     tags = ["memories"]
 
-    @get("/")
+    @get("/", dependencies=reads())
     async def list_memories(
         self,
         tenant: TenantContext,
@@ -176,7 +176,7 @@ class MemoryController(Controller):
             raise NotFound("no such memory")
         return [HistoryEntry(**r) for r in rows]
 
-    @post("/search", status_code=200)
+    @post("/search", status_code=200, dependencies=reads())
     async def search(
         self,
         request: Request[Any, Any, Any],

@@ -7,7 +7,7 @@ from typing import Any
 from litestar import Controller, Request, post
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.http import runtime
+from service.http import reads, runtime
 from service.messages import search as archive
 from service.messages import service
 from service.messages.schemas import (
@@ -36,7 +36,7 @@ class MessageController(Controller):
         """Store a batch of messages; embedding and extraction happen in the background."""
         return await service.ingest(session, tenant, data, runtime(request).settings)
 
-    @post("/search", status_code=200)
+    @post("/search", status_code=200, dependencies=reads())
     async def search(
         self,
         request: Request[Any, Any, Any],

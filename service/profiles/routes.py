@@ -10,7 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.context import scope_of
 from service.errors import Conflict, Invalid, NotFound
-from service.http import errors, runtime
+from service.http import errors, reads, runtime
 from service.profiles import repository, service
 from service.profiles.document import ProfileKey
 from service.profiles.schemas import (
@@ -98,7 +98,7 @@ class ProfileController(Controller):
         )
         return await self._read(session, tenant, key)
 
-    @get("/")
+    @get("/", dependencies=reads())
     async def list_profiles(
         self,
         tenant: TenantContext,
@@ -114,14 +114,18 @@ class ProfileController(Controller):
         )
         return [_info(r) for r in rows]
 
-    @get("/member/{group_id:str}/{user_id:str}", responses=errors(404))
+    @get("/member/{group_id:str}/{user_id:str}", responses=errors(404), dependencies=reads())
     async def get_member(
         self, tenant: TenantContext, session: AsyncSession, group_id: str, user_id: str
     ) -> ProfileInfo:
         """How one group knows one person."""
         return await self._read(session, tenant, service.key_of("member", user_id, group_id))
 
-    @get("/member/{group_id:str}/{user_id:str}/revisions", responses=errors(404))
+    @get(
+        "/member/{group_id:str}/{user_id:str}/revisions",
+        responses=errors(404),
+        dependencies=reads(),
+    )
     async def member_revisions(
         self, tenant: TenantContext, session: AsyncSession, group_id: str, user_id: str
     ) -> list[RevisionInfo]:
@@ -158,14 +162,18 @@ class ProfileController(Controller):
         key = service.key_of("member", user_id, group_id)
         return await self._replace(request, session, tenant, key, data)
 
-    @get("/{entity_type:str}/{entity_id:str}", responses=errors(404))
+    @get("/{entity_type:str}/{entity_id:str}", responses=errors(404), dependencies=reads())
     async def get_profile(
         self, tenant: TenantContext, session: AsyncSession, entity_type: str, entity_id: str
     ) -> ProfileInfo:
         """A user's or a group's profile."""
         return await self._read(session, tenant, _plain_key(entity_type, entity_id))
 
-    @get("/{entity_type:str}/{entity_id:str}/revisions", responses=errors(404))
+    @get(
+        "/{entity_type:str}/{entity_id:str}/revisions",
+        responses=errors(404),
+        dependencies=reads(),
+    )
     async def revisions(
         self, tenant: TenantContext, session: AsyncSession, entity_type: str, entity_id: str
     ) -> list[RevisionInfo]:
@@ -202,7 +210,7 @@ class ProfileController(Controller):
         key = _plain_key(entity_type, entity_id)
         return await self._replace(request, session, tenant, key, data)
 
-    @post("/search", status_code=200)
+    @post("/search", status_code=200, dependencies=reads())
     async def search(
         self,
         request: Request[Any, Any, Any],

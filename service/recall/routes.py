@@ -9,7 +9,7 @@ from litestar import Controller, Request, delete, get, post, put
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.errors import NotFound
-from service.http import errors, runtime
+from service.http import errors, reads, runtime
 from service.recall import tools
 from service.recall.schemas import (
     ContextRequest,
@@ -31,7 +31,7 @@ class RecallController(Controller):
     path = "/v1"
     tags = ["read"]
 
-    @post("/context", status_code=200)
+    @post("/context", status_code=200, dependencies=reads())
     async def context(
         self,
         request: Request[Any, Any, Any],
@@ -43,7 +43,7 @@ class RecallController(Controller):
         rt = runtime(request)
         return await Reader(rt.embedder, rt.reranker).context(session, tenant, data)
 
-    @post("/events/search", status_code=200, responses=errors(403))
+    @post("/events/search", status_code=200, responses=errors(403), dependencies=reads())
     async def search_events(
         self,
         request: Request[Any, Any, Any],

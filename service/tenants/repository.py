@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.tenants.models import ApiKey, Tenant
@@ -69,15 +69,3 @@ async def revoke_key(
         key.revoked_at = datetime.now(UTC)
         await session.flush()
     return key
-
-
-async def touch_keys(
-    session: AsyncSession, used: dict[tuple[uuid.UUID, uuid.UUID], datetime]
-) -> None:
-    """Record when keys were last used (batched, not once per request)."""
-    for (tenant_id, key_id), when in used.items():
-        await session.execute(
-            update(ApiKey)
-            .where(ApiKey.tenant_id == tenant_id, ApiKey.id == key_id)
-            .values(last_used_at=when)
-        )

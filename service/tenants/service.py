@@ -9,7 +9,6 @@ import secrets
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -242,8 +241,6 @@ class Authenticator:
         self._settings = settings
         self._ttl = settings.auth_cache_seconds
         self._cache: dict[bytes, tuple[float, TenantContext]] = {}
-        self._used: dict[tuple[uuid.UUID, uuid.UUID], datetime] = {}
-        self._last_flush = time.monotonic()
 
     async def authenticate(self, authorization: str | None) -> TenantContext:
         """The tenant of ``Authorization: Bearer <key>``, or ``Unauthorized``."""
@@ -261,9 +258,8 @@ class Authenticator:
             if self._ttl > 0:
                 self._cache[digest] = (now + self._ttl, context)
         if context.key_id is not None:
-            self._used[(context.tenant_id, context.key_id)] = datetime.now(UTC)
-        if now - self._last_flush > 30:
-            await self.flush_usage()
+            # Written to the primary in the background: authenticating writes nothing.
+            self._db.last_use.record("api_keys", context.tenant_id, [context.key_id])
         return context
 
     async def acting_admin(self, authorization: str | None, tenant: str) -> TenantContext:
@@ -304,12 +300,8 @@ class Authenticator:
                 self._cache.pop(digest, None)
 
     async def flush_usage(self) -> None:
-        """Write the keys' last-used times gathered since the previous flush."""
-        used, self._used = self._used, {}
-        self._last_flush = time.monotonic()
-        if used:
-            async with self._db.system() as session:
-                await repository.touch_keys(session, used)
+        """Write the keys' (and memories') last-used times gathered since the previous flush."""
+        await self._db.last_use.flush()
 
 
 def _bearer(authorization: str | None) -> str:
