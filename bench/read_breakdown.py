@@ -219,7 +219,9 @@ async def measure(
             f"{statistics.fmean(statement.walls) * 1000:>9.2f} {planning:>7.2f} "
             f"{execution:>7.2f}  {buffers}"
         )
-    steps = ", ".join(f"{name} {seconds / n * 1000:.2f} ms" for name, seconds in tally.python.items())
+    steps = ", ".join(
+        f"{name} {seconds / n * 1000:.2f} ms" for name, seconds in tally.python.items()
+    )
     print(f"    Python CPU per call: {steps}")
 
 
@@ -246,7 +248,9 @@ async def seed_archive(db: Database, tenant_id: Any, size: int, rng: np.random.G
     async with db.tenant(tenant_id) as session:
         found = (
             await session.execute(
-                text("SELECT count(*) FROM messages WHERE tenant_id = :t AND conversation_key = :k"),
+                text(
+                    "SELECT count(*) FROM messages WHERE tenant_id = :t AND conversation_key = :k"
+                ),
                 {"t": tenant_id, "k": key},
             )
         ).scalar_one()
@@ -295,13 +299,22 @@ async def seed_archive(db: Database, tenant_id: Any, size: int, rng: np.random.G
             await archive_rows.set_embeddings(
                 session,
                 tenant_id,
-                [type("Row", (), {"conversation_key": key, "message_id": r["message_id"]}) for r in rows],
+                [
+                    type("Row", (), {"conversation_key": key, "message_id": r["message_id"]})
+                    for r in rows
+                ],
                 list(vectors),
                 [r["lexical"] for r in rows],
             )
-    async with db.tenant(tenant_id) as session:
-        await session.execute(text("ANALYZE messages"))
+    await vacuum(db)
     return key
+
+
+async def vacuum(db: Database) -> None:
+    """The archive as autovacuum leaves a table at rest: statistics, pages all-visible."""
+    async with db.engine.connect() as connection:
+        autocommit = await connection.execution_options(isolation_level="AUTOCOMMIT")
+        await autocommit.execute(text("VACUUM (ANALYZE) messages"))
 
 
 async def main() -> None:
@@ -313,6 +326,7 @@ async def main() -> None:
 
     url = embedded_url(args.data_dir.resolve() / "pg")
     dsn = url.replace("postgresql+asyncpg://", "postgresql://")
+    await asyncio.to_thread(scale.migrate, url, "head")  # migrations newer than the data
     layout = await scale.load_layout(dsn)
     rng = np.random.default_rng(args.seed)
     scale.choose_groups(layout, rng)
@@ -324,6 +338,7 @@ async def main() -> None:
     try:
         await embedder.warm_up()
         await cached.warm_up()
+        await vacuum(db)
         async with db.system() as session:
             tenant = await tenant_context(session, layout.tenant, Settings())
         reader = Reader(cached)
@@ -358,7 +373,11 @@ async def main() -> None:
         for size in ARCHIVES:
             key = await seed_archive(db, tenant.tenant_id, size, rng)
             searches = [
-                MessageSearch(query=f"{scale.PLACES[n % 20]}{scale.ACTIVITIES[n % 24]}", group_id=key[2:], top_k=10)
+                MessageSearch(
+                    query=f"{scale.PLACES[n % 20]}{scale.ACTIVITIES[n % 24]}",
+                    group_id=key[2:],
+                    top_k=10,
+                )
                 for n in range(args.calls)
             ]
             for search in searches:

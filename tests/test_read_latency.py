@@ -224,3 +224,57 @@ async def test_a_rewritten_or_cleared_vector_moves_its_copy_along(db: Database) 
             session, tenant, "g:w", query, [], plan, None, None
         )
         assert [r.message_id for r in found] != ["m7"] and len(found) == 1
+
+
+def profile_document(kind: str, entity: str, group: str | None, fact: str) -> str:
+    bound = f'group_id: "{group}"\n' if group else ""
+    return (
+        f'---\nentity_type: {kind}\nentity_id: "{entity}"\n{bound}name: "{entity}"\n'
+        f"tags: [t]\nupdated_at: 2026-01-01T00:00:00+08:00\n---\n\n# {entity}\n\n- {fact}\n"
+    )
+
+
+async def test_the_context_reads_each_kind_of_profile_that_exists(db_url: str) -> None:
+    from service.app import create_app
+    from tests.conftest import make_settings, new_tenant, serve_app
+
+    app = create_app(make_settings(db_url), migrate=False, run_worker=False)
+    async with serve_app(app) as client:
+        tenant = await new_tenant(client, "profiles-in-context")
+        for path, document in (
+            ("/v1/profiles/user/u1", profile_document("user", "u1", None, "住在杭州")),
+            ("/v1/profiles/group/g1", profile_document("group", "g1", None, "周末爬山")),
+            (
+                "/v1/profiles/member/g1/u1",
+                profile_document("member", "u1", "g1", "群里的摄影师"),
+            ),
+            ("/v1/profiles/group/g2", profile_document("group", "g2", None, "只聊工作")),
+        ):
+            response = await client.put(path, json={"document": document}, headers=tenant.headers)
+            assert response.status_code in (200, 201), response.text
+
+        async def context(**where: str) -> dict[str, Any]:
+            response = await client.post(
+                "/v1/context", json={**where, "message": "最近怎么样"}, headers=tenant.headers
+            )
+            assert response.status_code == 200, response.text
+            return dict(response.json())
+
+        everyone = await context(request_type="group", group_id="g1", sender_id="u1")
+        assert "住在杭州" in everyone["user_profile"]["text"]
+        assert "周末爬山" in everyone["group_profile"]["text"]
+        assert "群里的摄影师" in everyone["member_profile"]["text"]
+        assert everyone["member_profile"]["id"] == "profile:member:g1:u1"
+        assert everyone["user_profile"]["meta"]["version"] == 1
+        # Another group: its own profile; the person's user profile follows them; no member
+        # profile of theirs there.
+        elsewhere = await context(request_type="group", group_id="g2", sender_id="u1")
+        assert "只聊工作" in elsewhere["group_profile"]["text"]
+        assert "住在杭州" in elsewhere["user_profile"]["text"]
+        assert elsewhere["member_profile"] is None
+        stranger = await context(request_type="group", group_id="g3", sender_id="u9")
+        assert stranger["user_profile"] is stranger["group_profile"] is None
+        assert stranger["member_profile"] is None
+        private = await context(request_type="private", user_id="u1")
+        assert "住在杭州" in private["user_profile"]["text"]
+        assert private["group_profile"] is None and private["member_profile"] is None

@@ -227,23 +227,24 @@ class Reader:
         person: str | None,
         injected: Injected,
     ) -> None:
-        """The user, group and member profiles of the conversation, where they exist."""
-        if person:
-            injected.user_profile = await self._profile(session, tenant, ProfileKey("user", person))
+        """The user, group and member profiles of the conversation, where they exist (read
+        in one round trip)."""
+        user = ProfileKey("user", person) if person else None
+        group = member = None
         if request.request_type == "group" and request.group_id:
-            injected.group_profile = await self._profile(
-                session, tenant, ProfileKey("group", request.group_id)
-            )
+            group = ProfileKey("group", request.group_id)
             if person:
-                injected.member_profile = await self._profile(
-                    session, tenant, ProfileKey("member", person, request.group_id)
-                )
+                member = ProfileKey("member", person, request.group_id)
+        wanted = [key for key in (user, group, member) if key is not None]
+        rows = await profiles.get_many(session, tenant.tenant_id, wanted)
+        injected.user_profile = self._profile(rows, user)
+        injected.group_profile = self._profile(rows, group)
+        injected.member_profile = self._profile(rows, member)
 
-    async def _profile(
-        self, session: AsyncSession, tenant: TenantContext, key: ProfileKey
-    ) -> ContextItem | None:
-        row = await profiles.get(session, tenant.tenant_id, key)
-        if row is None:
+    @staticmethod
+    def _profile(rows: dict[str, dict[str, Any]], key: ProfileKey | None) -> ContextItem | None:
+        row = rows.get(key.key) if key is not None else None
+        if key is None or row is None:
             return None
         return ContextItem(
             id=f"profile:{key.key}",
