@@ -278,3 +278,26 @@ async def test_the_context_reads_each_kind_of_profile_that_exists(db_url: str) -
         private = await context(request_type="private", user_id="u1")
         assert "住在杭州" in private["user_profile"]["text"]
         assert private["group_profile"] is None and private["member_profile"] is None
+
+
+async def test_many_equal_vectors_still_give_the_exact_nearest_distances(db: Database) -> None:
+    rng = np.random.default_rng(17)
+    tenant = await new_tenant_id(db, "dense-ties")
+    query = unit(rng, 1)[0]
+    close = query + rng.standard_normal(384).astype(np.float32) * 0.3
+    vectors = unit(rng, 2000)
+    vectors[:300] = close / np.linalg.norm(close)  # 300 copies of one nearby message
+    for n in range(300, 340):  # and a few that are nearer still
+        nearer = query + rng.standard_normal(384).astype(np.float32) * 0.1
+        vectors[n] = nearer / np.linalg.norm(nearer)
+    await store_messages(db, tenant, "g:ties", [line(rng, n) for n in range(2000)], vectors)
+    plan = dataclasses.replace(SEARCH_PLAN, lexical_limit=0, spread=0, context=0)
+    async with db.tenant(tenant) as session:
+        found = await messages_repository.search_candidates(
+            session, tenant, "g:ties", query, [], plan, None, None
+        )
+    exact = np.sort(vectors.astype(np.float64) @ query.astype(np.float64))[::-1]
+    got = np.sort([r.similarity for r in found])[::-1]
+    assert len(got) == plan.dense_limit
+    assert np.allclose(got, exact[: plan.dense_limit], atol=1e-5)
+    assert {f"m{n}" for n in range(300, 340)} <= {r.message_id for r in found}

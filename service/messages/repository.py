@@ -316,7 +316,8 @@ _SEARCH = text(
     -- vectors decide. Every message left out has approx >= the pool's worst, so a true
     -- distance >= that + 1 - :half_error (see service.events.repository); when that is beyond
     -- the :dense_limit-th candidate's distance (or the pool took every message) the pool
-    -- holds the exact answer, else the whole conversation is scored exactly as before.
+    -- holds the exact answer. Else (many equal vectors, say) every message whose approx
+    -- could still put it within the :dense_limit-th distance is scored exactly.
     dense_pool AS MATERIALIZED (
         SELECT seq, embedding_half <#> (SELECT CAST(CAST(:query_unit AS vector) AS halfvec))
                     AS approx
@@ -351,9 +352,12 @@ _SEARCH = text(
         (SELECT seq FROM messages
          WHERE NOT (SELECT proven FROM dense_exact)
            AND tenant_id = :tenant_id AND conversation_key = :conversation_key
-           AND embedding IS NOT NULL
+           AND embedding_half IS NOT NULL
            AND (CAST(:time_from AS timestamptz) IS NULL OR sent_at >= :time_from)
            AND (CAST(:time_to AS timestamptz) IS NULL OR sent_at <= :time_to)
+           AND embedding_half <#> (SELECT CAST(CAST(:query_unit AS vector) AS halfvec))
+               <= (SELECT distance FROM dense_scored ORDER BY distance
+                   OFFSET :dense_limit - 1 LIMIT 1) - 1 + :half_error
          ORDER BY embedding <=> :query
          LIMIT :dense_limit)
         UNION
