@@ -128,13 +128,15 @@ class Reader:
         # dates are local too): an event at 07:27 on the 24th in Shanghai is on the 24th.
         zone = request.zone(tenant.timezone)
         injected = Injected(persona=tenant.overrides.get("persona"))
-        injected.memos = await self._memos(session, tenant, request.conversation_key, q, zone)
         if not tenant.cognitive_enabled:
             # Switched off: the short-term memo log only (seed 002, 回退方式).
+            injected.memos = await self._memos(session, tenant, request.conversation_key, q, zone)
             return _assemble(query, False, injected, request, q)
         search = EventQuery(query, keys, q.auto_top_k, q.time_decay_half_life_days_auto)
 
         async def unembedded() -> list[dict[str, Any]]:
+            # Everything that needs no query vector, read while the query is embedded.
+            injected.memos = await self._memos(session, tenant, request.conversation_key, q, zone)
             injected.todos = await self._todos(session, tenant, request.conversation_key, zone)
             await self._profiles(session, tenant, request, person, injected)
             return await lexical_candidates(session, tenant.tenant_id, search, q)
