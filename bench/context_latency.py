@@ -119,6 +119,11 @@ async def furnish(client: MemoriaClient, groups: list[str], rng: np.random.Gener
             )
 
 
+def load() -> str:
+    """The machine's load as ``uptime`` prints it: wall times mean little without it."""
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 async def timed_calls(
     http: httpx.AsyncClient, path: str, bodies: list[dict[str, Any]]
 ) -> list[float]:
@@ -162,16 +167,19 @@ async def concurrent(
     return len(bodies) / (time.perf_counter() - started), samples
 
 
-async def embedding_share(texts: list[str]) -> list[float]:
+async def embedding_share(texts: list[str]) -> tuple[list[float], float]:
+    """Wall times of embedding each text as a query, and the mean CPU time per query."""
     embedder = LocalEmbedder(EmbeddingModelSettings(query_cache_size=0))
     await embedder.query("warm up")
     samples = []
+    cpu = time.process_time()
     for text in texts:
         started = time.perf_counter()
         await embedder.query(text)
         samples.append(time.perf_counter() - started)
+    cpu = (time.process_time() - cpu) / max(len(texts), 1)
     await embedder.close()
-    return samples
+    return samples, cpu
 
 
 async def main() -> None:
@@ -245,14 +253,14 @@ async def main() -> None:
                 context_body(groups[n % len(groups)], texts[2 * args.queries + n], n)
                 for n in range(args.queries)
             ]
-            print("POST /v1/context, one client, distinct messages (each embedded):")
+            print(f"POST /v1/context, one client, distinct messages (each embedded; {load()}):")
             print(
                 f"  busiest groups (50k events):  {percentiles(await timed_calls(http, '/v1/context', busy))}"
             )
             print(
                 f"  typical groups:               {percentiles(await timed_calls(http, '/v1/context', quiet))}"
             )
-            print("POST /v1/context, the same messages again (query embeddings cached):")
+            print(f"POST /v1/context, the same messages again (embeddings cached; {load()}):")
             print(
                 f"  busiest groups (50k events):  {percentiles(await timed_calls(http, '/v1/context', busy))}"
             )
@@ -266,7 +274,7 @@ async def main() -> None:
                 }
                 for n in range(args.queries)
             ]
-            print("POST /v1/events/search, busiest groups, top 12, distinct queries:")
+            print(f"POST /v1/events/search, busiest groups, top 12, distinct queries ({load()}):")
             print(f"  {percentiles(await timed_calls(http, '/v1/events/search', searches))}")
             rate, samples = await concurrent(http, tail, 4)
             print(
@@ -277,9 +285,9 @@ async def main() -> None:
         server.terminate()
         server.wait(timeout=30)
         server = None
-        alone = await embedding_share([build_query(ContextRequest(**b)) for b in busy])
-        print(f"query embedding alone (local model, cache off): {percentiles(alone)}")
-        print(f"  mean {statistics.fmean(alone) * 1000:.2f} ms")
+        alone, cpu = await embedding_share([build_query(ContextRequest(**b)) for b in busy])
+        print(f"query embedding alone (local model, cache off; {load()}): {percentiles(alone)}")
+        print(f"  mean {statistics.fmean(alone) * 1000:.2f} ms, CPU {cpu * 1000:.2f} ms per query")
     finally:
         if server is not None:
             server.terminate()

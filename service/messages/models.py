@@ -6,8 +6,10 @@ import uuid
 from datetime import datetime
 from typing import Any
 
+from pgvector.sqlalchemy import HALFVEC
 from sqlalchemy import (
     BigInteger,
+    Computed,
     DateTime,
     ForeignKey,
     Identity,
@@ -39,6 +41,14 @@ class Message(Base):
         ),
         # Lexical search: which messages hold a term (filtered to the conversation after).
         Index("ix_messages_lexical", "lexical", postgresql_using="gin"),
+        # Dense search: a conversation's half-precision vectors, read by an index-only scan.
+        Index(
+            "ix_messages_vectors",
+            "tenant_id",
+            "conversation_key",
+            "seq",
+            postgresql_include=["sent_at", "embedding_half"],
+        ),
     )
 
     tenant_id: Mapped[uuid.UUID] = mapped_column(
@@ -55,6 +65,12 @@ class Message(Base):
     text: Mapped[str] = mapped_column(Text, nullable=False)
     sent_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
     embedding: Mapped[Any] = mapped_column(Embedding(), nullable=True)
+    # ``embedding`` at unit length in half precision, kept by PostgreSQL (migration 0014).
+    embedding_half: Mapped[Any] = mapped_column(
+        HALFVEC(),
+        Computed("CAST(l2_normalize(embedding) AS halfvec)", persisted=True),
+        nullable=True,
+    )
     # The text's terms as segmented by service.retrieval.terms, with positions.
     lexical: Mapped[str] = mapped_column(
         TSVECTOR, nullable=False, server_default=sql("''::tsvector")

@@ -13,6 +13,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db.engine import uses_citus
+from service.events.repository import half_precision_error
 from service.retrieval.terms import to_tsquery_literal
 
 # One statement for the whole batch; duplicates (by conversation and message_id) are skipped.
@@ -248,6 +249,13 @@ async def set_embeddings(
     )
 
 
+# Up to this many messages, matching a conversation's rows one by one (~1 µs each) costs
+# less than the GIN index's lists of a common term over the whole table.
+DIRECT_LEXICAL_BELOW = 5000
+
+# Candidates re-scored beyond the dense limit, so that the proof closes on the first pass.
+DENSE_EXTRA = 24
+
 # Hybrid search, step one: the candidates and their neighbourhoods, with the per-message
 # features the ranking needs. Everything stays inside one conversation and time range.
 _SEARCH = text(
@@ -260,11 +268,25 @@ _SEARCH = text(
         WHERE tenant_id = :tenant_id AND conversation_key = :conversation_key
     ),
     -- Messages containing any query term (the GIN index), with the query terms they hold.
-    hits AS MATERIALIZED (
+    -- A conversation of fewer than :direct_below messages is read by its own index and the
+    -- terms checked row by row; a bigger one through the GIN index, which for a small
+    -- conversation would visit every message of the table holding a common query term.
+    -- The same messages either way; only one branch runs.
+    matched AS MATERIALIZED (
+        SELECT m.seq FROM messages m
+        WHERE (SELECT documents < CAST(:direct_below AS integer) FROM stats)
+          AND m.tenant_id = :tenant_id AND m.conversation_key = :conversation_key
+          AND m.lexical @@ CAST(:tsquery AS tsquery)
+        UNION ALL
         -- The GIN index, through the tenant-bound function (see migration 0009).
+        SELECT x.seq
+        FROM memoria_message_term_matches(:conversation_key, CAST(:tsquery AS tsquery)) x
+        WHERE NOT coalesce((SELECT documents < CAST(:direct_below AS integer) FROM stats), false)
+    ),
+    hits AS MATERIALIZED (
         SELECT m.seq, t.lexeme AS term, coalesce(cardinality(t.positions), 1) AS tf,
                length(m.lexical) AS length
-        FROM memoria_message_term_matches(:conversation_key, CAST(:tsquery AS tsquery)) x
+        FROM matched x
         JOIN messages m ON m.tenant_id = :tenant_id AND m.conversation_key = :conversation_key
                        AND m.seq = x.seq,
              unnest(m.lexical) t
@@ -289,13 +311,53 @@ _SEARCH = text(
         FROM hits h JOIN idf i USING (term) CROSS JOIN stats s
         GROUP BY h.seq
     ),
-    -- The seeds: nearest in meaning (an exact scan of the conversation), best BM25.
+    -- The nearest in meaning, exactly. The half-precision copies in the covering index
+    -- (an index-only scan of the conversation) pick :dense_pool candidates, their full
+    -- vectors decide. Every message left out has approx >= the pool's worst, so a true
+    -- distance >= that + 1 - :half_error (see service.events.repository); when that is beyond
+    -- the :dense_limit-th candidate's distance (or the pool took every message) the pool
+    -- holds the exact answer. Else (many equal vectors, say) every message whose approx
+    -- could still put it within the :dense_limit-th distance is scored exactly.
+    dense_pool AS MATERIALIZED (
+        SELECT seq, embedding_half <#> (SELECT CAST(CAST(:query_unit AS vector) AS halfvec))
+                    AS approx
+        FROM messages
+        WHERE tenant_id = :tenant_id AND conversation_key = :conversation_key
+          AND embedding_half IS NOT NULL
+          AND (CAST(:time_from AS timestamptz) IS NULL OR sent_at >= :time_from)
+          AND (CAST(:time_to AS timestamptz) IS NULL OR sent_at <= :time_to)
+        ORDER BY approx
+        LIMIT :dense_pool
+    ),
+    dense_scored AS MATERIALIZED (
+        SELECT p.seq, p.approx, m.embedding <=> :query AS distance
+        FROM dense_pool p
+        JOIN messages m ON m.tenant_id = :tenant_id AND m.conversation_key = :conversation_key
+                       AND m.seq = p.seq
+    ),
+    dense_exact AS MATERIALIZED (
+        SELECT count(*) < :dense_pool
+               OR max(approx) + 1 - :half_error > (SELECT distance FROM dense_scored
+                                                   ORDER BY distance
+                                                   OFFSET :dense_limit - 1 LIMIT 1)
+               AS proven
+        FROM dense_scored
+    ),
+    -- The seeds: nearest in meaning, best BM25.
     seeds AS (
+        (SELECT seq FROM dense_scored WHERE (SELECT proven FROM dense_exact)
+         ORDER BY distance
+         LIMIT :dense_limit)
+        UNION
         (SELECT seq FROM messages
-         WHERE tenant_id = :tenant_id AND conversation_key = :conversation_key
-           AND embedding IS NOT NULL
+         WHERE NOT (SELECT proven FROM dense_exact)
+           AND tenant_id = :tenant_id AND conversation_key = :conversation_key
+           AND embedding_half IS NOT NULL
            AND (CAST(:time_from AS timestamptz) IS NULL OR sent_at >= :time_from)
            AND (CAST(:time_to AS timestamptz) IS NULL OR sent_at <= :time_to)
+           AND embedding_half <#> (SELECT CAST(CAST(:query_unit AS vector) AS halfvec))
+               <= (SELECT distance FROM dense_scored ORDER BY distance
+                   OFFSET :dense_limit - 1 LIMIT 1) - 1 + :half_error
          ORDER BY embedding <=> :query
          LIMIT :dense_limit)
         UNION
@@ -356,6 +418,14 @@ class SearchPlan:
     context: int  # neighbours a ranked message needs around it
     k1: float
     b: float
+    # Conversations smaller than this are matched row by row, not through the GIN index.
+    direct_below: int = DIRECT_LEXICAL_BELOW
+
+
+def _unit(query: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    vector = np.asarray(query, dtype=np.float64).ravel()
+    norm = float(np.linalg.norm(vector))
+    return (vector / norm if norm > 0 else vector).astype(np.float32)
 
 
 async def search_candidates(
@@ -379,11 +449,15 @@ async def search_candidates(
         "time_from": time_from,
         "time_to": time_to,
         "dense_limit": plan.dense_limit,
+        "dense_pool": plan.dense_limit + DENSE_EXTRA,
+        "query_unit": _unit(query),
+        "half_error": half_precision_error(len(query)),
         "lexical_limit": plan.lexical_limit,
         "spread": plan.spread,
         "reach": plan.spread + plan.context,
         "k1": plan.k1,
         "b": plan.b,
+        "direct_below": plan.direct_below,
     }
     return list(await session.execute(_SEARCH, params))
 

@@ -128,13 +128,15 @@ class Reader:
         # dates are local too): an event at 07:27 on the 24th in Shanghai is on the 24th.
         zone = request.zone(tenant.timezone)
         injected = Injected(persona=tenant.overrides.get("persona"))
-        injected.memos = await self._memos(session, tenant, request.conversation_key, q, zone)
         if not tenant.cognitive_enabled:
             # Switched off: the short-term memo log only (seed 002, 回退方式).
+            injected.memos = await self._memos(session, tenant, request.conversation_key, q, zone)
             return _assemble(query, False, injected, request, q)
         search = EventQuery(query, keys, q.auto_top_k, q.time_decay_half_life_days_auto)
 
         async def unembedded() -> list[dict[str, Any]]:
+            # Everything that needs no query vector, read while the query is embedded.
+            injected.memos = await self._memos(session, tenant, request.conversation_key, q, zone)
             injected.todos = await self._todos(session, tenant, request.conversation_key, zone)
             await self._profiles(session, tenant, request, person, injected)
             return await lexical_candidates(session, tenant.tenant_id, search, q)
@@ -227,23 +229,24 @@ class Reader:
         person: str | None,
         injected: Injected,
     ) -> None:
-        """The user, group and member profiles of the conversation, where they exist."""
-        if person:
-            injected.user_profile = await self._profile(session, tenant, ProfileKey("user", person))
+        """The user, group and member profiles of the conversation, where they exist (read
+        in one round trip)."""
+        user = ProfileKey("user", person) if person else None
+        group = member = None
         if request.request_type == "group" and request.group_id:
-            injected.group_profile = await self._profile(
-                session, tenant, ProfileKey("group", request.group_id)
-            )
+            group = ProfileKey("group", request.group_id)
             if person:
-                injected.member_profile = await self._profile(
-                    session, tenant, ProfileKey("member", person, request.group_id)
-                )
+                member = ProfileKey("member", person, request.group_id)
+        wanted = [key for key in (user, group, member) if key is not None]
+        rows = await profiles.get_many(session, tenant.tenant_id, wanted)
+        injected.user_profile = self._profile(rows, user)
+        injected.group_profile = self._profile(rows, group)
+        injected.member_profile = self._profile(rows, member)
 
-    async def _profile(
-        self, session: AsyncSession, tenant: TenantContext, key: ProfileKey
-    ) -> ContextItem | None:
-        row = await profiles.get(session, tenant.tenant_id, key)
-        if row is None:
+    @staticmethod
+    def _profile(rows: dict[str, dict[str, Any]], key: ProfileKey | None) -> ContextItem | None:
+        row = rows.get(key.key) if key is not None else None
+        if key is None or row is None:
             return None
         return ContextItem(
             id=f"profile:{key.key}",

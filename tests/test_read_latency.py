@@ -1,0 +1,303 @@
+"""The read path's faster query shapes find exactly what the plain ones found: the lexical
+matches of a small conversation, the archive's nearest messages, the context's reads."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+from sqlalchemy import text
+
+from service.db.engine import Database
+from service.events import repository as events_repository
+from service.messages import repository as messages_repository
+from service.messages.search import SEARCH_PLAN
+from service.retrieval.terms import query_terms, terms, to_tsvector_literal
+from service.settings import Settings
+from service.tenants.service import create_tenant
+from tests.test_event_search import event_row, unit
+
+START = datetime(2026, 1, 1, tzinfo=UTC)
+PLACES = ("西湖边", "电影院", "体育馆", "图书馆", "火锅店", "公园里")
+DOINGS = ("划船", "看电影", "打羽毛球", "看书", "吃火锅", "散步")
+QUERIES = ("上次在西湖边划船怎么样", "谁想去打羽毛球", "我们去吃火锅吧", "看书", "阿福")
+
+
+def line(rng: np.random.Generator, n: int) -> str:
+    place, doing = PLACES[rng.integers(len(PLACES))], DOINGS[rng.integers(len(DOINGS))]
+    return f"我们在{place}{doing}，第{n % 13}次了" if n % 50 else "张三的猫阿福打翻了鱼缸"
+
+
+@pytest.fixture
+async def db(db_url: str) -> AsyncIterator[Database]:
+    database = Database(db_url, pool_size=4)
+    yield database
+    await database.dispose()
+
+
+async def new_tenant_id(db: Database, name: str) -> uuid.UUID:
+    async with db.system() as session:
+        tenant, _ = await create_tenant(session, name, {}, Settings())
+    return tenant.id
+
+
+async def test_a_small_conversation_matches_the_same_events_without_the_gin_index(
+    db: Database,
+) -> None:
+    rng = np.random.default_rng(3)
+    tenant = await new_tenant_id(db, "lexical-events")
+    rows = []
+    for key, size in (("g:small", 400), ("g:big", 3000)):
+        vectors = unit(rng, size)
+        rows += [
+            {
+                **event_row(tenant, f"{key}-{n}", key, START + timedelta(minutes=n), vectors[n]),
+                "text": line(rng, n),
+            }
+            for n in range(size)
+        ]
+    async with db.tenant(tenant) as session:
+        for start in range(0, len(rows), 500):
+            await events_repository.upsert_events(session, rows[start : start + 500])
+    async with db.system() as session:
+        await session.execute(text("ANALYZE events"))
+    for query in QUERIES:
+        words = query_terms(query)
+        for keys, bounds in (
+            (["g:small"], {}),
+            (["g:small"], {"time_from": START + timedelta(minutes=100)}),
+            (["g:small", "g:big"], {}),
+        ):
+            async with db.tenant(tenant) as session:
+                direct = await events_repository.lexical_events(
+                    session, tenant, keys, words, 24, **bounds
+                )
+                indexed = await events_repository.lexical_events(
+                    session, tenant, keys, words, 24, direct_below=0, **bounds
+                )
+            assert direct, query
+            assert [(r["id"], r["bm25"]) for r in direct] == [(r["id"], r["bm25"]) for r in indexed]
+
+
+async def store_messages(
+    db: Database, tenant: uuid.UUID, key: str, texts: list[str], vectors: np.ndarray
+) -> None:
+    """Messages of one conversation, embedded, as ingest and the embedding job leave them."""
+    rows = [
+        {
+            "conversation_key": key,
+            "message_id": f"m{n}",
+            "request_type": "group",
+            "group_id": key[2:],
+            "user_id": None,
+            "sender_id": str(n % 5),
+            "sender_name": f"成员{n % 5}",
+            "text": body,
+            "sent_at": START + timedelta(minutes=n),
+            "lexical": to_tsvector_literal(terms(body)),
+        }
+        for n, body in enumerate(texts)
+    ]
+    async with db.tenant(tenant) as session:
+        inserted = await messages_repository.insert_messages(session, tenant, rows)
+        await messages_repository.touch_conversation(
+            session,
+            {
+                "tenant_id": tenant,
+                "conversation_key": key,
+                "request_type": "group",
+                "group_id": key[2:],
+                "user_id": None,
+                "group_name": None,
+                "count": len(inserted),
+                "term_count": sum(r.term_count for r in inserted),
+                "last_at": rows[-1]["sent_at"],
+                "last_seq": max(r.seq for r in inserted),
+            },
+        )
+        await messages_repository.set_embeddings(
+            session,
+            tenant,
+            [SimpleNamespace(conversation_key=key, message_id=r["message_id"]) for r in rows],
+            list(vectors),
+            [r["lexical"] for r in rows],
+        )
+
+
+def rows_of(found: list[Any]) -> list[tuple[Any, ...]]:
+    return [
+        (r.seq, r.candidate, r.message_id, round(r.similarity, 6), round(r.bm25, 6), r.terms)
+        for r in found
+    ]
+
+
+async def test_the_archive_search_finds_the_same_candidates_either_way(db: Database) -> None:
+    rng = np.random.default_rng(5)
+    tenant = await new_tenant_id(db, "lexical-messages")
+    for key, size in (("g:small", 600), ("g:big", 2500)):
+        await store_messages(db, tenant, key, [line(rng, n) for n in range(size)], unit(rng, size))
+    async with db.system() as session:
+        await session.execute(text("ANALYZE messages"))
+    indexed_plan = dataclasses.replace(SEARCH_PLAN, direct_below=0)
+    for query in QUERIES:
+        vector = unit(rng, 1)[0]
+        words = query_terms(query)
+        for bounds in ((None, None), (START + timedelta(minutes=200), None)):
+            async with db.tenant(tenant) as session:
+                direct = await messages_repository.search_candidates(
+                    session, tenant, "g:small", vector, words, SEARCH_PLAN, *bounds
+                )
+                indexed = await messages_repository.search_candidates(
+                    session, tenant, "g:small", vector, words, indexed_plan, *bounds
+                )
+            assert direct and rows_of(direct) == rows_of(indexed)
+
+
+async def test_the_archive_finds_the_exact_nearest_messages_from_the_half_precision_copies(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rng = np.random.default_rng(11)
+    tenant = await new_tenant_id(db, "dense-messages")
+    size = 3000
+    vectors = unit(rng, size)
+    # Near-twins of the queries' neighbourhoods make the half-precision order differ from
+    # the exact one at the margin.
+    queries = unit(rng, 4)
+    for n in range(0, 400, 4):
+        twin = queries[n % 4] + rng.standard_normal(384).astype(np.float32) * 0.05
+        vectors[n] = twin / np.linalg.norm(twin)
+    await store_messages(db, tenant, "g:dense", [line(rng, n) for n in range(size)], vectors)
+    async with db.system() as session:
+        await session.execute(text("ANALYZE messages"))
+    plan = dataclasses.replace(SEARCH_PLAN, lexical_limit=0)
+    for query in queries:
+        exact = np.argsort(-(vectors.astype(np.float64) @ query.astype(np.float64)))
+        for bounds in ((None, None), (START + timedelta(minutes=1000), None)):
+            async with db.tenant(tenant) as session:
+                found = await messages_repository.search_candidates(
+                    session, tenant, "g:dense", query, [], plan, *bounds
+                )
+            seeds = {r.message_id for r in found if r.candidate}
+            allowed = [
+                n
+                for n in exact
+                if bounds[0] is None or START + timedelta(minutes=int(n)) >= bounds[0]
+            ]
+            assert {f"m{n}" for n in allowed[: plan.dense_limit]} <= seeds
+            # The same rows as the whole conversation scored exactly (the proof forced to fail).
+            with monkeypatch.context() as patch:
+                patch.setattr(messages_repository, "half_precision_error", lambda n: 10.0)
+                async with db.tenant(tenant) as session:
+                    scanned = await messages_repository.search_candidates(
+                        session, tenant, "g:dense", query, [], plan, *bounds
+                    )
+            assert rows_of(found) == rows_of(scanned)
+
+
+async def test_a_rewritten_or_cleared_vector_moves_its_copy_along(db: Database) -> None:
+    rng = np.random.default_rng(13)
+    tenant = await new_tenant_id(db, "dense-rewrite")
+    vectors = unit(rng, 300)
+    await store_messages(db, tenant, "g:w", [line(rng, n) for n in range(300)], vectors)
+    query = vectors[7]
+    plan = dataclasses.replace(SEARCH_PLAN, lexical_limit=0, dense_limit=1, spread=0, context=0)
+    async with db.tenant(tenant) as session:
+        found = await messages_repository.search_candidates(
+            session, tenant, "g:w", query, [], plan, None, None
+        )
+        assert [r.message_id for r in found] == ["m7"]
+        # Erasure and redaction clear a vector; the half-precision copy goes with it.
+        await session.execute(
+            text(
+                "UPDATE messages SET embedding = NULL"
+                " WHERE tenant_id = :t AND conversation_key = 'g:w' AND message_id = 'm7'"
+            ),
+            {"t": tenant},
+        )
+        found = await messages_repository.search_candidates(
+            session, tenant, "g:w", query, [], plan, None, None
+        )
+        assert [r.message_id for r in found] != ["m7"] and len(found) == 1
+
+
+def profile_document(kind: str, entity: str, group: str | None, fact: str) -> str:
+    bound = f'group_id: "{group}"\n' if group else ""
+    return (
+        f'---\nentity_type: {kind}\nentity_id: "{entity}"\n{bound}name: "{entity}"\n'
+        f"tags: [t]\nupdated_at: 2026-01-01T00:00:00+08:00\n---\n\n# {entity}\n\n- {fact}\n"
+    )
+
+
+async def test_the_context_reads_each_kind_of_profile_that_exists(db_url: str) -> None:
+    from service.app import create_app
+    from tests.conftest import make_settings, new_tenant, serve_app
+
+    app = create_app(make_settings(db_url), migrate=False, run_worker=False)
+    async with serve_app(app) as client:
+        tenant = await new_tenant(client, "profiles-in-context")
+        for path, document in (
+            ("/v1/profiles/user/u1", profile_document("user", "u1", None, "住在杭州")),
+            ("/v1/profiles/group/g1", profile_document("group", "g1", None, "周末爬山")),
+            (
+                "/v1/profiles/member/g1/u1",
+                profile_document("member", "u1", "g1", "群里的摄影师"),
+            ),
+            ("/v1/profiles/group/g2", profile_document("group", "g2", None, "只聊工作")),
+        ):
+            response = await client.put(path, json={"document": document}, headers=tenant.headers)
+            assert response.status_code in (200, 201), response.text
+
+        async def context(**where: str) -> dict[str, Any]:
+            response = await client.post(
+                "/v1/context", json={**where, "message": "最近怎么样"}, headers=tenant.headers
+            )
+            assert response.status_code == 200, response.text
+            return dict(response.json())
+
+        everyone = await context(request_type="group", group_id="g1", sender_id="u1")
+        assert "住在杭州" in everyone["user_profile"]["text"]
+        assert "周末爬山" in everyone["group_profile"]["text"]
+        assert "群里的摄影师" in everyone["member_profile"]["text"]
+        assert everyone["member_profile"]["id"] == "profile:member:g1:u1"
+        assert everyone["user_profile"]["meta"]["version"] == 1
+        # Another group: its own profile; the person's user profile follows them; no member
+        # profile of theirs there.
+        elsewhere = await context(request_type="group", group_id="g2", sender_id="u1")
+        assert "只聊工作" in elsewhere["group_profile"]["text"]
+        assert "住在杭州" in elsewhere["user_profile"]["text"]
+        assert elsewhere["member_profile"] is None
+        stranger = await context(request_type="group", group_id="g3", sender_id="u9")
+        assert stranger["user_profile"] is stranger["group_profile"] is None
+        assert stranger["member_profile"] is None
+        private = await context(request_type="private", user_id="u1")
+        assert "住在杭州" in private["user_profile"]["text"]
+        assert private["group_profile"] is None and private["member_profile"] is None
+
+
+async def test_many_equal_vectors_still_give_the_exact_nearest_distances(db: Database) -> None:
+    rng = np.random.default_rng(17)
+    tenant = await new_tenant_id(db, "dense-ties")
+    query = unit(rng, 1)[0]
+    close = query + rng.standard_normal(384).astype(np.float32) * 0.3
+    vectors = unit(rng, 2000)
+    vectors[:300] = close / np.linalg.norm(close)  # 300 copies of one nearby message
+    for n in range(300, 340):  # and a few that are nearer still
+        nearer = query + rng.standard_normal(384).astype(np.float32) * 0.1
+        vectors[n] = nearer / np.linalg.norm(nearer)
+    await store_messages(db, tenant, "g:ties", [line(rng, n) for n in range(2000)], vectors)
+    plan = dataclasses.replace(SEARCH_PLAN, lexical_limit=0, spread=0, context=0)
+    async with db.tenant(tenant) as session:
+        found = await messages_repository.search_candidates(
+            session, tenant, "g:ties", query, [], plan, None, None
+        )
+    exact = np.sort(vectors.astype(np.float64) @ query.astype(np.float64))[::-1]
+    got = np.sort([r.similarity for r in found])[::-1]
+    assert len(got) == plan.dense_limit
+    assert np.allclose(got, exact[: plan.dense_limit], atol=1e-5)
+    assert {f"m{n}" for n in range(300, 340)} <= {r.message_id for r in found}
