@@ -303,9 +303,10 @@ async def test_a_run_remakes_every_vector_and_switches_with_writes_in_between(
         assert {(r["t"], r["attname"], r["ty"]) for r in types} == {
             *((t, "embedding", f"vector({DIM})") for t in VECTOR_TABLES),
             ("event_vectors", "embedding", f"halfvec({DIM})"),
+            ("messages", "embedding_half", f"halfvec({DIM})"),
         }
         indexes = {r["indexname"] for r in await sql(db_url, "SELECT indexname FROM pg_indexes")}
-        assert {"ix_messages_unembedded", "ix_event_vectors_scan"} <= indexes
+        assert {"ix_messages_unembedded", "ix_event_vectors_scan", "ix_messages_vectors"} <= indexes
         triggers = await sql(db_url, "SELECT tgname FROM pg_trigger WHERE tgname LIKE '%reembed%'")
         assert triggers == []
         counts = await sql(

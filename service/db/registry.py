@@ -212,12 +212,14 @@ class Embedded:
 @dataclass(frozen=True)
 class DerivedVectors:
     """A vector column copied from another table's vectors (never embedded itself): the
-    re-embedding rebuilds it after the switch with ``rebuild``."""
+    re-embedding rebuilds it after the switch with ``rebuild``, and first runs ``release``
+    when the copy holds on to the column being swapped (a generated column does)."""
 
     table: str
     column: str
     source: str  # "<table>.<column>" it is copied from
     rebuild: Callable[[AsyncSession, int], Awaitable[None]]
+    release: Callable[[AsyncSession], Awaitable[None]] | None = None
 
 
 def _modules() -> list[Any]:

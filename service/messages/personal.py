@@ -7,6 +7,7 @@ from sqlalchemy import text
 
 from service.db.registry import PersonalTable, Redaction, names_filter
 from service.messages.models import EMBEDDED as _MESSAGE_TEXT
+from service.messages.vectors import DERIVED
 
 _ID = "a code from a fixed set"
 
@@ -62,7 +63,7 @@ CONVERSATIONS = PersonalTable(
 MESSAGES = PersonalTable(
     table="messages",
     ids=("conversation_key", "group_id", "user_id", "sender_id"),
-    personal=("sender_name", "text", "embedding"),
+    personal=("sender_name", "text", "embedding", "embedding_half"),
     not_personal={"message_id": "the client's id of a message", "request_type": _ID},
     erase_user=(
         (
@@ -108,3 +109,4 @@ MESSAGES = PersonalTable(
 
 TABLES = (CONVERSATIONS, MESSAGES)
 EMBEDDED = (_MESSAGE_TEXT,)
+__all__ = ["DERIVED", "EMBEDDED", "TABLES"]

@@ -151,12 +151,13 @@ async def export_stream(
 
 
 def _hidden(table: registry.PersonalTable) -> set[str]:
-    """Columns a whole-tenant export leaves out: secrets, and vectors (and, during a
-    re-embedding, their shadow copies), which are derived from the texts."""
+    """Columns a whole-tenant export leaves out: secrets, and vectors (their copies and,
+    during a re-embedding, their shadow columns), which are derived from the texts."""
     hidden = set(table.hidden)
     for column in registry.embedded():
         if column.table == table.table:
             hidden |= {column.vector, column.shadow}
+    hidden |= {copy.column for copy in registry.derived() if copy.table == table.table}
     return hidden
 
 

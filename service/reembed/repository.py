@@ -443,7 +443,8 @@ async def lock_tables(session: AsyncSession) -> None:
     for table in vector_tables():
         names.append(table.name)
         names += [d.table for d in registry.derived() if d.source.split(".")[0] == table.name]
-    await session.execute(text(f"LOCK TABLE {', '.join(names)} IN ACCESS EXCLUSIVE MODE"))
+    unique = list(dict.fromkeys(names))
+    await session.execute(text(f"LOCK TABLE {', '.join(unique)} IN ACCESS EXCLUSIVE MODE"))
 
 
 # Indexes that read the vector column (in a key, an expression or a predicate), as SQL.
@@ -477,6 +478,13 @@ async def swap_columns(session: AsyncSession, table: VectorTable) -> None:
     for definition in indexes:
         # As the catalog wrote it: no bind parameters to parse.
         await connection.exec_driver_sql(definition)
+
+
+async def release_copies(session: AsyncSession) -> None:
+    """Let go of the copies that hold on to the vector columns about to be swapped."""
+    for copy in registry.derived():
+        if copy.release is not None:
+            await copy.release(session)
 
 
 async def rebuild_copies(session: AsyncSession, dimensions: int) -> None:

@@ -491,6 +491,7 @@ async def _switch(session: AsyncSession, run_id: int, embedder: Embedder | None)
             if written != len(rows):  # nothing writes under our locks
                 raise RuntimeError(f"{table.name}: rows changed under the switch's lock")
             last += written
+    await repository.release_copies(session)
     for table in vector_tables():
         await repository.swap_columns(session, table)
     await repository.rebuild_copies(session, run.dimensions)
