@@ -254,6 +254,64 @@ async def apply_merge(
     raise Conflict(f"the profile of {key.describe()} kept changing; giving up this merge")
 
 
+@dataclass
+class _Planned:
+    """A merged profile waiting for its write (``apply_merges``)."""
+
+    key: ProfileKey
+    merge: Merge
+    cause: dict[str, Any]
+    row: dict[str, Any] | None
+    merged: Profile
+    digest: str
+    embed: bool
+
+
+async def apply_merges(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    merges: list[tuple[ProfileKey, Merge, dict[str, Any]]],
+    embedder: Embedder,
+    *,
+    keep: int,
+) -> dict[str, int | None]:
+    """``apply_merge`` for several profiles (key, merge, cause), one key once: one read for
+    all of them and one embedder call for every changed digest; a profile whose write lost a
+    race is merged again on its own. Returns the new version (None: unchanged) by key."""
+    rows = await repository.get_many(session, tenant_id, [key for key, _, _ in merges])
+    versions: dict[str, int | None] = {}
+    planned: list[_Planned] = []
+    for key, merge, cause in merges:
+        row = rows.get(key.key)
+        merged = await merge(load(row) if row else None, row["version"] if row else None)
+        if merged is None:
+            versions[key.key] = None
+            continue
+        text = digest(merged.body)
+        embed = not (row is not None and row["embedded"] and digest(row["body"]) == text)
+        planned.append(_Planned(key, merge, cause, row, merged, text, embed))
+    vectors = iter(await embedder.passages([p.digest for p in planned if p.embed]))
+    for p in planned:
+        vector = next(vectors) if p.embed else None
+        version = await repository.write(
+            session,
+            tenant_id,
+            p.merged,
+            render(p.merged),
+            vector,
+            expected=p.row["version"] if p.row else None,
+            replaced_by=p.cause,
+            keep=keep,
+            keep_vector=vector is None and p.row is not None,
+        )
+        if version is None:  # changed meanwhile: read again (locked) and merge again
+            version = await apply_merge(
+                session, tenant_id, p.key, p.merge, embedder, cause=p.cause, keep=keep
+            )
+        versions[p.key.key] = version
+    return versions
+
+
 def people_of(conversation: ConversationContext) -> set[str]:
     """The people a conversation is with: the private chat's user, or a group call's sender
     and the user it serves."""
