@@ -265,6 +265,7 @@ class Worker:
         self._stopping = asyncio.Event()
         self._inflight: dict[int, tuple[ClaimedJob, asyncio.Task[None]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()  # a batch is one task, one slot
+        self._contexts: dict[int, JobContext] = {}  # the jobs of batches in hand
         self._batches = 0
         self._listener: asyncpg.Connection | None = None
         self._periodic = list(periodic or [])
@@ -372,6 +373,7 @@ class Worker:
         """Run jobs of one kind and tenant with the kind's batch handler; what it leaves
         unfinished runs one by one."""
         context = BatchContext(jobs=jobs, db=self.db, worker_id=self.id, stopping=self._stopping)
+        self._contexts.update(context.contexts)
         leftover: list[ClaimedJob] = []
         try:
             try:
@@ -387,10 +389,7 @@ class Worker:
                     exc,
                 )
             for job in jobs:
-                job_context = context.job(job.id)
-                if job_context.finished:
-                    self._done(job)
-                elif job.id in context.failed:
+                if job.id in context.failed:
                     error = context.failed[job.id]
                     if isinstance(error, LeaseLost):
                         log.warning("worker %s: %s", self.id, error)
@@ -398,6 +397,8 @@ class Worker:
                         await self._release(job)
                     else:
                         await self._record_failure(job, error)
+                elif context.job(job.id).finished:
+                    self._done(job)
                 else:
                     leftover.append(job)
         except (asyncio.CancelledError, JobInterrupted) as exc:
@@ -412,6 +413,7 @@ class Worker:
         finally:
             self._batches -= 1
             for job in jobs:
+                self._contexts.pop(job.id, None)
                 if job not in leftover:
                     self._inflight.pop(job.id, None)
             self._wake.set()
@@ -535,6 +537,9 @@ class Worker:
             outage.recovered()
             for job_id in set(ids) - held:
                 entry = self._inflight.get(job_id)
+                context = self._contexts.get(job_id)
+                if context is not None and context.finished:
+                    continue  # done by its batch, whose other jobs are still in hand
                 if entry is not None:
                     log.warning("job %s was taken over by another worker; abandoning it", job_id)
                     entry[1].cancel()
