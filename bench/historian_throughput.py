@@ -10,8 +10,12 @@ the last 1,000 jobs and overall, and the largest profile at the end.
 The embedder is the local default; ``--embedder hash`` uses the scripted server's hash
 vectors instead, which measures the historian's own work without the model's.
 
+Beside the rates, which depend on what else the machine runs, it prints the CPU seconds per
+job of the worker processes and of PostgreSQL (its server processes, those that ended
+included), which do not, and the load average while it ran.
+
 Run: python bench/historian_throughput.py [--jobs 10000] [--mode rules|llm|both]
-     [--workers 1] [--concurrency 8] [--embedder local|hash]
+     [--workers 1] [--concurrency 8] [--batch-size 32] [--embedder local|hash]
 """
 
 from __future__ import annotations
@@ -50,6 +54,40 @@ from tests.test_volume import CITIES, DOINGS, PLACES
 
 START = datetime(2026, 1, 1, 8, tzinfo=UTC)
 WINDOW = 1000
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int, *, children: bool = False) -> float:
+    """A process's CPU seconds (user + system) from /proc; with ``children``, those of its
+    children that ended too. 0 when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    # After the command: state, ppid, …; utime, stime, cutime, cstime are fields 14–17.
+    used = int(fields[11]) + int(fields[12])
+    if children:
+        used += int(fields[13]) + int(fields[14])
+    return used / TICKS
+
+
+def postgres_cpu(data_dir: Path) -> float:
+    """CPU seconds of a PostgreSQL server so far: the postmaster, the backends that ended
+    (counted in its children's time) and those still running."""
+    try:
+        postmaster = int((data_dir / "postmaster.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    total = cpu_seconds(postmaster, children=True)
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == postmaster:
+                total += cpu_seconds(int(entry.name))
+    return total
 
 
 def echo_drafts(request: dict[str, Any]) -> Reply:
@@ -176,6 +214,7 @@ async def run(args: argparse.Namespace, mode: str, llm: FakeLLM) -> None:
         MEMORIA_DATABASE_URL=url,
         MEMORIA_COGNITIVE__QUEUE__CONCURRENCY=str(args.concurrency),
         MEMORIA_COGNITIVE__QUEUE__CLAIM_BATCH=str(args.concurrency),
+        MEMORIA_COGNITIVE__QUEUE__BATCH_SIZE=str(args.batch_size),
         MEMORIA_LOG_LEVEL="WARNING",
         # Several processes on 2 cores: one engine thread each, or they oversubscribe the CPU.
         MEMORIA_MODELS__EMBEDDING__THREADS="1" if args.workers > 1 else "0",
@@ -198,8 +237,12 @@ async def run(args: argparse.Namespace, mode: str, llm: FakeLLM) -> None:
         for _ in range(args.workers)
     ]
     dsn = plain_dsn(url)
+    pg_before = postgres_cpu(data_dir / "pg")
     try:
         await drained(dsn, args.jobs)
+        worker_cpu = sum(cpu_seconds(proc.pid) for proc in procs)
+        pg_cpu = postgres_cpu(data_dir / "pg") - pg_before
+        load = os.getloadavg()[0]
         figures = await report(dsn)
     finally:
         for proc in procs:
@@ -218,6 +261,12 @@ async def run(args: argparse.Namespace, mode: str, llm: FakeLLM) -> None:
         f" LLM calls/job {figures['llm_calls']:.2f}; largest profile {figures['largest']} chars",
         flush=True,
     )
+    print(
+        f"      CPU per job: worker {1000 * worker_cpu / args.jobs:.1f} ms (start-up included),"
+        f" PostgreSQL {1000 * pg_cpu / args.jobs:.1f} ms; load average {load:.1f}"
+        f" on {os.cpu_count()} cores",
+        flush=True,
+    )
 
 
 async def main() -> None:
@@ -226,6 +275,7 @@ async def main() -> None:
     parser.add_argument("--mode", choices=("rules", "llm", "both"), default="both")
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--embedder", choices=("local", "hash"), default="local")
     args = parser.parse_args()
     llm = FakeLLM().start()

@@ -12,7 +12,7 @@ from service.historian.service import Historian
 from service.memories.upkeep import CONSOLIDATE_JOB, MAINTAIN_JOB, Upkeep
 from service.messages.service import EMBED_JOB, EXTRACT_JOB, Archivist
 from service.privacy.routes import ERASE_JOB, erase_handler
-from service.queue.worker import JobHandler, Periodic
+from service.queue.worker import BatchHandler, JobHandler, Periodic
 from service.reembed.service import BATCH_JOB, SWITCH_JOB, Reembedder
 from service.todos.service import DELIVER_JOB, Courier
 
@@ -40,6 +40,13 @@ def handlers(runtime: Runtime) -> dict[str, JobHandler]:
         BATCH_JOB: reembedder.run_batch,
         SWITCH_JOB: reembedder.run_switch,
     }
+
+
+def batch_handlers(runtime: Runtime) -> dict[str, BatchHandler]:
+    """Job kinds a worker claims and runs many at a time (each also has a one-job handler,
+    which runs what a batch could not finish)."""
+    historian = Historian(runtime.embedder, runtime.llm, runtime.settings)
+    return {END_JOB: historian.run_end_batch}
 
 
 def periodic(runtime: Runtime) -> list[Periodic]:

@@ -24,7 +24,7 @@ from service.llm import ChatModel, build_chat_model
 from service.llm.rerank import Reranker, build_reranker
 from service.privacy import keys as privacy_keys
 from service.queue.process import WorkerProcess, worker_command, worker_environment
-from service.queue.worker import JobHandler, Periodic, Worker
+from service.queue.worker import BatchHandler, JobHandler, Periodic, Worker
 from service.reembed.service import settle, stored_space
 from service.settings import Settings
 from service.tenants.service import Authenticator
@@ -137,6 +137,12 @@ class Runtime:
 
         return handlers(self)
 
+    def batch_handlers(self) -> dict[str, BatchHandler]:
+        """The job kinds this process runs in batches."""
+        from service.jobs import batch_handlers
+
+        return batch_handlers(self)
+
     def periodic_tasks(self) -> list[Periodic]:
         """Timed work of the worker (the extraction pause trigger)."""
         from service.jobs import periodic
@@ -151,6 +157,7 @@ class Runtime:
             self.settings.cognitive.queue,
             poll_interval=self.settings.cognitive.historian.poll_interval_seconds,
             periodic=self.periodic_tasks(),
+            batch_handlers=self.batch_handlers(),
         )
         self._worker_task = asyncio.create_task(self.worker.run(), name="worker")
         return self.worker

@@ -83,6 +83,13 @@ class QueueSettings(_Section):
     heartbeat_seconds: float = Field(10.0, gt=0)
     claim_batch: int = Field(8, ge=1, le=500)
     concurrency: int = Field(2, ge=1, le=64)
+    batch_size: int = Field(
+        32,
+        ge=1,
+        le=500,
+        description="jobs of a kind that runs in batches (the historian's end jobs) claimed"
+        " and written together; each batch takes one of the concurrency slots",
+    )
     retry_base_seconds: float = Field(1.0, gt=0)
     retry_cap_seconds: float = Field(300.0, gt=0)
     shutdown_seconds: float = Field(

@@ -337,16 +337,16 @@ async def test_two_merges_at_once_lose_nothing(db_url: str) -> None:
     key = ProfileKey("member", "10001", "g1")
     moment = datetime(2026, 2, 21, 23, 30, tzinfo=ZoneInfo("Asia/Shanghai"))
     both_read = asyncio.Barrier(2)
-    real_get = repository.get
+    real_get_many = repository.get_many
     reads = 0
 
     async def get_then_wait(*args: Any, **kwargs: Any) -> Any:
         nonlocal reads
-        row = await real_get(*args, **kwargs)
+        rows = await real_get_many(*args, **kwargs)
         reads += 1
         if reads <= 2:
             await both_read.wait()  # both merges hold the same stale version before writing
-        return row
+        return rows
 
     async def merge(fact: str) -> dict[str, int]:
         async with db.tenant(tenant.id) as session:
@@ -355,11 +355,11 @@ async def test_two_merges_at_once_lose_nothing(db_url: str) -> None:
                 session, tenant.id, [target], {}, moment, {"by": "test"}, model_decided=False
             )
 
-    repository.get = get_then_wait  # type: ignore[assignment]
+    repository.get_many = get_then_wait  # type: ignore[assignment]
     try:
         await asyncio.gather(merge("张三(10001)喜欢 Rust"), merge("张三(10001)住在杭州"))
     finally:
-        repository.get = real_get  # type: ignore[assignment]
+        repository.get_many = real_get_many  # type: ignore[assignment]
     async with db.tenant(tenant.id) as session:
         row = await repository.get(session, tenant.id, key)
     assert row is not None

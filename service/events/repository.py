@@ -20,19 +20,15 @@ from service.retrieval.terms import terms, to_tsquery_literal, to_tsvector_liter
 # Upsert by event id: a retried job rewrites the same rows instead of adding new ones. The same
 # statement keeps the event's search vector (event_vectors) in step: written when there is an
 # embedding, removed when a rewrite leaves none. updated_at takes EXCLUDED's (its default, now()):
-# Citus refuses now() itself in DO UPDATE.
-_UPSERT = text(
-    """
+# Citus refuses now() itself in DO UPDATE. One statement writes many rows ({values}: one
+# parenthesized row of parameters per event, the parameters numbered by row).
+_UPSERT_SQL = """
     WITH written AS (
         INSERT INTO events (tenant_id, id, conversation_key, request_type, group_id, user_id,
                             sender_id, request_id, end_seq, kind, perspective, text, source_text,
                             is_absolute, warnings, occurred_at, timezone, location_abs,
                             message_ids, metadata, embedding, lexical, job_id)
-        VALUES (:tenant_id, :id, :conversation_key, :request_type, :group_id, :user_id,
-                :sender_id, :request_id, :end_seq, :kind, :perspective, :text, :source_text,
-                :is_absolute, CAST(:warnings AS jsonb), :occurred_at, :timezone, :location_abs,
-                CAST(:message_ids AS jsonb), CAST(:metadata AS jsonb), :embedding,
-                CAST(:lexical AS tsvector), :job_id)
+        VALUES {values}
         ON CONFLICT (tenant_id, id) DO UPDATE SET
             text = EXCLUDED.text, source_text = EXCLUDED.source_text,
             is_absolute = EXCLUDED.is_absolute, warnings = EXCLUDED.warnings,
@@ -52,13 +48,29 @@ _UPSERT = text(
     DELETE FROM event_vectors v USING written w
     WHERE w.embedding IS NULL AND v.tenant_id = w.tenant_id AND v.event_id = w.id
     """
-)
+
+_ROW = """(:tenant_id_{n}, :id_{n}, :conversation_key_{n}, :request_type_{n}, :group_id_{n},
+          :user_id_{n}, :sender_id_{n}, :request_id_{n}, :end_seq_{n}, :kind_{n},
+          :perspective_{n}, :text_{n}, :source_text_{n}, :is_absolute_{n},
+          CAST(:warnings_{n} AS jsonb), CAST(:occurred_at_{n} AS timestamptz), :timezone_{n},
+          :location_abs_{n}, CAST(:message_ids_{n} AS jsonb), CAST(:metadata_{n} AS jsonb),
+          CAST(:embedding_{n} AS vector), CAST(:lexical_{n} AS tsvector), :job_id_{n})"""
+
+# Rows per statement: 23 parameters each, far below PostgreSQL's 65,535.
+UPSERT_ROWS = 200
+
+
+@cache
+def _upsert(rows: int) -> TextClause:
+    """The upsert of ``rows`` events in one statement (one text per row count, so each is
+    prepared once per connection)."""
+    return text(_UPSERT_SQL.format(values=", ".join(_ROW.format(n=n) for n in range(rows))))
 
 
 async def upsert_events(session: AsyncSession, rows: list[dict[str, Any]]) -> None:
-    """Write events (one round trip for the batch), with their lexical terms."""
-    if not rows:
-        return
+    """Write events, many rows per statement, with their lexical terms. Rows with the same
+    id: the last one is written."""
+    latest = {(row["tenant_id"], row["id"]): row for row in rows}  # one row per id and statement
     prepared = [
         {
             **row,
@@ -67,9 +79,14 @@ async def upsert_events(session: AsyncSession, rows: list[dict[str, Any]]) -> No
             "metadata": json.dumps(row["metadata"], ensure_ascii=False),
             "lexical": to_tsvector_literal(terms(row["text"])),
         }
-        for row in rows
+        for row in latest.values()
     ]
-    await session.execute(_UPSERT, prepared)
+    for start in range(0, len(prepared), UPSERT_ROWS):
+        chunk = prepared[start : start + UPSERT_ROWS]
+        params = {
+            f"{name}_{n}": value for n, row in enumerate(chunk) for name, value in row.items()
+        }
+        await session.execute(_upsert(len(chunk)), params)
 
 
 _COLUMNS = """id, conversation_key, request_type, group_id, user_id, sender_id, request_id,

@@ -250,40 +250,110 @@ class ProfileMerger:
 
         ``model_decided``: the LLM saw these targets; one it did not update stays as it is.
         """
+        work = ProfileWork(targets, staged, moment, cause, model_decided)
+        return (await self.write_many(session, tenant_id, [work]))[0]
+
+    async def write_many(
+        self, session: AsyncSession, tenant_id: Any, works: list[ProfileWork]
+    ) -> list[dict[str, int]]:
+        """The profile changes of several jobs, in their order, with one write per profile:
+        each job's change is made to the text the previous ones left, as if they had run one
+        after the other, and only the last text is stored (one revision, one embedding).
+        Returns each job's new versions by key."""
+        steps: dict[str, list[tuple[int, Step]]] = {}
+        keys: dict[str, ProfileKey] = {}
+        causes: dict[str, list[dict[str, Any]]] = {}
+        for index, work in enumerate(works):
+            for target in work.targets:
+                step = _step(target, work.staged.get(target.key.key), work)
+                steps.setdefault(target.key.key, []).append((index, step))
+                keys[target.key.key] = target.key
+                causes.setdefault(target.key.key, []).append(work.cause)
+        changed_by: dict[str, set[int]] = {}
+        merges = []
+        for key, key_steps in steps.items():
+            changed_by[key] = set()
+            merges.append((keys[key], _folded(key_steps, changed_by[key]), _cause(causes[key])))
         keep = self.settings.cognitive.profile.revision_keep
-        versions: dict[str, int] = {}
-        for target in targets:
-            chosen = staged.get(target.key.key)
+        versions = await profiles.apply_merges(session, tenant_id, merges, self.embedder, keep=keep)
+        out: list[dict[str, int]] = [{} for _ in works]
+        for key, version in versions.items():
+            if version is None:
+                continue
+            for index in changed_by[key]:
+                out[index][key] = version
+        return out
 
-            async def merge(
-                current: Profile | None,
-                version: int | None,
-                t: Target = target,
-                chosen: Staged | None = chosen,
-            ) -> Profile | None:
-                if chosen is not None and chosen.base_version == version:
-                    # However long the model's text, what is stored stays within budget.
-                    chosen.profile.body = within_budget(chosen.profile.body, chosen.profile.name)
-                    return chosen.profile
-                if chosen is None and model_decided and t.facts:
-                    return _renamed(current, t, moment)  # the model looked and kept it
-                # Offline, or the model wrote against a text that changed since: this job's
-                # facts are merged into the newer text the deterministic way.
-                merged = profiles.merge_facts(
-                    current, t.key, t.name or t.key.entity_id, t.facts, moment
-                )
-                if merged is None:
-                    return _renamed(current, t, moment)
-                if t.name:
-                    merged.name = t.name
-                return merged
 
-            version = await profiles.apply_merge(
-                session, tenant_id, target.key, merge, self.embedder, cause=cause, keep=keep
-            )
-            if version is not None:
-                versions[target.key.key] = version
-        return versions
+@dataclass
+class ProfileWork:
+    """One job's profile step, ready to write: its targets, what the model staged, when,
+    and the cause recorded with the replaced text."""
+
+    targets: list[Target]
+    staged: dict[str, Staged]
+    moment: datetime
+    cause: dict[str, Any]
+    model_decided: bool
+
+
+# One job's change to one profile: (current, version) → the new profile, or None.
+Step = Callable[[Profile | None, int | None], Awaitable[Profile | None]]
+
+
+def _step(target: Target, chosen: Staged | None, work: ProfileWork) -> Step:
+    """One job's change to one target's profile."""
+    moment = work.moment
+
+    async def merge(current: Profile | None, version: int | None) -> Profile | None:
+        if chosen is not None and chosen.base_version == version:
+            # However long the model's text, what is stored stays within budget.
+            chosen.profile.body = within_budget(chosen.profile.body, chosen.profile.name)
+            return chosen.profile
+        if chosen is None and work.model_decided and target.facts:
+            return _renamed(current, target, moment)  # the model looked and kept it
+        # Offline, or the model wrote against a text that changed since: this job's
+        # facts are merged into the newer text the deterministic way.
+        merged = profiles.merge_facts(
+            current, target.key, target.name or target.key.entity_id, target.facts, moment
+        )
+        if merged is None:
+            return _renamed(current, target, moment)
+        if target.name:
+            merged.name = target.name
+        return merged
+
+    return merge
+
+
+def _folded(steps: list[tuple[int, Step]], changed_by: set[int]) -> Step:
+    """The jobs' steps one after the other, each on the text the previous one left (read
+    back as it would be stored), the version counting one per change as separate writes
+    would. Records in ``changed_by`` which jobs changed the profile."""
+
+    async def merge(current: Profile | None, version: int | None) -> Profile | None:
+        changed_by.clear()
+        result: Profile | None = None
+        for index, step in steps:
+            new = await step(current, version)
+            if new is None:
+                continue
+            changed_by.add(index)
+            result = new
+            current = parse(render(new), max_chars=None) if len(steps) > 1 else new
+            version = (version or 0) + 1
+        return result
+
+    return merge
+
+
+def _cause(causes: list[dict[str, Any]]) -> dict[str, Any]:
+    """The cause of a profile written once for several jobs: the last one's, with every
+    job's id."""
+    if len(causes) == 1:
+        return causes[0]
+    job_ids = [c["job_id"] for c in causes if c.get("job_id") is not None]
+    return {**causes[-1], "job_ids": job_ids}
 
 
 def _renamed(current: Profile | None, target: Target, moment: datetime) -> Profile | None:

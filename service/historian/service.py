@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.context import ConversationContext
 from service.embedding import Embedder
 from service.events import repository as events
 from service.historian.absolutize import Person, Situation, absolutize
 from service.historian.memories import Conversation, MemoryKeeper, Plan
-from service.historian.profiles import ProfileMerger, Staged, Target, end_targets
+from service.historian.profiles import (
+    ProfileMerger,
+    ProfileWork,
+    Reader,
+    Staged,
+    Target,
+    end_targets,
+)
 from service.historian.rewrite import Item, Outcome, rewrite_with_llm, rule_outcome
 from service.historian.rewrite import Situation as PromptSituation
 from service.llm import ChatModel, LLMError
@@ -21,7 +32,7 @@ from service.privacy import pii
 from service.profiles import repository as profile_rows
 from service.profiles.document import ProfileKey
 from service.profiles.service import Fact
-from service.queue.worker import JobContext, PermanentJobError
+from service.queue.worker import BatchContext, JobContext, PermanentJobError
 from service.settings import Settings
 
 log = logging.getLogger("service.historian")
@@ -118,6 +129,61 @@ def end_conversation(context: ConversationContext, moment: datetime) -> Conversa
     )
 
 
+class KnownVectors:
+    """An embedder that answers from vectors already made for the same texts (a batch's
+    events, which the memory step stores again as memories) and embeds only the rest."""
+
+    def __init__(self, embedder: Embedder, known: dict[str, Any]) -> None:
+        self.inner = embedder
+        self.known = known
+        self.name = embedder.name
+        self.dimension = embedder.dimension
+        self.calibration = embedder.calibration
+
+    async def passages(self, texts: Sequence[str]) -> list[Any]:
+        """The known vectors, and one call to the embedder for the others."""
+        missing = [t for t in dict.fromkeys(texts) if t not in self.known]
+        if missing:
+            self.known.update(zip(missing, await self.inner.passages(missing), strict=True))
+        return [self.known[t] for t in texts]
+
+    async def query(self, text: str) -> Any:
+        """A query's vector, from the embedder."""
+        return await self.inner.query(text)
+
+    async def close(self) -> None:
+        """Nothing to release: the embedder belongs to the process."""
+
+
+@dataclass
+class EndWork:
+    """One ``end`` job on its way through the steps, until its writes."""
+
+    job: JobContext
+    context: ConversationContext
+    moment: datetime
+    payload: dict[str, Any]
+    ids: list[str]
+    items: list[Item]
+    notes: list[str]
+    outcomes: list[Outcome] = field(default_factory=list)
+    calls: int = 0
+    vectors: list[Any] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    accepted: list[tuple[Item, Outcome, str, Any]] = field(default_factory=list)
+    targets: list[Target] = field(default_factory=list)
+    conversation: Conversation | None = None
+    staged: dict[str, Staged] = field(default_factory=dict)
+    profile_calls: int = 0
+    known: tuple[dict[int, dict[str, Any]], list[dict[str, Any]]] = ({}, [])
+    plan: Plan = field(default_factory=Plan)
+
+    @property
+    def observed(self) -> list[tuple[Item, Outcome, Any]]:
+        """The accepted observations and their vectors: what the memory step gets."""
+        return [(item, outcome, vector) for item, outcome, _, vector in self.accepted]
+
+
 @dataclass
 class Historian:
     """Turns a job's memo and observations into stored, embedded, absolute events."""
@@ -138,6 +204,114 @@ class Historian:
 
     async def run_end(self, job: JobContext) -> dict[str, Any]:
         """The ``historian.end`` job."""
+        work = await self._begin(job)
+        vectors = await self.embedder.passages([o.text for o in work.outcomes])
+        self._describe(work, vectors)
+
+        async def read(key: ProfileKey) -> dict[str, Any] | None:
+            async with job.transaction() as session:
+                return await profile_rows.get(session, job.job.tenant_id, key)
+
+        if work.observed:
+            async with job.transaction() as session:
+                await self._retrieve(session, work)
+        await self._decide(work, read)
+        known = dict(zip([o.text for o in work.outcomes], vectors, strict=True))
+        async with job.finishing() as session:
+            await self._write(
+                session, job.job.tenant_id, [work], KnownVectors(self.embedder, known)
+            )
+        self._count_gate([work])
+        assert job.result is not None
+        return job.result
+
+    async def run_end_batch(self, batch: BatchContext) -> None:
+        """``historian.end`` jobs of one tenant together: the same steps as ``run_end``,
+        with one embedder call for every text, one read of the profiles, the memory step's
+        reads in one transaction, the LLM called for every job at once, and every write and
+        completion in one transaction (a profile written once for all its jobs).
+
+        A job that fails on its own is left in ``batch.failed``; if the shared transaction
+        fails, each job is written in a transaction of its own.
+        """
+        begun = await asyncio.gather(
+            *(self._begin(batch.job(job.id)) for job in batch.jobs), return_exceptions=True
+        )
+        works = self._survivors(batch, begun, [batch.job(job.id) for job in batch.jobs])
+        try:
+            texts = [o.text for work in works for o in work.outcomes]
+            vectors = await self.embedder.passages(texts)
+            start = 0
+            for work in works:
+                self._describe(work, vectors[start : start + len(work.outcomes)])
+                start += len(work.outcomes)
+            rows: dict[str, dict[str, Any]] = {}
+            if self.llm is not None and any(t.facts for w in works for t in w.targets):
+                async with batch.transaction() as session:
+                    keys = [t.key for w in works for t in w.targets]
+                    rows = await profile_rows.get_many(session, batch.tenant_id, keys)
+            if any(work.observed for work in works):
+                async with batch.transaction() as session:
+                    for work in works:
+                        if work.observed:
+                            await self._retrieve(session, work)
+        except Exception as exc:
+            for work in works:
+                batch.failed[work.job.job.id] = exc
+            return
+
+        async def read(key: ProfileKey) -> dict[str, Any] | None:
+            return rows.get(key.key)
+
+        decided = await asyncio.gather(
+            *(self._decide(work, read) for work in works), return_exceptions=True
+        )
+        works = self._survivors(batch, decided, [work.job for work in works], works)
+        if not works:
+            return
+        known = {o.text: v for w in works for o, v in zip(w.outcomes, w.vectors, strict=True)}
+        try:
+            async with batch.finishing([work.job.job.id for work in works]) as session:
+                await self._write(
+                    session, batch.tenant_id, works, KnownVectors(self.embedder, known)
+                )
+        except Exception as exc:
+            log.warning(
+                "writing %d end job(s) together failed (%s: %s); writing them one by one",
+                len(works),
+                type(exc).__name__,
+                exc,
+            )
+            for work in works:
+                try:
+                    async with work.job.finishing() as session:
+                        await self._write(
+                            session, batch.tenant_id, [work], KnownVectors(self.embedder, known)
+                        )
+                except Exception as error:
+                    batch.failed[work.job.job.id] = error
+        self._count_gate([work for work in works if work.job.finished])
+
+    @staticmethod
+    def _survivors(
+        batch: BatchContext,
+        outcomes: list[Any],
+        jobs: list[JobContext],
+        works: list[EndWork] | None = None,
+    ) -> list[EndWork]:
+        """The works whose step succeeded; the failed ones' jobs go to ``batch.failed``."""
+        kept = []
+        for index, (outcome, job) in enumerate(zip(outcomes, jobs, strict=True)):
+            if isinstance(outcome, Exception):
+                batch.failed[job.job.id] = outcome
+            elif isinstance(outcome, BaseException):
+                raise outcome
+            else:
+                kept.append(works[index] if works is not None else outcome)
+        return kept
+
+    async def _begin(self, job: JobContext) -> EndWork:
+        """Read the job, screen it, rewrite its items (rules or the LLM)."""
         payload = job.job.payload
         try:
             context = ConversationContext.model_validate(
@@ -155,105 +329,141 @@ class Historian:
         items = self._items(context, moment, payload)
         if len(items) != len(ids):
             raise PermanentJobError("the job's event ids do not match its items")
-
-        outcomes, calls = await self._rewrite(job, context, moment, payload, items)
+        work = EndWork(job, context, moment, payload, ids, items, pii_notes)
+        work.outcomes, work.calls = await self._rewrite(job, context, moment, payload, items)
         policy = str(payload.get("pii_policy", "store"))
-        for outcome in outcomes:
+        for outcome in work.outcomes:
             # The rewrite may bring personal data back from the reference messages.
             kept, _ = pii.apply(outcome.text, "mask" if policy == "drop" else policy)
             outcome.text = kept or outcome.text
-        vectors = await self.embedder.passages([o.text for o in outcomes])
-        rows = [
-            self._event_row(job, context, moment, payload, item, outcome, event_id, vector)
-            for item, outcome, event_id, vector in zip(items, outcomes, ids, vectors, strict=True)
+        return work
+
+    def _describe(self, work: EndWork, vectors: list[Any]) -> None:
+        """The event rows, and what passed the gate for profiles and memories."""
+        work.vectors = list(vectors)
+        work.rows = [
+            self._event_row(work.job, work.context, work.moment, work.payload, *entry)
+            for entry in zip(work.items, work.outcomes, work.ids, vectors, strict=True)
         ]
         # Only what passed the gate (or was forced) reaches profiles and memories: a
         # degraded statement still says "he" or "tomorrow" and would mislead them for good.
-        accepted = [
+        work.accepted = [
             (item, outcome, event_id, vector)
-            for item, outcome, event_id, vector in zip(items, outcomes, ids, vectors, strict=True)
+            for item, outcome, event_id, vector in zip(
+                work.items, work.outcomes, work.ids, vectors, strict=True
+            )
             if item.kind == "observation" and outcome.accepted
         ]
         facts = [
-            Fact(outcome.text, moment.date().isoformat(), event_id)
-            for _, outcome, event_id, _ in accepted
+            Fact(outcome.text, work.moment.date().isoformat(), event_id)
+            for _, outcome, event_id, _ in work.accepted
         ]
-        targets = end_targets(context, facts, llm=self.llm is not None)
-        staged, notes, profile_calls = await self._prepare_profiles(job, targets, moment)
-        notes = pii_notes + notes
-        model_decided = profile_calls > 0
-        conversation = end_conversation(context, moment)
-        observed = [(item, outcome, vector) for item, outcome, _, vector in accepted]
-        plan = await self._plan_memories(job, conversation, observed)
-        notes += plan.notes
-        async with job.finishing() as session:
-            await events.upsert_events(session, rows)
-            versions = await self.profiles.write(
-                session,
-                job.job.tenant_id,
-                targets,
-                staged,
-                moment,
-                {"by": "job", "job_id": job.job.id, "event_id": ids[0] if ids else None},
-                model_decided=model_decided,
+        work.targets = end_targets(work.context, facts, llm=self.llm is not None)
+        work.conversation = end_conversation(work.context, work.moment)
+
+    async def _retrieve(self, session: AsyncSession, work: EndWork) -> None:
+        """The memories near the job's accepted observations, and the pending todos."""
+        assert work.conversation is not None
+        work.known = await self.memories.retrieve(
+            session,
+            work.job.job.tenant_id,
+            work.conversation,
+            [vector for _, _, vector in work.observed],
+        )
+
+    async def _decide(self, work: EndWork, read: Reader) -> None:
+        """The profile step's staged documents and the memory step's plan (LLM calls)."""
+        work.staged, notes, work.profile_calls = await self._prepare_profiles(
+            work.job, work.targets, work.moment, read
+        )
+        work.notes += notes
+        work.plan = await self._plan_memories(work)
+        work.notes += work.plan.notes
+
+    async def _write(
+        self,
+        session: AsyncSession,
+        tenant_id: Any,
+        works: list[EndWork],
+        embedder: Embedder,
+    ) -> None:
+        """Every write of these jobs in the caller's transaction: events, profiles (one
+        write per profile), memories; each job's result."""
+        await events.upsert_events(session, [row for work in works for row in work.rows])
+        profile_works = [
+            ProfileWork(
+                work.targets,
+                work.staged,
+                work.moment,
+                {
+                    "by": "job",
+                    "job_id": work.job.job.id,
+                    "event_id": work.ids[0] if work.ids else None,
+                },
+                work.profile_calls > 0,
             )
-            memory_changes = await self.memories.apply(
+            for work in works
+        ]
+        merger = ProfileMerger(embedder, self.llm, self.settings)
+        versions = await merger.write_many(session, tenant_id, profile_works)
+        keeper = MemoryKeeper(embedder, self.llm, self.settings)
+        for work, work_versions in zip(works, versions, strict=True):
+            assert work.conversation is not None
+            notes_before = len(work.plan.notes)
+            memory_changes = await keeper.apply(
                 session,
-                job.job.tenant_id,
-                conversation,
-                plan,
-                {"by": "job", "job_id": job.job.id},
-                {"event_ids": ids, "message_ids": context.message_ids},
+                tenant_id,
+                work.conversation,
+                work.plan,
+                {"by": "job", "job_id": work.job.job.id},
+                {"event_ids": work.ids, "message_ids": work.context.message_ids},
                 [
-                    {"event_ids": [event_id], "message_ids": context.message_ids}
-                    for _, _, event_id, _ in accepted
+                    {"event_ids": [event_id], "message_ids": work.context.message_ids}
+                    for _, _, event_id, _ in work.accepted
                 ],
             )
-            for outcome in outcomes:
-                GATE.labels("absolute" if outcome.is_absolute else "degraded").inc()
-            job.result = {
-                "event_ids": ids,
+            apply_notes = work.plan.notes[notes_before:]
+            del work.plan.notes[notes_before:]  # a write tried again adds them once
+            outcomes = work.outcomes
+            work.job.result = {
+                "event_ids": work.ids,
                 "absolute": sum(o.is_absolute for o in outcomes),
                 "degraded": sum(not o.is_absolute for o in outcomes),
-                "llm_calls": calls,
-                "profile_llm_calls": profile_calls,
-                "profiles": versions,
+                "llm_calls": work.calls,
+                "profile_llm_calls": work.profile_calls,
+                "profiles": work_versions,
                 "memory": memory_changes,
-                "memory_llm_calls": plan.calls,
-                "notes": notes,
+                "memory_llm_calls": work.plan.calls,
+                "notes": work.notes + apply_notes,
             }
-        return job.result
 
-    async def _plan_memories(
-        self,
-        job: JobContext,
-        conversation: Conversation,
-        observed: list[tuple[Item, Outcome, Any]],
-    ) -> Plan:
+    @staticmethod
+    def _count_gate(works: list[EndWork]) -> None:
+        for work in works:
+            for outcome in work.outcomes:
+                GATE.labels("absolute" if outcome.is_absolute else "degraded").inc()
+
+    async def _plan_memories(self, work: EndWork) -> Plan:
+        observed = work.observed
         if not observed:
             return Plan()
-        async with job.transaction() as session:
-            known, pending = await self.memories.retrieve(
-                session, job.job.tenant_id, conversation, [vector for _, _, vector in observed]
-            )
+        assert work.conversation is not None
+        known, pending = work.known
         items = [(outcome.text, item.original) for item, outcome, _ in observed]
         try:
-            return await self.memories.decide(conversation, items, known, pending)
+            return await self.memories.decide(work.conversation, items, known, pending)
         except LLMError as exc:
+            job = work.job
             if job.job.attempts < job.job.max_attempts:
                 raise
             plan = MemoryKeeper(self.embedder, None, self.settings).decide
-            fallback = await plan(conversation, items, known, pending)
+            fallback = await plan(work.conversation, items, known, pending)
             fallback.notes.insert(0, f"memories without the LLM (it failed: {exc})")
             return fallback
 
     async def _prepare_profiles(
-        self, job: JobContext, targets: list[Target], moment: datetime
+        self, job: JobContext, targets: list[Target], moment: datetime, read: Reader
     ) -> tuple[dict[str, Staged], list[str], int]:
-        async def read(key: ProfileKey) -> dict[str, Any] | None:
-            async with job.transaction() as session:
-                return await profile_rows.get(session, job.job.tenant_id, key)
-
         try:
             return await self.profiles.prepare(read, targets, moment)
         except LLMError as exc:

@@ -50,6 +50,31 @@ async def get(
     return dict(row._mapping) if row is not None else None
 
 
+_GET_MANY = text(
+    f"SELECT {_COLUMNS} FROM profiles"
+    " WHERE tenant_id = :tenant_id AND profile_key = ANY(CAST(:keys AS text[]))"
+)
+# Locked in the order of their keys, so that two transactions locking overlapping sets wait
+# for each other instead of deadlocking.
+_GET_MANY_LOCKED = text(
+    f"SELECT {_COLUMNS} FROM profiles"
+    " WHERE tenant_id = :tenant_id AND profile_key = ANY(CAST(:keys AS text[]))"
+    " ORDER BY profile_key FOR UPDATE"
+)
+
+
+async def get_many(
+    session: AsyncSession, tenant_id: uuid.UUID, keys: list[ProfileKey], *, lock: bool = False
+) -> dict[str, dict[str, Any]]:
+    """The current rows of these profiles by key (``ProfileKey.key``); missing ones absent
+    (``lock``: held until the transaction ends)."""
+    if not keys:
+        return {}
+    params = {"tenant_id": tenant_id, "keys": sorted({key.key for key in keys})}
+    rows = await session.execute(_GET_MANY_LOCKED if lock else _GET_MANY, params)
+    return {str(r.profile_key): dict(r._mapping) for r in rows}
+
+
 _INSERT = text(
     """
     INSERT INTO profiles (tenant_id, profile_key, entity_type, entity_id, group_id, name, tags,

@@ -254,6 +254,87 @@ async def apply_merge(
     raise Conflict(f"the profile of {key.describe()} kept changing; giving up this merge")
 
 
+@dataclass
+class _Planned:
+    """A merged profile waiting for its write (``apply_merges``)."""
+
+    key: ProfileKey
+    merge: Merge
+    cause: dict[str, Any]
+    row: dict[str, Any] | None
+    merged: Profile
+    digest: str
+    embed: bool
+
+
+async def apply_merges(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    merges: list[tuple[ProfileKey, Merge, dict[str, Any]]],
+    embedder: Embedder,
+    *,
+    keep: int,
+) -> dict[str, int | None]:
+    """``apply_merge`` for several profiles (key, merge, cause), one key once: one read for
+    all of them, one locking read of those that change (merged again if they moved since),
+    one embedder call for every changed digest. Returns the new version (None: unchanged)
+    by key."""
+    keys = [key for key, _, _ in merges]
+    rows = await repository.get_many(session, tenant_id, keys)
+    versions: dict[str, int | None] = {key.key: None for key in keys}
+    planned = [
+        p for key, merge, cause in merges if (p := await _plan(key, merge, cause, rows)) is not None
+    ]
+    if planned:
+        # Lock what is about to change; a profile written meanwhile is merged again on the
+        # newer text, so that the swap below cannot lose its race.
+        locked = await repository.get_many(session, tenant_id, [p.key for p in planned], lock=True)
+        moved = [
+            p
+            for p in planned
+            if (locked.get(p.key.key) or {}).get("version") != (p.row or {}).get("version")
+        ]
+        for p in moved:
+            planned.remove(p)
+            again = await _plan(p.key, p.merge, p.cause, locked)
+            if again is not None:
+                planned.append(again)
+    planned.sort(key=lambda p: p.key.key)
+    vectors = iter(await embedder.passages([p.digest for p in planned if p.embed]))
+    for p in planned:
+        vector = next(vectors) if p.embed else None
+        version = await repository.write(
+            session,
+            tenant_id,
+            p.merged,
+            render(p.merged),
+            vector,
+            expected=p.row["version"] if p.row else None,
+            replaced_by=p.cause,
+            keep=keep,
+            keep_vector=vector is None and p.row is not None,
+        )
+        if version is None:  # created meanwhile: read it again (locked) and merge again
+            version = await apply_merge(
+                session, tenant_id, p.key, p.merge, embedder, cause=p.cause, keep=keep
+            )
+        versions[p.key.key] = version
+    return versions
+
+
+async def _plan(
+    key: ProfileKey, merge: Merge, cause: dict[str, Any], rows: dict[str, dict[str, Any]]
+) -> _Planned | None:
+    """A profile's merge on its row in ``rows``; None when it leaves the profile as it is."""
+    row = rows.get(key.key)
+    merged = await merge(load(row) if row else None, row["version"] if row else None)
+    if merged is None:
+        return None
+    text = digest(merged.body)
+    embed = not (row is not None and row["embedded"] and digest(row["body"]) == text)
+    return _Planned(key, merge, cause, row, merged, text, embed)
+
+
 def people_of(conversation: ConversationContext) -> set[str]:
     """The people a conversation is with: the private chat's user, or a group call's sender
     and the user it serves."""

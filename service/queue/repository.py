@@ -87,11 +87,15 @@ async def enqueue(
 # - ORDER BY matches ix_jobs_claimable, whose WHERE matches this one, so it is an index scan.
 # - The attempt is counted here, at claim time, so a job that keeps killing its worker still
 #   runs out of attempts.
+# - :kinds (only these kinds) and :skip (not these) split the queue between batched kinds,
+#   claimed many at a time, and the rest; NULL means no restriction.
 _CLAIM = text(
     """
     WITH due AS (
         SELECT tenant_id, id FROM jobs
         WHERE status = 'queued' AND run_after <= now()
+          AND (CAST(:kinds AS text[]) IS NULL OR kind = ANY(CAST(:kinds AS text[])))
+          AND (CAST(:skip AS text[]) IS NULL OR kind <> ALL(CAST(:skip AS text[])))
         ORDER BY priority DESC, run_after, id
         LIMIT :limit
         FOR UPDATE SKIP LOCKED
@@ -111,10 +115,24 @@ _CLAIM = text(
 
 
 async def claim_jobs(
-    session: AsyncSession, worker: str, limit: int, lease: float
+    session: AsyncSession,
+    worker: str,
+    limit: int,
+    lease: float,
+    *,
+    kinds: list[str] | None = None,
+    skip: list[str] | None = None,
 ) -> list[ClaimedJob]:
-    """Lease up to ``limit`` due jobs, most urgent first."""
-    rows = await session.execute(_CLAIM, {"worker": worker, "limit": limit, "lease": lease})
+    """Lease up to ``limit`` due jobs, most urgent first: only of ``kinds`` when given, and
+    none of ``skip``."""
+    params = {
+        "worker": worker,
+        "limit": limit,
+        "lease": lease,
+        "kinds": kinds or None,
+        "skip": skip or None,
+    }
+    rows = await session.execute(_CLAIM, params)
     return [
         ClaimedJob(
             tenant_id=r.tenant_id,
@@ -171,6 +189,44 @@ async def complete(
         "result": json.dumps(result, ensure_ascii=False) if result is not None else None,
     }
     return _rowcount(await session.execute(_COMPLETE, params)) == 1
+
+
+# A batch's jobs done in one statement, each only if we still hold its lease; the ids
+# returned are those completed. Runs in the batch's tenant transaction, like _COMPLETE.
+_COMPLETE_MANY = text(
+    """
+    UPDATE jobs AS j
+    SET status = 'done', result = CAST(done.result AS jsonb), finished_at = now(),
+        updated_at = now(), lease_owner = NULL, lease_expires_at = NULL, last_error = NULL
+    FROM unnest(CAST(:ids AS bigint[]), CAST(:results AS text[])) AS done(id, result)
+    WHERE j.tenant_id = :tenant_id AND j.id = done.id AND j.status = 'running'
+      AND j.lease_owner = :worker
+    RETURNING j.id
+    """
+)
+
+
+async def complete_many(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    worker: str,
+    results: dict[int, dict[str, Any] | None],
+) -> set[int]:
+    """Mark one tenant's held jobs done (job id → result); returns the ids completed (a job
+    missing from them was taken over: its lease was lost)."""
+    if not results:
+        return set()
+    ids = list(results)
+    params = {
+        "tenant_id": tenant_id,
+        "worker": worker,
+        "ids": ids,
+        "results": [
+            json.dumps(results[i], ensure_ascii=False) if results[i] is not None else None
+            for i in ids
+        ],
+    }
+    return {int(r.id) for r in await session.execute(_COMPLETE_MANY, params)}
 
 
 # A failed attempt: back to 'queued' after :delay, or 'failed' for good once attempts are

@@ -11,7 +11,7 @@ import socket
 import time
 import traceback
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -87,6 +87,80 @@ class JobContext:
 
 
 JobHandler = Callable[[JobContext], Awaitable[dict[str, Any] | None]]
+
+
+@dataclass
+class BatchContext:
+    """Jobs of one kind and one tenant that a batch handler runs together.
+
+    The handler finishes the jobs it can with ``finishing()`` (their writes and completions in
+    one transaction), or one at a time with each job's own ``JobContext``; it puts a job that
+    failed on its own in ``failed``, so that its batch-mates go on. What the handler leaves
+    unfinished and not failed runs again one by one with the kind's job handler.
+    """
+
+    jobs: list[ClaimedJob]
+    db: Database
+    worker_id: str
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    failed: dict[int, Exception] = field(default_factory=dict)
+    contexts: dict[int, JobContext] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        tenants = {job.tenant_id for job in self.jobs}
+        if len(tenants) > 1:
+            raise ValueError("a batch holds the jobs of one tenant")
+        self.contexts = {
+            job.id: JobContext(
+                job=job, db=self.db, worker_id=self.worker_id, stopping=self.stopping
+            )
+            for job in self.jobs
+        }
+
+    @property
+    def tenant_id(self) -> uuid.UUID:
+        """The tenant whose jobs these are."""
+        return self.jobs[0].tenant_id
+
+    def job(self, job_id: int) -> JobContext:
+        """One job's context, for the steps that run per job."""
+        return self.contexts[job_id]
+
+    def stop_point(self) -> None:
+        """Between two steps: give the batch back if the worker is stopping."""
+        if self.stopping.is_set():
+            raise JobInterrupted("the worker is stopping")
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncSession]:
+        """A transaction in the batch's tenant."""
+        async with self.db.tenant(self.tenant_id) as session:
+            yield session
+
+    @asynccontextmanager
+    async def finishing(self, job_ids: list[int]) -> AsyncIterator[AsyncSession]:
+        """The last transaction of these jobs: the writes, then every job marked done with
+        its context's ``result``, in one statement. If any lease was lost meanwhile,
+        ``LeaseLost`` rolls the whole transaction back (the handler may then finish the
+        others one by one)."""
+        async with self.db.tenant(self.tenant_id) as session:
+            yield session
+            results = {i: self.contexts[i].result for i in job_ids}
+            completed = await repository.complete_many(
+                session, self.tenant_id, self.worker_id, results
+            )
+            if completed != set(job_ids):
+                lost = sorted(set(job_ids) - completed)
+                raise LeaseLost(f"jobs {lost}: lease lost before completion")
+        for job_id in job_ids:
+            self.contexts[job_id].finished = True
+
+
+BatchHandler = Callable[[BatchContext], Awaitable[None]]
+
+# Batches a worker runs at once: while one waits on the database, the next one's CPU work
+# goes on; more would mostly race for the same profiles.
+BATCHES_IN_FLIGHT = 2
 
 
 @dataclass(frozen=True)
@@ -174,15 +248,25 @@ class Worker:
         poll_interval: float = 1.0,
         name: str | None = None,
         periodic: list[Periodic] | None = None,
+        batch_handlers: Mapping[str, BatchHandler] | None = None,
     ) -> None:
         self.db = db
         self.handlers = dict(handlers)
+        # Kinds run in batches; each needs its one-job handler too (the fallback).
+        self.batch_handlers = {
+            kind: handler
+            for kind, handler in (batch_handlers or {}).items()
+            if kind in self.handlers
+        }
         self.settings = settings
         self.poll_interval = poll_interval
         self.id = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._inflight: dict[int, tuple[ClaimedJob, asyncio.Task[None]]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()  # a batch is one task, one slot
+        self._contexts: dict[int, JobContext] = {}  # the jobs of batches in hand
+        self._batches = 0
         self._listener: asyncpg.Connection | None = None
         self._periodic = list(periodic or [])
         self.processed = 0
@@ -214,7 +298,7 @@ class Worker:
                     await self._sleep(outage.failed(exc))
                     continue
                 outage.recovered()
-                if claimed == 0 or len(self._inflight) >= self.settings.concurrency:
+                if claimed == 0 or len(self._tasks) >= self.settings.concurrency:
                     await self._sleep(self.poll_interval)
         finally:
             for task in tasks:
@@ -229,7 +313,7 @@ class Worker:
         """Stop claiming; let jobs in hand finish for ``timeout`` s, then release the rest."""
         self._stopping.set()
         self._wake.set()
-        pending = [task for _, task in self._inflight.values()]
+        pending = list(self._tasks)
         if pending:
             _, still = await asyncio.wait(pending, timeout=timeout)
             for task in still:
@@ -248,17 +332,93 @@ class Worker:
             await asyncio.wait_for(self._wake.wait(), timeout=seconds)
 
     async def _claim(self) -> int:
-        free = self.settings.concurrency - len(self._inflight)
+        free = self.settings.concurrency - len(self._tasks)
         if free <= 0 or self._stopping.is_set():
             return 0
+        batched: list[ClaimedJob] = []
+        kinds = sorted(self.batch_handlers)
         async with self.db.system() as session:
-            jobs = await repository.claim_jobs(
-                session, self.id, min(free, self.settings.claim_batch), self.settings.lease_seconds
-            )
+            if kinds and self._batches < BATCHES_IN_FLIGHT:
+                batched = await repository.claim_jobs(
+                    session,
+                    self.id,
+                    self.settings.batch_size,
+                    self.settings.lease_seconds,
+                    kinds=kinds,
+                )
+            groups: dict[tuple[str, uuid.UUID], list[ClaimedJob]] = {}
+            for job in sorted(batched, key=lambda j: j.id):
+                groups.setdefault((job.kind, job.tenant_id), []).append(job)
+            left = min(free - len(groups), self.settings.claim_batch)
+            jobs = []
+            if left > 0:
+                jobs = await repository.claim_jobs(
+                    session, self.id, left, self.settings.lease_seconds, skip=kinds
+                )
+        for (kind, _), members in groups.items():
+            self._batches += 1  # counted here: the next claim may come before the task starts
+            self._start(members, self._run_batch(kind, members), f"batch-{members[0].id}")
         for job in jobs:
-            task = asyncio.create_task(self._run_job(job), name=f"job-{job.id}")
+            self._start([job], self._run_job(job), f"job-{job.id}")
+        return len(batched) + len(jobs)
+
+    def _start(self, jobs: list[ClaimedJob], work: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(work, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        for job in jobs:
             self._inflight[job.id] = (job, task)
-        return len(jobs)
+
+    async def _run_batch(self, kind: str, jobs: list[ClaimedJob]) -> None:
+        """Run jobs of one kind and tenant with the kind's batch handler; what it leaves
+        unfinished runs one by one."""
+        context = BatchContext(jobs=jobs, db=self.db, worker_id=self.id, stopping=self._stopping)
+        self._contexts.update(context.contexts)
+        leftover: list[ClaimedJob] = []
+        try:
+            try:
+                await self.batch_handlers[kind](context)
+            except (asyncio.CancelledError, JobInterrupted):
+                raise
+            except Exception as exc:
+                log.warning(
+                    "batch of %d %s job(s) failed (%s: %s); running them one by one",
+                    len(jobs),
+                    kind,
+                    type(exc).__name__,
+                    exc,
+                )
+            for job in jobs:
+                if job.id in context.failed:
+                    error = context.failed[job.id]
+                    if isinstance(error, LeaseLost):
+                        log.warning("worker %s: %s", self.id, error)
+                    elif isinstance(error, JobInterrupted):
+                        await self._release(job)
+                    else:
+                        await self._record_failure(job, error)
+                elif context.job(job.id).finished:
+                    self._done(job)
+                else:
+                    leftover.append(job)
+        except (asyncio.CancelledError, JobInterrupted) as exc:
+            for job in jobs:
+                if not context.job(job.id).finished:
+                    await self._release(job)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            log.info(
+                "batch of %d %s job(s): stopped for the shutdown, queued again", len(jobs), kind
+            )
+        finally:
+            self._batches -= 1
+            for job in jobs:
+                self._contexts.pop(job.id, None)
+                if job not in leftover:
+                    self._inflight.pop(job.id, None)
+            self._wake.set()
+        for job in leftover:
+            await self._run_job(job)
 
     async def _run_job(self, job: ClaimedJob) -> None:
         context = JobContext(job=job, db=self.db, worker_id=self.id, stopping=self._stopping)
@@ -273,11 +433,7 @@ class Worker:
                 async with self.db.tenant(job.tenant_id) as session:
                     if not await repository.complete(session, job, self.id, context.result):
                         raise LeaseLost(f"job {job.id}: lease lost before completion")
-            self.processed += 1
-            JOB_DONE.labels(job.kind).inc()
-            JOB_LATENCY.labels(job.kind).observe(
-                max((datetime.now(UTC) - job.created_at).total_seconds(), 0.0)
-            )
+            self._done(job)
         except asyncio.CancelledError:
             await self._release(job)
             raise
@@ -292,6 +448,13 @@ class Worker:
             job_id_var.reset(token)
             self._inflight.pop(job.id, None)
             self._wake.set()
+
+    def _done(self, job: ClaimedJob) -> None:
+        self.processed += 1
+        JOB_DONE.labels(job.kind).inc()
+        JOB_LATENCY.labels(job.kind).observe(
+            max((datetime.now(UTC) - job.created_at).total_seconds(), 0.0)
+        )
 
     async def _record_failure(self, job: ClaimedJob, exc: Exception) -> None:
         permanent = isinstance(exc, PermanentJobError)
@@ -374,6 +537,9 @@ class Worker:
             outage.recovered()
             for job_id in set(ids) - held:
                 entry = self._inflight.get(job_id)
+                context = self._contexts.get(job_id)
+                if context is not None and context.finished:
+                    continue  # done by its batch, whose other jobs are still in hand
                 if entry is not None:
                     log.warning("job %s was taken over by another worker; abandoning it", job_id)
                     entry[1].cancel()
