@@ -19,22 +19,6 @@ _COLUMNS = """profile_key, entity_type, entity_id, group_id, name, tags, documen
 _GET = text(f"SELECT {_COLUMNS} FROM profiles WHERE tenant_id = :tenant_id AND profile_key = :key")
 
 
-_GET_MANY = text(
-    f"SELECT {_COLUMNS} FROM profiles"
-    " WHERE tenant_id = :tenant_id AND profile_key = ANY(CAST(:keys AS text[]))"
-)
-
-
-async def get_many(
-    session: AsyncSession, tenant_id: uuid.UUID, keys: list[ProfileKey]
-) -> dict[str, dict[str, Any]]:
-    """The current rows of the profiles that exist among ``keys``, by key (one round trip)."""
-    if not keys:
-        return {}
-    params = {"tenant_id": tenant_id, "keys": [key.key for key in keys]}
-    return {r.profile_key: dict(r._mapping) for r in await session.execute(_GET_MANY, params)}
-
-
 _GET_LOCKED = text(
     f"SELECT {_COLUMNS} FROM profiles WHERE tenant_id = :tenant_id AND profile_key = :key"
     " FOR UPDATE"

@@ -381,13 +381,17 @@ class Worker:
             except (asyncio.CancelledError, JobInterrupted):
                 raise
             except Exception as exc:
-                log.warning(
-                    "batch of %d %s job(s) failed (%s: %s); running them one by one",
-                    len(jobs),
-                    kind,
-                    type(exc).__name__,
-                    exc,
-                )
+                if len(jobs) == 1 and not context.job(jobs[0].id).finished:
+                    # Alone, the job has nobody to be told apart from: its attempt failed.
+                    context.failed.setdefault(jobs[0].id, exc)
+                else:
+                    log.warning(
+                        "batch of %d %s job(s) failed (%s: %s); running them one by one",
+                        len(jobs),
+                        kind,
+                        type(exc).__name__,
+                        exc,
+                    )
             for job in jobs:
                 if job.id in context.failed:
                     error = context.failed[job.id]
