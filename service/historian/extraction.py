@@ -20,8 +20,9 @@ from service.context import DEFAULT_TIMEZONE
 from service.db.engine import Database
 from service.embedding import Embedder
 from service.historian.absolutize import Person, Situation, absolutize
+from service.historian.conversation import Conversation, Plan
 from service.historian.gate import gate
-from service.historian.memories import Conversation, MemoryKeeper, Plan, day_summary
+from service.historian.memories import MemoryKeeper, day_summary
 from service.historian.profiles import ProfileMerger, Target, about_the_group, for_everyone
 from service.llm import ChatModel
 from service.memories import service as memories
