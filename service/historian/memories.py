@@ -38,6 +38,7 @@ from service.llm import ChatModel
 from service.memories import repository
 from service.memories.models import Memory
 from service.privacy import pii
+from service.retrieval.terms import CHINESE_STOP_CHARS, ENGLISH_STOPWORDS
 from service.settings import Settings
 from service.todos import repository as todos
 
@@ -314,46 +315,17 @@ def day_summary(day: date, texts: list[str], group_name: str | None) -> str | No
     return f"{day.isoformat()} {where}主要讨论了：{'、'.join(top)}（{len(texts)} 条消息）"
 
 
-_STOP_CHARS = set(
-    "的了是我你他她它在有和就不都也很这那吗呢吧啊哦嗯呀么个一上下人们到说要会去来还没么好把被给让"
-)
-_EN_STOP = {
-    "the",
-    "and",
-    "for",
-    "that",
-    "this",
-    "with",
-    "have",
-    "just",
-    "what",
-    "your",
-    "you",
-    "are",
-    "was",
-    "but",
-    "not",
-    "all",
-    "can",
-    "will",
-    "they",
-    "about",
-    "from",
-    "there",
-    "been",
-    "would",
-}
-
-
 def _terms(text: str) -> list[str]:
     terms = [
-        w.lower() for w in re.findall(r"[A-Za-z][A-Za-z'-]{3,}", text) if w.lower() not in _EN_STOP
+        w.lower()
+        for w in re.findall(r"[A-Za-z][A-Za-z'-]{3,}", text)
+        if w.lower() not in ENGLISH_STOPWORDS
     ]
     for run in re.findall(r"[\u4e00-\u9fff]+", text):
         terms.extend(
             run[i : i + 2]
             for i in range(len(run) - 1)
-            if run[i] not in _STOP_CHARS and run[i + 1] not in _STOP_CHARS
+            if run[i] not in CHINESE_STOP_CHARS and run[i + 1] not in CHINESE_STOP_CHARS
         )
     return terms
 

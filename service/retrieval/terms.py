@@ -26,7 +26,13 @@ _TOKEN = re.compile(rf"[{_CJK}]+|[^\W_{_CJK}]+(?:'[^\W_{_CJK}]+)*")
 _IS_CJK = re.compile(rf"[{_CJK}]")
 
 # Function characters: frequent and meaningless alone (they still count inside bigrams).
-CHINESE_STOP_CHARS = frozenset("的了着过吗呢吧啊呀哦嘛么哈是在和与及或也都就还又很太把被给让对")
+# One list for the whole service: search drops them as unigrams, the offline day summary
+# skips the bigrams that hold them. Particles and conjunctions first, then pronouns and the
+# commonest verbs and measure words.
+CHINESE_STOP_CHARS = frozenset(
+    "的了着过吗呢吧啊呀哦嘛么哈嗯是在和与及或也都就还又很太把被给让对"
+    "我你他她它们这那有不没个一上下人到说要会去来好"
+)
 
 _ENGLISH_STOPWORDS = """
 a about above after again against all am an and any are aren as at be because been before
