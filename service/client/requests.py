@@ -96,21 +96,24 @@ def json_body(model: BaseModel, *keep: str) -> dict[str, Any]:
 
 
 def parse_one(model: type[M]) -> Callable[[httpx.Response], M]:
+    """A reader of an answer that is one ``model``."""
     return lambda response: model.model_validate_json(response.content)
 
 
 def parse_many(model: type[M]) -> Callable[[httpx.Response], list[M]]:
+    """A reader of an answer that is a list of ``model``."""
     adapter = TypeAdapter(list[model])  # type: ignore[valid-type]
     return lambda response: list(adapter.validate_json(response.content))
 
 
 def parse_dict(response: httpx.Response) -> dict[str, Any]:
+    """An answer as a dict (a bare value as ``{"result": value}``)."""
     body = response.json()
     return dict(body) if isinstance(body, dict) else {"result": body}
 
 
 def parse_nothing(response: httpx.Response) -> None:
-    return None
+    """An answer without a body (204): nothing to read."""
 
 
 def query_params(**values: Any) -> dict[str, Any]:
@@ -144,6 +147,7 @@ def segment(value: object) -> str:
 
 
 def profile_path(entity_type: str, entity_id: str, group_id: str | None) -> str:
+    """The path of one profile (a member profile is under its group)."""
     if entity_type == "member":
         if not group_id:
             raise MemoriaAPIError.invalid("group_id", "group_id: a member profile needs group_id")
@@ -152,6 +156,7 @@ def profile_path(entity_type: str, entity_id: str, group_id: str | None) -> str:
 
 
 def context_dict(context: BaseModel | Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A conversation context as the JSON object a tool call sends."""
     if context is None:
         return None
     if isinstance(context, BaseModel):
@@ -184,11 +189,14 @@ def tool_call_parts(tool_call: Any) -> tuple[str, Any]:
 
 
 def parse_tool_content(response: httpx.Response) -> str:
+    """The content of a tool result, for the model."""
     return ToolResult.model_validate_json(response.content).content
 
 
 def parse_streamed(response: httpx.Response) -> int:
-    return 0  # never called: a call with a sink returns the bytes it wrote
+    """The reader of a streamed call: never called, a call with a sink returns the bytes it
+    wrote."""
+    return 0
 
 
 def job_call(job_id: int) -> Call[JobInfo]:
