@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from service.audit import service as audit
 from service.ends.service import END_JOB
 from service.exports import service as exports
+from service.historian.extraction import Extractor
 from service.historian.service import Historian
 from service.memories.upkeep import CONSOLIDATE_JOB, MAINTAIN_JOB, Upkeep
 from service.messages.service import EMBED_JOB, EXTRACT_JOB, Archivist
@@ -23,7 +24,8 @@ if TYPE_CHECKING:
 def handlers(runtime: Runtime) -> dict[str, JobHandler]:
     """Job kind → handler, bound to this process's runtime."""
     historian = Historian(runtime.embedder, runtime.llm, runtime.settings)
-    archivist = Archivist(runtime.db, runtime.embedder, runtime.settings, runtime.llm)
+    archivist = Archivist(runtime.db, runtime.embedder, runtime.settings)
+    extractor = Extractor(runtime.db, runtime.embedder, runtime.settings, runtime.llm)
     upkeep = Upkeep(runtime.db, runtime.settings)
     courier = Courier(runtime.db, runtime.settings)
     reembedder = Reembedder(runtime.db, runtime.settings)
@@ -31,7 +33,7 @@ def handlers(runtime: Runtime) -> dict[str, JobHandler]:
     return {
         END_JOB: historian.run_end,
         EMBED_JOB: archivist.run_embed,
-        EXTRACT_JOB: archivist.run_extract,
+        EXTRACT_JOB: extractor.run_extract,
         MAINTAIN_JOB: upkeep.run_maintain,
         CONSOLIDATE_JOB: upkeep.run_consolidate,
         DELIVER_JOB: courier.run_deliver,
@@ -51,13 +53,13 @@ def batch_handlers(runtime: Runtime) -> dict[str, BatchHandler]:
 
 def periodic(runtime: Runtime) -> list[Periodic]:
     """Work a worker does on a timer rather than from the queue."""
-    archivist = Archivist(runtime.db, runtime.embedder, runtime.settings)
+    extractor = Extractor(runtime.db, runtime.embedder, runtime.settings)
     upkeep = Upkeep(runtime.db, runtime.settings)
     courier = Courier(runtime.db, runtime.settings)
     check = runtime.settings.cognitive.extraction.check_interval_seconds
     maintenance = runtime.settings.cognitive.memory.maintenance_interval_minutes * 60
     return [
-        Periodic("pause-trigger", check, archivist.trigger_quiet_conversations),
+        Periodic("pause-trigger", check, extractor.trigger_quiet_conversations),
         Periodic("todo-delivery", check, courier.enqueue_due),
         Periodic("maintenance", min(maintenance, 300.0), upkeep.schedule_maintenance),
         Periodic("audit-prune", 3600.0, _audit_pruner(runtime)),

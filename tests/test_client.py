@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
@@ -15,7 +16,6 @@ import pytest
 from openai.types.chat import ChatCompletionMessageToolCall
 from openai.types.chat.chat_completion_message_function_tool_call import Function
 
-import service.client
 from service.app import create_app
 from service.client import MemoriaAPIError, MemoriaClient, SyncMemoriaClient, retry_after_seconds
 from service.context import ConversationContext
@@ -341,7 +341,7 @@ async def test_retries_give_up_after_max_retries() -> None:
 def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """Record the blocking client's waits instead of waiting."""
     waits: list[float] = []
-    monkeypatch.setattr(service.client.time, "sleep", waits.append)
+    monkeypatch.setattr(time, "sleep", waits.append)
     return waits
 
 

@@ -20,7 +20,7 @@ from pgvector.asyncpg import register_vector
 from service.app import create_app
 from service.errors import Conflict
 from service.events.repository import upsert_events
-from service.messages.service import passage_text
+from service.messages.models import passage_text
 from service.profiles.consolidate import digest
 from service.reembed import service as reembed
 from service.runtime import Runtime

@@ -19,9 +19,9 @@ from collections.abc import Iterator
 import pytest
 
 import service
-from service.historian.service import message_content
 from service.recall.schemas import ContextRequest
 from service.recall.service import build_query
+from service.text import message_content
 
 SIZE = 100_000
 BOUND_SECONDS = 0.5

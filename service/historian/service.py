@@ -34,6 +34,7 @@ from service.profiles.document import ProfileKey
 from service.profiles.service import Fact
 from service.queue.worker import BatchContext, JobContext, PermanentJobError
 from service.settings import Settings
+from service.text import clip, message_content
 
 log = logging.getLogger("service.historian")
 
@@ -77,22 +78,6 @@ def screen(payload: dict[str, Any], ids: list[str]) -> tuple[dict[str, Any], lis
         "source_message": pii.mask(source) if isinstance(source, str) else source,
     }
     return screened, kept_ids + ([memo_id] if memo_id else []), notes
-
-
-def message_content(text: str) -> str:
-    """The ``<content>`` of a bot message frame, or the text itself."""
-    # Found by position, not by a lazy regex: from every '<content>' without a closing tag,
-    # '(.*?)</content>' scanned to the end of the text, quadratic in a hostile message.
-    start = text.find("<content>")
-    end = text.find("</content>", start + len("<content>")) if start >= 0 else -1
-    if end < 0:
-        return text.strip()
-    return text[start + len("<content>") : end].strip()
-
-
-def clip(text: str, limit: int) -> str:
-    """At most ``limit`` characters, marked when cut."""
-    return text if len(text) <= limit else text[: max(limit - 1, 0)] + "…"
 
 
 def recent_lines(messages: list[Any], keep: int, width: int) -> list[str]:

@@ -28,7 +28,6 @@ from service.embedding import Embedder
 from service.embedding.base import Vector
 from service.ends import repository as memos
 from service.errors import Forbidden, Invalid
-from service.historian.service import message_content
 from service.llm.rerank import Reranker
 from service.memories import repository as memories
 from service.memories.models import Memory
@@ -46,6 +45,7 @@ from service.recall.schemas import (
 )
 from service.settings import QuerySettings
 from service.tenants.service import TenantContext
+from service.text import message_content
 from service.todos import repository as todos
 
 T = TypeVar("T")

@@ -1,0 +1,317 @@
+"""Memories made from the message stream: the extraction job and the pause trigger.
+
+Messages are stored and counted by ``service.messages``; when enough have come, one asks to be
+remembered, or the conversation goes quiet, an extraction job reads the unread messages and
+merges what they say into profiles and memories here.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from service.context import DEFAULT_TIMEZONE
+from service.db.engine import Database
+from service.embedding import Embedder
+from service.historian.absolutize import Person, Situation, absolutize
+from service.historian.conversation import Conversation, Plan
+from service.historian.gate import gate
+from service.historian.memories import MemoryKeeper, day_summary
+from service.historian.profiles import ProfileMerger, Target, about_the_group, for_everyone
+from service.llm import ChatModel
+from service.memories import service as memories
+from service.memories.upkeep import enqueue_consolidation
+from service.messages import repository
+from service.messages.service import EXTRACT_JOB, enqueue_extraction
+from service.profiles import repository as profile_rows
+from service.profiles.document import ProfileKey
+from service.profiles.service import Fact
+from service.queue.worker import JobContext
+from service.settings import Settings
+from service.tenants.repository import get_tenant
+from service.text import clip
+
+log = logging.getLogger("service.historian.extraction")
+
+__all__ = ["EXTRACT_JOB", "Extractor", "extraction_material", "extraction_targets"]
+
+
+# Leading white space is matched (and removed) from its first character only: tried from
+# every character of a long run of spaces, the search was quadratic in the run.
+_REMEMBER = re.compile(
+    r"(?<!\s)\s*(?:请|帮我|麻烦)?(?:记住|记得|别忘了|不要忘了|记一下)了?[：:，,\s]*"
+    r"|(?<!\s)\s*(?:please\s+)?(?:remember|don't forget|do not forget|note|keep in mind)"
+    r"\s*(?:that\s+)?[:,]?\s*",
+    re.I,
+)
+MAX_SPEAKER_TARGETS = 5
+
+
+async def _tenant_zone(session: AsyncSession, tenant_id: Any) -> ZoneInfo:
+    tenant = await get_tenant(session, tenant_id)
+    name = (tenant.settings or {}).get("timezone") if tenant is not None else None
+    return ZoneInfo(name or DEFAULT_TIMEZONE)
+
+
+def extraction_targets(key: str, unread: list[Any], zone: ZoneInfo, *, llm: bool) -> list[Target]:
+    """Profiles the unread messages concern, with their facts.
+
+    With an LLM, every message is material and the model decides; without one, only the
+    messages that ask to be remembered become facts (rule-absolutized, prefix removed).
+    """
+    kind, _, ident = key.partition(":")
+    speakers: dict[str, str | None] = {}
+    for message in unread:
+        if message.sender_id:
+            speakers.setdefault(message.sender_id, message.sender_name)
+    facts_by_sender: dict[str, list[Fact]] = {}
+    group_facts: list[Fact] = []
+    for message in unread:
+        local = message.sent_at.astimezone(zone)
+        who = Person(message.sender_name, message.sender_id)
+        if llm:
+            line = f"{who.label() if who.known else '?'} ({local:%Y-%m-%d %H:%M}): {message.text}"
+            fact = Fact(clip(line, 500), local.date().isoformat())
+        else:
+            if not _REMEMBER.search(message.text):
+                continue
+            stripped = _REMEMBER.sub("", message.text, count=1).strip(" ，,。.!！")
+            text_ = absolutize(stripped, Situation(local, who, Person(None, None), None))
+            if gate(text_):
+                continue  # still relative after the rules: not a fact to keep about anyone
+            fact = Fact(text_, local.date().isoformat())
+        group_facts.append(fact)
+        if message.sender_id:
+            facts_by_sender.setdefault(message.sender_id, []).append(fact)
+    targets: list[Target] = []
+    if kind == "p":
+        # The user profile is read in every group: only what the person lets be known.
+        facts = for_everyone(group_facts, private=True)
+        if facts:
+            targets.append(Target(ProfileKey("user", ident), speakers.get(ident), facts))
+        return targets
+    busiest = sorted(facts_by_sender, key=lambda s: -len(facts_by_sender[s]))[:MAX_SPEAKER_TARGETS]
+    for sender in busiest:
+        facts = group_facts if llm else facts_by_sender[sender]
+        targets.append(
+            Target(
+                ProfileKey("member", sender, ident),
+                speakers.get(sender),
+                facts,
+                "这个人在本群中的形象 how this group knows the person",
+            )
+        )
+    group_only = group_facts if llm else [f for f in group_facts if about_the_group(f.text)]
+    if group_only:
+        targets.append(
+            Target(
+                ProfileKey("group", ident),
+                None,
+                group_only,
+                "群的主题、规则、文化 the group's topics, rules and culture",
+            )
+        )
+    return targets
+
+
+def extraction_material(
+    key: str, unread: list[Any], zone: ZoneInfo, moment: datetime, *, llm: bool
+) -> tuple[Conversation, list[tuple[str, str]], set[date]]:
+    """The memory step's view of a batch of messages: conversation, items, days touched.
+
+    With an LLM every message is material; without one, only what asks to be remembered.
+    """
+    kind, _, ident = key.partition(":")
+    participants: dict[str, str | None] = {}
+    items: list[tuple[str, str]] = []
+    speakers: dict[int, str] = {}  # item → its sender: a personal fact stays theirs
+    days: set[date] = set()
+    group_name = None
+    for message in unread:
+        before = len(items)
+        local = message.sent_at.astimezone(zone)
+        days.add(local.date())
+        if message.sender_id:
+            participants.setdefault(message.sender_id, message.sender_name)
+        who = Person(message.sender_name, message.sender_id)
+        if llm:
+            label = who.label() if who.known else "?"
+            items.append(
+                (f"{label} ({local:%Y-%m-%d %H:%M}): {clip(message.text, 500)}", message.text)
+            )
+        elif _REMEMBER.search(message.text):
+            stripped = _REMEMBER.sub("", message.text, count=1).strip(" ，,。.!！")
+            items.append(
+                (absolutize(stripped, Situation(local, who, Person(None, None), None)), stripped)
+            )
+        if len(items) > before and message.sender_id:
+            speakers[before] = message.sender_id
+    speaker = (
+        ident if kind == "p" else (next(iter(participants)) if len(participants) == 1 else None)
+    )
+    conversation = Conversation(
+        key=key,
+        request_type="private" if kind == "p" else "group",
+        group_id=ident if kind == "g" else None,
+        group_name=group_name,
+        speaker_id=speaker,
+        speaker_name=participants.get(speaker) if speaker else None,
+        participants=participants or ({ident: None} if kind == "p" else {}),
+        moment=moment,
+        speakers=speakers,
+    )
+    return conversation, items, days
+
+
+@dataclass
+class Extractor:
+    """The extraction job over a conversation's unread messages, and the pause trigger."""
+
+    db: Database
+    embedder: Embedder
+    settings: Settings
+    llm: ChatModel | None = None
+
+    async def run_extract(self, job: JobContext) -> dict[str, Any]:
+        """Read the conversation's unread messages, merge what they say into profiles, and
+        advance the mark (which messages have been processed)."""
+        payload = job.job.payload
+        key, upto = str(payload["conversation_key"]), int(payload["upto_seq"])
+        limit = self.settings.cognitive.extraction.max_batch
+        tenant_id = job.job.tenant_id
+        async with job.transaction() as session:
+            mark, unread = await repository.unread_messages(session, tenant_id, key, upto, limit)
+            zone = await _tenant_zone(session, tenant_id)
+            group_name = await repository.group_name(session, tenant_id, key)
+        targets = extraction_targets(key, unread, zone, llm=self.llm is not None)
+
+        async def read(profile: ProfileKey) -> dict[str, Any] | None:
+            async with job.transaction() as session:
+                return await profile_rows.get(session, tenant_id, profile)
+
+        moment = datetime.now(UTC).astimezone(zone)
+        merger = ProfileMerger(self.embedder, self.llm, self.settings)
+        staged, notes, calls = await merger.prepare(read, targets, moment)
+        conversation, items, days = extraction_material(
+            key, unread, zone, moment, llm=self.llm is not None
+        )
+        conversation.group_name = group_name
+        keeper = MemoryKeeper(self.embedder, self.llm, self.settings)
+        plan = Plan()
+        if items:
+            vectors = await self.embedder.passages([text for text, _ in items][:50])
+            async with job.transaction() as session:
+                known, pending = await keeper.retrieve(session, tenant_id, conversation, vectors)
+            plan = await keeper.decide(
+                conversation, items, known, pending, summaries=conversation.group_id is not None
+            )
+        notes += plan.notes
+        async with job.finishing() as session:
+            again, _ = await repository.unread_messages(session, tenant_id, key, upto, limit)
+            versions: dict[str, int] = {}
+            memory_changes: dict[str, int] = {}
+            if unread and again == mark:  # nobody processed these meanwhile
+                versions = await merger.write(
+                    session,
+                    tenant_id,
+                    targets,
+                    staged,
+                    moment,
+                    {"by": "job", "job_id": job.job.id, "messages": [mark + 1, unread[-1].seq]},
+                    model_decided=calls > 0,
+                )
+                memory_changes = await keeper.apply(
+                    session,
+                    tenant_id,
+                    conversation,
+                    plan,
+                    {"by": "job", "job_id": job.job.id},
+                    {"message_ids": [m.message_id for m in unread][:200]},
+                )
+                if conversation.group_id and not any(
+                    op.tool == "write_summary" for op in plan.operations
+                ):
+                    memory_changes["summaries"] = await self._day_summaries(
+                        session, tenant_id, key, conversation, days, zone, job.job.id
+                    )
+                last = unread[-1].seq
+                await repository.advance_extracted(session, tenant_id, key, last)
+                if last < upto:
+                    # More than one batch: the rest goes to a follow-up job.
+                    await enqueue_extraction(
+                        session, tenant_id, key, upto, "continuation", self.settings
+                    )
+            job.result = {
+                "conversation_key": key,
+                "from_seq": mark,
+                "to_seq": unread[-1].seq if unread else mark,
+                "messages": len(unread),
+                "reason": payload.get("reason"),
+                "profiles": versions,
+                "profile_llm_calls": calls,
+                "memory": memory_changes,
+                "memory_llm_calls": plan.calls,
+                "notes": notes,
+            }
+        return job.result
+
+    async def _day_summaries(
+        self,
+        session: AsyncSession,
+        tenant_id: Any,
+        key: str,
+        conversation: Conversation,
+        days: set[date],
+        zone: ZoneInfo,
+        job_id: int,
+    ) -> int:
+        """The rolling SUMMARY of each day the new messages touched (offline wording)."""
+        assert conversation.group_id is not None
+        written = 0
+        for day in sorted(days):
+            texts = await repository.texts_of_day(session, tenant_id, key, day, zone)
+            content = day_summary(day, texts, conversation.group_name)
+            if content is None:
+                continue
+            [vector] = await self.embedder.passages([content])
+            await memories.set_day_summary(
+                session,
+                tenant_id,
+                conversation.group_id,
+                day,
+                content,
+                vector,
+                {"by": "job", "job_id": job_id},
+            )
+            written += 1
+        return written
+
+    async def trigger_quiet_conversations(self) -> int:
+        """The pause trigger: extraction for conversations quiet for ``pause_minutes``."""
+        extraction = self.settings.cognitive.extraction
+        async with self.db.system() as session:
+            quiet = await repository.take_quiet_conversations(
+                session, extraction.pause_minutes * 60, limit=500
+            )
+            for row in quiet:
+                await enqueue_extraction(
+                    session,
+                    row.tenant_id,
+                    row.conversation_key,
+                    row.last_seq,
+                    "pause",
+                    self.settings,
+                )
+                # A quiet conversation is also the moment to consolidate its memories.
+                await enqueue_consolidation(
+                    session, row.tenant_id, row.conversation_key, self.settings, row.last_seq
+                )
+        if quiet:
+            log.info("extraction queued for %d quiet conversation(s)", len(quiet))
+        return len(quiet)

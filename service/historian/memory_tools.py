@@ -1,0 +1,402 @@
+"""The memory step's tools, one ``Tool`` each: its JSON schema for the model, how its
+arguments are checked, and how an accepted call is applied.
+
+``TOOLS`` (and ``SUMMARY_TOOL`` for group chats) are what the model is offered; ``REGISTRY``
+finds the tool of a call by name, so the schemas and the dispatch cannot disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import date, datetime
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from service.errors import Invalid
+from service.historian.conversation import Conversation, Operation
+from service.historian.gate import gate
+from service.memories import service as memories
+from service.memories.models import CATEGORIES, SCOPES
+from service.privacy import pii
+from service.settings import MemorySettings
+from service.todos import repository as todos
+
+
+@dataclass(frozen=True)
+class Scene:
+    """What a tool call is checked against: the conversation and what the model was shown."""
+
+    conversation: Conversation
+    known: dict[int, dict[str, Any]]  # memory id → the memory shown
+    todo_ids: set[int]  # the pending todos shown
+    sharing: bool = False  # the person said it may be known elsewhere
+
+
+@dataclass
+class Writing:
+    """Where an accepted call is applied: the job's transaction and the change's provenance."""
+
+    session: AsyncSession
+    tenant_id: Any
+    conversation: Conversation
+    settings: MemorySettings
+    cause: dict[str, Any]
+    evidence: dict[str, Any]
+    vector: Any = None  # the passage vector of the tool's ``embeds`` text
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One memory tool: schema, argument check, and the change it makes."""
+
+    name: str
+    description: str
+    properties: dict[str, Any]
+    required: tuple[str, ...]
+    check: Callable[[dict[str, Any], Scene], dict[str, Any]]  # raises ``Invalid``
+    apply: Callable[[Writing, dict[str, Any]], Awaitable[str]]  # returns what it counts as
+    embeds: str | None = None  # the argument whose text gets a vector before applying
+
+    def schema(self) -> dict[str, Any]:
+        """The OpenAI function definition the model is offered."""
+        parameters = {"type": "object", "properties": self.properties, "required": [*self.required]}
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": parameters,
+            },
+        }
+
+    def validate(self, args: dict[str, Any], scene: Scene) -> Operation:
+        """The call as an operation to apply when the job finishes, or ``Invalid``."""
+        return Operation(self.name, self.check(args, scene))
+
+
+def absolute(value: Any, name: str) -> str:
+    """A text argument that must be an absolute statement (no relative words left)."""
+    text = memories.check_content(str(value or ""), field=name)
+    hits = gate(text)
+    if hits:
+        words = ", ".join(h.text for h in hits)
+        raise Invalid(f"{name} must be absolute; replace the relative words: {words}")
+    return text
+
+
+def _integer(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise Invalid(f"not an id: {value!r}") from None
+
+
+def _number(value: Any) -> float:
+    try:
+        return min(max(float(value), 0.0), 1.0)
+    except (TypeError, ValueError):
+        return 0.7
+
+
+def _shown_memory(args: dict[str, Any], scene: Scene) -> int:
+    memory_id = _integer(args.get("memory_id"))
+    if memory_id not in scene.known:
+        raise Invalid(
+            f"memory {memory_id} is not among the existing memories shown; use one of "
+            f"{sorted(scene.known)} or add_memory"
+        )
+    return memory_id
+
+
+def _shown_todo(args: dict[str, Any], scene: Scene) -> dict[str, Any]:
+    todo_id = _integer(args.get("todo_id"))
+    if todo_id not in scene.todo_ids:
+        raise Invalid(f"todo {todo_id} is not among the pending todos shown")
+    return {"todo_id": todo_id}
+
+
+# -- add_memory ---------------------------------------------------------------------------
+
+
+def _check_add_memory(args: dict[str, Any], scene: Scene) -> dict[str, Any]:
+    conversation = scene.conversation
+    content = absolute(args.get("content"), "content")
+    scope = str(args.get("scope", "")).upper()
+    if scope not in SCOPES:
+        raise Invalid(f"scope must be one of {', '.join(SCOPES)}")
+    category = str(args.get("category", "FACT")).upper()
+    if category not in CATEGORIES:
+        raise Invalid(f"category must be one of {', '.join(CATEGORIES)}")
+    user_id = args.get("user_id")
+    user_id = str(user_id) if user_id not in (None, "") else None
+    group_arg = args.get("group_id")
+    if group_arg not in (None, "") and str(group_arg) != conversation.group_id:
+        raise Invalid(f"this conversation cannot write memories of group {group_arg}")
+    if user_id is not None and user_id not in conversation.participants:
+        raise Invalid(f"user {user_id} is not part of this conversation")
+    bound_user, bound_group = conversation.bind(scope, user_id)
+    if not conversation.filter.allows(scope, bound_group, bound_user):
+        raise Invalid(f"a {conversation.request_type} chat cannot write {scope} memories")
+    if scope == "GLOBAL" and conversation.request_type == "private" and not scene.sharing:
+        raise Invalid(
+            "what is said in a private chat stays PRIVATE unless the person says it may "
+            "be known elsewhere"
+        )
+    if scope == "GLOBAL" and pii.sensitive(content):
+        raise Invalid(
+            "a GLOBAL memory is read in every group; health, id and contact data stay "
+            "PRIVATE or MEMBER_IN_GROUP"
+        )
+    return {
+        "content": content,
+        "scope": scope,
+        "category": category,
+        "confidence": _number(args.get("confidence", 0.7)),
+        "user_id": bound_user,
+    }
+
+
+async def _apply_add_memory(writing: Writing, args: dict[str, Any]) -> str:
+    conversation = writing.conversation
+    if args["scope"] == "GLOBAL" and pii.sensitive(args["content"]):
+        # Sensitive facts never go to GLOBAL: they stay where they were said, with the member
+        # in a group, in the private chat otherwise.
+        private = conversation.group_id is None
+        args = {**args, "scope": "PRIVATE" if private else "MEMBER_IN_GROUP"}
+        writing.notes.append(f"add_memory: sensitive, kept as {args['scope']}")
+    user_id, group_id = conversation.bind(args["scope"], args.get("user_id"))
+    _, created = await memories.add(
+        writing.session,
+        writing.tenant_id,
+        scope=args["scope"],
+        user_id=user_id,
+        group_id=group_id,
+        category=args["category"],
+        content=args["content"],
+        vector=writing.vector,
+        settings=writing.settings,
+        cause=writing.cause,
+        confidence=float(args.get("confidence") or 0.5),
+        valid_from=conversation.moment,
+        evidence=writing.evidence,
+    )
+    return "added" if created else "duplicates"
+
+
+ADD_MEMORY = Tool(
+    "add_memory",
+    "全新的事实、偏好或画像，且现有记忆中没有冲突的旧记忆时使用。Add a new memory.",
+    {
+        "content": {"type": "string", "description": "一句独立、绝对的陈述"},
+        "scope": {"type": "string", "enum": list(SCOPES)},
+        "category": {"type": "string", "enum": list(CATEGORIES)},
+        "confidence": {"type": "number", "minimum": 0, "maximum": 1},
+        "user_id": {"type": "string", "description": "whom it is about (default: the speaker)"},
+    },
+    ("content", "scope", "category"),
+    _check_add_memory,
+    _apply_add_memory,
+    embeds="content",
+)
+
+
+# -- update_memory, delete_memory ---------------------------------------------------------
+
+
+def _check_update_memory(args: dict[str, Any], scene: Scene) -> dict[str, Any]:
+    memory_id = _shown_memory(args, scene)
+    reason = str(args.get("reason") or "")[:500]
+    content = absolute(args.get("new_content"), "new_content")
+    return {"memory_id": memory_id, "new_content": content, "reason": reason}
+
+
+async def _apply_update_memory(writing: Writing, args: dict[str, Any]) -> str:
+    await memories.change(
+        writing.session,
+        writing.tenant_id,
+        args["memory_id"],
+        cause=writing.cause,
+        reason=args.get("reason"),
+        content=args["new_content"],
+        vector=writing.vector,
+    )
+    return "updated"
+
+
+UPDATE_MEMORY = Tool(
+    "update_memory",
+    "信息纠正、补充或改变现有记忆时使用；memory_id 必须来自【现有记忆】。",
+    {
+        "memory_id": {"type": "integer"},
+        "new_content": {"type": "string"},
+        "reason": {"type": "string"},
+    },
+    ("memory_id", "new_content", "reason"),
+    _check_update_memory,
+    _apply_update_memory,
+    embeds="new_content",
+)
+
+
+def _check_delete_memory(args: dict[str, Any], scene: Scene) -> dict[str, Any]:
+    memory_id = _shown_memory(args, scene)
+    return {"memory_id": memory_id, "reason": str(args.get("reason") or "")[:500]}
+
+
+async def _apply_delete_memory(writing: Writing, args: dict[str, Any]) -> str:
+    await memories.deactivate(
+        writing.session,
+        writing.tenant_id,
+        args["memory_id"],
+        cause=writing.cause,
+        reason=args.get("reason"),
+        valid_to=writing.conversation.moment,
+    )
+    return "deactivated"
+
+
+DELETE_MEMORY = Tool(
+    "delete_memory",
+    "记忆不再成立（计划取消、事实过时、用户要求遗忘）时使用；记忆会失效但保留历史。",
+    {"memory_id": {"type": "integer"}, "reason": {"type": "string"}},
+    ("memory_id", "reason"),
+    _check_delete_memory,
+    _apply_delete_memory,
+)
+
+
+# -- todos --------------------------------------------------------------------------------
+
+
+def _check_add_todo(args: dict[str, Any], scene: Scene) -> dict[str, Any]:
+    description = absolute(args.get("description"), "description")
+    trigger = args.get("trigger_time")
+    when = None
+    if trigger not in (None, ""):
+        try:
+            when = datetime.fromisoformat(str(trigger))
+        except ValueError:
+            raise Invalid("trigger_time must be an ISO 8601 time") from None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=scene.conversation.moment.tzinfo)
+    assignee = args.get("assignee_id")
+    return {
+        "description": description,
+        "trigger_time": when.isoformat() if when else None,
+        "assignee_id": str(assignee) if assignee not in (None, "") else None,
+    }
+
+
+async def _apply_add_todo(writing: Writing, args: dict[str, Any]) -> str:
+    conversation = writing.conversation
+    when = args.get("trigger_time")
+    await todos.insert(
+        writing.session,
+        writing.tenant_id,
+        {
+            "conversation_key": conversation.key,
+            "group_id": conversation.group_id,
+            "user_id": conversation.speaker_id if conversation.request_type == "private" else None,
+            "creator_id": conversation.speaker_id,
+            "assignee_id": args.get("assignee_id"),
+            "description": args["description"],
+            "trigger_time": datetime.fromisoformat(when) if when else None,
+            "evidence": writing.evidence,
+        },
+    )
+    return "todos_added"
+
+
+ADD_TODO = Tool(
+    "add_todo",
+    "需要在将来提醒或完成的事（如“明天提醒大家提交周报”）。",
+    {
+        "description": {"type": "string"},
+        "trigger_time": {"type": "string", "description": "ISO 8601 with offset, or empty"},
+        "assignee_id": {"type": "string"},
+    },
+    ("description",),
+    _check_add_todo,
+    _apply_add_todo,
+)
+
+
+def _todo_status(status: str) -> Callable[[Writing, dict[str, Any]], Awaitable[str]]:
+    async def apply(writing: Writing, args: dict[str, Any]) -> str:
+        await todos.update(writing.session, writing.tenant_id, args["todo_id"], {"status": status})
+        return f"todos_{status.lower()}"
+
+    return apply
+
+
+COMPLETE_TODO = Tool(
+    "complete_todo",
+    "待办已完成。",
+    {"todo_id": {"type": "integer"}},
+    ("todo_id",),
+    _shown_todo,
+    _todo_status("COMPLETED"),
+)
+
+CANCEL_TODO = Tool(
+    "cancel_todo",
+    "待办取消了。",
+    {"todo_id": {"type": "integer"}},
+    ("todo_id",),
+    _shown_todo,
+    _todo_status("CANCELLED"),
+)
+
+
+# -- write_summary (group chats) ----------------------------------------------------------
+
+
+def _check_write_summary(args: dict[str, Any], scene: Scene) -> dict[str, Any]:
+    try:
+        day = date.fromisoformat(str(args.get("day")))
+    except ValueError:
+        raise Invalid("day must be YYYY-MM-DD") from None
+    content = absolute(args.get("content"), "content")
+    return {"day": day.isoformat(), "content": content}
+
+
+async def _apply_write_summary(writing: Writing, args: dict[str, Any]) -> str:
+    group_id = writing.conversation.group_id
+    assert group_id is not None
+    await memories.set_day_summary(
+        writing.session,
+        writing.tenant_id,
+        group_id,
+        date.fromisoformat(args["day"]),
+        args["content"],
+        writing.vector,
+        writing.cause,
+    )
+    return "summaries"
+
+
+SUMMARY_TOOL = Tool(
+    "write_summary",
+    "本群某一天讨论内容的一句话摘要（如“2026-03-01 群里主要讨论了 Koin 依赖注入”）。",
+    {"day": {"type": "string", "description": "YYYY-MM-DD"}, "content": {"type": "string"}},
+    ("day", "content"),
+    _check_write_summary,
+    _apply_write_summary,
+    embeds="content",
+)
+
+TOOLS = (ADD_MEMORY, UPDATE_MEMORY, DELETE_MEMORY, ADD_TODO, COMPLETE_TODO, CANCEL_TODO)
+REGISTRY = {tool.name: tool for tool in (*TOOLS, SUMMARY_TOOL)}
+
+
+def validate_call(name: str, args: dict[str, Any] | None, scene: Scene) -> Operation:
+    """A model's tool call checked against the conversation, or ``Invalid`` with the reason."""
+    if args is None:
+        raise Invalid("the arguments are not valid JSON")
+    tool = REGISTRY.get(name)
+    if tool is None:
+        raise Invalid(f"unknown tool {name}")
+    return tool.validate(args, scene)

@@ -1,0 +1,82 @@
+"""Stop words defined once (service.retrieval.terms) for search terms and for the offline day
+summary: each side skips every word it skipped before the two lists were joined."""
+
+from __future__ import annotations
+
+from datetime import date
+
+import pytest
+
+from service.historian.memories import day_summary
+from service.retrieval.terms import (
+    CHINESE_STOP_CHARS,
+    COMMON_CHINESE_CHARS,
+    ENGLISH_STOPWORDS,
+    terms,
+)
+
+# The lists each side kept before they were merged.
+SEARCH_CHARS = "的了着过吗呢吧啊呀哦嘛么哈是在和与及或也都就还又很太把被给让对"
+SUMMARY_CHARS = (
+    "的了是我你他她它在有和就不都也很这那吗呢吧啊哦嗯呀么个一上下人们到说要会去来还没么好把被给让"
+)
+SUMMARY_WORDS = [
+    "the",
+    "and",
+    "for",
+    "that",
+    "this",
+    "with",
+    "have",
+    "just",
+    "what",
+    "your",
+    "you",
+    "are",
+    "was",
+    "but",
+    "not",
+    "all",
+    "can",
+    "will",
+    "they",
+    "about",
+    "from",
+    "there",
+    "been",
+    "would",
+]
+
+
+def test_the_lists_hold_what_each_side_skipped() -> None:
+    assert set(SEARCH_CHARS) == CHINESE_STOP_CHARS
+    assert set(SEARCH_CHARS) | set(SUMMARY_CHARS) == COMMON_CHINESE_CHARS
+    assert set(SUMMARY_WORDS) <= ENGLISH_STOPWORDS
+
+
+@pytest.mark.parametrize("char", sorted(set(SEARCH_CHARS)))
+def test_a_function_character_is_no_search_term_alone_but_stays_in_bigrams(char: str) -> None:
+    found = terms(f"西湖{char}划船")
+    assert char not in found
+    assert f"湖{char}" in found and f"{char}划" in found
+
+
+@pytest.mark.parametrize("char", sorted(set(SUMMARY_CHARS) - set(SEARCH_CHARS)))
+def test_a_common_word_stays_a_search_term(char: str) -> None:
+    # "不去" and "去" must not read alike to search.
+    assert char in terms(f"西湖{char}划船")
+
+
+def test_the_day_summary_skips_function_words_of_both_former_lists() -> None:
+    # Each function character between two words, twice: under a list without it, "湖着" and
+    # "着划" would be topics of the day.
+    chars = sorted(set(SEARCH_CHARS) | set(SUMMARY_CHARS))
+    texts = [f"西湖{c}划船" for c in chars] * 2
+    texts += ["they would have been there with your team about the Kotlin migration"] * 3
+    summary = day_summary(date(2026, 2, 21), texts, "Python 群")
+    assert summary is not None
+    topics = summary.split("：", 1)[1].split("（", 1)[0].split("、")
+    assert "西湖" in topics and "划船" in topics and "kotlin" in topics
+    for topic in topics:
+        assert not (set(topic) & COMMON_CHINESE_CHARS), topic
+        assert topic not in ENGLISH_STOPWORDS, topic
