@@ -24,7 +24,9 @@ in-sample fit and the shipped defaults. That is how the defaults in
 ``service.retrieval.neighbours.StreamWeights`` were chosen.
 
 ``--cache DIR`` keeps the vectors of every embedded text (keyed by a hash of model, kind
-and text) in DIR, outside the repository, so that a second run does not embed again.
+and text) in DIR, outside the repository, so that a second run does not embed again, and
+every question's candidate stream; ``--replay`` then ranks those with the current ranking
+code in seconds, without the service (figures without recency and MMR), with ``--cv``.
 
 ``--big N`` measures search latency on one conversation of N messages (the LoCoMo turns
 and MADial memories over and over, their vectors copied from the embedded originals).
@@ -46,6 +48,7 @@ import hashlib
 import json
 import logging
 import math
+import pickle
 import re
 import shutil
 import statistics
@@ -71,7 +74,7 @@ from service.context import scope_of
 from service.db.embedded import embedded_url, stop_embedded
 from service.messages import repository
 from service.messages.search import MAX_QUERY_TERMS, SEARCH_PLAN, stream_of
-from service.retrieval.neighbours import StreamWeights, stream_features
+from service.retrieval.neighbours import StreamPassage, StreamWeights, stream_features
 from service.retrieval.terms import ENGLISH_STOPWORDS, query_terms
 from service.settings import Settings
 
@@ -500,11 +503,21 @@ VARIANTS = {
 }
 
 
-async def features_of(
-    runtime: Any, tenant_id: Any, datasets: list[Dataset], names: list[str]
-) -> list[Asked]:
-    """The service's candidates and features for every question (no recency, no MMR), under
-    each of the VARIANTS."""
+@dataclass
+class Candidates:
+    """One question's candidate stream as the service builds it (before ranking)."""
+
+    dataset: str
+    category: str
+    ids: list[str]  # of every row of the stream
+    passages: list[StreamPassage]
+    idfs: dict[str, float]
+    relevant: frozenset[str]
+    lexical: list[str]
+
+
+async def candidates_of(runtime: Any, tenant_id: Any, datasets: list[Dataset]) -> list[Candidates]:
+    """The service's candidate streams for every question."""
     out = []
     for dataset in datasets:
         for q in dataset.questions:
@@ -515,24 +528,35 @@ async def features_of(
                     session, tenant_id, q.key, vector, words, SEARCH_PLAN, None, None
                 )
             passages, idfs = stream_of(rows, q.query)
-            matrices = {}
-            for variant, weights in VARIANTS.items():
-                picked, features = stream_features(passages, idfs, weights)
-                matrices[variant] = np.array([features[n] for n in names]).T
-            ids = [rows[i].message_id for i in picked]
             lexical = sorted(
                 (r for r in rows if r.candidate and r.bm25 > 0), key=lambda r: -float(r.bm25)
             )
             out.append(
-                Asked(
+                Candidates(
                     dataset.name,
                     q.category,
-                    ids,
-                    matrices,
+                    [r.message_id for r in rows],
+                    passages,
+                    idfs,
                     q.relevant,
                     [r.message_id for r in lexical[:10]],
                 )
             )
+    return out
+
+
+def features_of(streams: list[Candidates], names: list[str]) -> list[Asked]:
+    """The ranking's features of every question's candidates (no recency, no MMR), under
+    each of the VARIANTS."""
+    out = []
+    for c in streams:
+        matrices = {}
+        picked: list[int] = []
+        for variant, weights in VARIANTS.items():
+            picked, features = stream_features(c.passages, c.idfs, weights)
+            matrices[variant] = np.array([features[n] for n in names]).T
+        ids = [c.ids[i] for i in picked]
+        out.append(Asked(c.dataset, c.category, ids, matrices, c.relevant, c.lexical))
     return out
 
 
@@ -673,6 +697,29 @@ async def big_conversation(
     print(f"  search latency, MADial dialogues: {percentiles(api.latencies)}")
 
 
+STREAMS = "candidate-streams.pickle"
+
+
+def replay(streams: list[Candidates]) -> None:
+    """Offline figures of the current ranking code on kept candidate streams, per set and
+    category, the variants and the leave-one-dataset-out fit."""
+    names = list(StreamWeights().feature_weights())
+    asked = features_of(streams, names)
+    current = np.array([StreamWeights().feature_weights()[n] for n in names])
+    for name in dict.fromkeys(a.dataset for a in asked):
+        overall, by_category = Scores(), defaultdict(Scores)
+        for a in asked:
+            if a.dataset == name:
+                order = np.argsort(-(a.matrices["shipped"] @ current), kind="stable")[:10]
+                found = [a.ids[i] for i in order]
+                overall.add(found, set(a.relevant))
+                by_category[a.category].add(found, set(a.relevant))
+        report(
+            f"{name} (offline)", overall, by_category, {"lexical side": lexical_side(asked, name)}
+        )
+    cross_validate(asked, names)
+
+
 def settings_for(data_dir: Path) -> Settings:
     return Settings(
         database_url=embedded_url(data_dir / "pg"),
@@ -714,10 +761,20 @@ async def main() -> None:
     parser.add_argument("--only", default=",".join(DATASETS), help="sets, comma separated")
     parser.add_argument("--big", type=int, default=0, help="messages of the latency chat")
     parser.add_argument("--cv", action="store_true", help="leave-one-dataset-out weights")
+    parser.add_argument(
+        "--replay",
+        action="store_true",
+        help="no service: rank the candidates a --cache run kept (offline figures, --cv)",
+    )
     parser.add_argument("--recent", action="store_true", help="LoCoMo again, dated up to yesterday")
     args = parser.parse_args()
     logging.disable(logging.INFO)  # the figures, not the request log
 
+    if args.replay:
+        if args.cache is None:
+            parser.error("--replay reads the candidates that a run with --cache kept")
+        replay(pickle.loads((args.cache / STREAMS).read_bytes()))
+        return
     wanted = set(args.only.split(","))
     turns, questions = load_locomo(args.data / "locomo_dev.jsonl")
     memories, dialogues = load_madial(args.data / "madial-zh")
@@ -752,7 +809,11 @@ async def main() -> None:
             )
             runtime = app.state.runtime
             names = list(StreamWeights().feature_weights())
-            asked = await features_of(runtime, body["tenant_id"], datasets, names)
+            streams = await candidates_of(runtime, body["tenant_id"], datasets)
+            if args.cache is not None:
+                cache.save()  # type: ignore[union-attr]
+                (args.cache / STREAMS).write_bytes(pickle.dumps(streams))
+            asked = features_of(streams, names)
             for dataset in datasets:
                 api.latencies = []
                 overall, by_category = await evaluate(api, dataset)

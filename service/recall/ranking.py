@@ -15,6 +15,12 @@
    ``MEMO_WEIGHT`` of it. On raw cosines of a model such as e5, where every
    pair scores 0.8 to 0.9, the ×1.2 recency boost would outweigh any difference in meaning
    and no event would fall under ``time_decay_min_similarity``.
+   Then, with lexical search on (``lexical_weight`` > 0), the candidates are ranked as
+   the message search ranks messages (``service.retrieval.neighbours``): each with the
+   events told just before and after it in its conversation (a short answer after the turn
+   naming its topic), its own similarity and BM25, the query's terms over its window; the
+   fused score, scaled onto the candidates (best 1, worst 0), is the relevance. The
+   similarity stays on the calibrated scale for the decay's threshold.
 3. The seeds' time decay, ``final = relevance × (1 + boost × 0.5^(age / half_life))`` for
    events with ``sim ≥ time_decay_min_similarity``.
 4. With a reranker configured (and ``enable_rerank``), its relevance replaces the fused one
@@ -26,6 +32,7 @@
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -37,8 +44,9 @@ from service.embedding.base import Calibration
 from service.events import repository as events
 from service.llm.base import LLMError
 from service.llm.rerank import Reranker
-from service.retrieval.fusion import scale_by_max, time_decayed, unit_vector
-from service.retrieval.terms import near_duplicate, query_terms
+from service.retrieval.fusion import scale_by_max, scale_min_max, time_decayed, unit_vector
+from service.retrieval.neighbours import StreamPassage, StreamWeights, score_stream
+from service.retrieval.terms import near_duplicate, query_terms, terms
 from service.settings import QuerySettings
 
 log = logging.getLogger(__name__)
@@ -104,6 +112,53 @@ def fuse(
         if event.row.get("kind") == "memo":
             event.relevance *= MEMO_WEIGHT
     return list(by_id.values())
+
+
+def with_neighbours(
+    candidates: list[RankedEvent], lexical: list[dict[str, Any]], around: list[dict[str, Any]]
+) -> None:
+    """Rank the candidates as the message search ranks messages: each event with the events
+    told just before and after it (``around``) in its conversation, BM25 from the
+    ``lexical`` candidates (see
+    ``service.retrieval.neighbours``). Sets each candidate's relevance to its fused score
+    scaled onto the candidates (best 1, worst 0), a memo's times ``MEMO_WEIGHT``."""
+    rows: dict[str, dict[str, Any]] = {r["id"]: r for r in around}
+    for event in candidates:
+        rows[event.row["id"]] = event.row
+    ranked = {event.row["id"]: event for event in candidates}
+    bm25 = {r["id"]: float(r["bm25"]) for r in lexical}
+    idfs: dict[str, float] = {}
+    for row in lexical:
+        for term, weight in zip(row.get("terms") or [], row.get("idfs") or [], strict=True):
+            idfs[term] = float(weight)
+    stream = sorted(
+        rows.values(),
+        key=lambda r: (r["conversation_key"], r["occurred_at"], r["created_at"], r["id"]),
+    )
+    passages = []
+    for row in stream:
+        found = ranked.get(row["id"])
+        counts = Counter(t for t in terms(row["text"]) if t in idfs) if idfs else Counter()
+        if found is not None:
+            distance = row.get("distance")
+            similarity = 1.0 - float(distance) if distance is not None else 0.0
+        else:
+            similarity = float(row["similarity"])
+        passages.append(
+            StreamPassage(
+                similarity=similarity,
+                bm25=bm25.get(row["id"], 0.0) if found is not None else 0.0,
+                term_counts=counts,
+                candidate=found is not None,
+                at=row["occurred_at"].timestamp(),
+                stream=row["conversation_key"],
+                sender=row.get("sender_id"),
+            )
+        )
+    scores = score_stream(passages, idfs)
+    picked = [(ranked[r["id"]], s) for r, s in zip(stream, scores, strict=True) if s is not None]
+    for (event, _), relevance in zip(picked, scale_min_max([s for _, s in picked]), strict=True):
+        event.relevance = relevance * (MEMO_WEIGHT if event.row.get("kind") == "memo" else 1.0)
 
 
 def decay_scores(
@@ -200,6 +255,17 @@ async def rank_events(
             1.0 - float(query @ unit) if query is not None and unit is not None else None
         )
     candidates = fuse(dense, lexical, q.lexical_weight, calibration)
+    if q.lexical_weight > 0 and candidates:
+        around = await events.neighbour_events(
+            session,
+            tenant_id,
+            [e.row["id"] for e in candidates],
+            vector,
+            StreamWeights().context,
+            search.time_from,
+            search.time_to,
+        )
+        with_neighbours(candidates, lexical, around)
     decay_scores(candidates, now, search.half_life_days, q)
     candidates.sort(key=lambda e: (-e.score, e.row["id"]))
     if reranker is not None and q.enable_rerank and candidates:
