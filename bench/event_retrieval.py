@@ -2,30 +2,25 @@
 
 The loop a bot runs: every turn handed over with ``POST /v1/end``, the historian turns it
 into an absolute event, and a later question finds it again. Starts the app in process
-(worker included, offline historian: rules, no LLM) on a throwaway embedded PostgreSQL, then:
-
-1. LoCoMo (English): each conversation is one group chat; every turn is one ``end`` call
-   (the speaker as sender, the session's time as ``timestamp``, the turn, with a shared
-   photo's caption, as the one observation). Once the historian has written every event,
-   each question with evidence is asked with ``POST /v1/events/search`` (top 10) and with
-   ``POST /v1/context`` (``auto_top_k`` 10): hit@5, hit@10, rec@5, rec@10 overall and per
-   category, an event counting for the turn it was written from.
-2. MADial-Bench (Chinese): each user's memories as ``end`` calls of a private chat (in date
-   order); each test turn asks with the dialogue's user turns up to it.
+(worker included, offline historian: rules, no LLM) on a throwaway embedded PostgreSQL, then
+hands over every message of the sets of ``bench/retrieval_quality.py`` (the same chats:
+LoCoMo conversations and MemDaily pools as group chats, MADial users' memories as private
+chats), one ``end`` call per message (its sender, its time, its text as the one
+observation). Once the historian has written every event, each question is asked with
+``POST /v1/events/search`` (top 10) and with ``POST /v1/context`` (``auto_top_k`` 10):
+hit@5, hit@10, rec@5, rec@10 overall and per category, an event counting for the message it
+was written from.
 
 The LoCoMo dev split is what ``--conversations`` picks from (all five by default); the
 held-out conversations are not in ``../shared/bench``. The ranking's defaults are meant for
 every embedder and tenant, not fitted to these questions.
 
-Measured on conv-26 and conv-30 (302 questions, --without-profiles, offline historian,
-2 busy cores): events/search hit@5 0.649, hit@10 0.715, rec@10 0.671 (temporal 0.937,
-single-hop 0.711, multi-hop 0.605, adversarial 0.606, open-domain 0.636); /v1/context the
-same. The message archive search reaches 0.840 on the same turns: it ranks each turn with
-its neighbours, which an event does not have. MADial (262 test turns): hit@5 0.836,
-hit@10 0.924, rec@10 0.748, the context the same.
+Before events were ranked with their neighbours, on conv-26 and conv-30 (302 questions,
+--without-profiles, offline historian): events/search hit@5 0.649, hit@10 0.715, rec@10
+0.671; /v1/context the same; MADial (262 test turns) hit@10 0.924.
 
-Run: python bench/event_retrieval.py [--data DIR] [--conversations 2] [--no-madial]
-     [--without-profiles]
+Run: python bench/event_retrieval.py [--data DIR] [--cache /tmp/vectors]
+     [--only locomo,madial,memdaily] [--conversations 2] [--without-profiles]
 """
 
 from __future__ import annotations

@@ -15,12 +15,12 @@
    ``MEMO_WEIGHT`` of it. On raw cosines of a model such as e5, where every
    pair scores 0.8 to 0.9, the ×1.2 recency boost would outweigh any difference in meaning
    and no event would fall under ``time_decay_min_similarity``.
-   Then, with lexical search on (``lexical_weight`` > 0), the candidates are ranked as
-   the message search ranks messages (``service.retrieval.neighbours``): each with the
-   events told just before and after it in its conversation (a short answer after the turn
-   naming its topic), its own similarity and BM25, the query's terms over its window; the
-   fused score, scaled onto the candidates (best 1, worst 0), is the relevance. The
-   similarity stays on the calibrated scale for the decay's threshold.
+   Then, with lexical search on (``lexical_weight`` > 0), the candidates are read with
+   the message search's features and weights (``service.retrieval.neighbours``): each with
+   the events told just before and after it in its conversation (a short answer after the
+   turn naming its topic), the query's terms over its window, in the same fusion on the
+   similarity scale (see ``with_neighbours``). The decay's threshold reads the event's own
+   similarity.
 3. The seeds' time decay, ``final = relevance × (1 + boost × 0.5^(age / half_life))`` for
    events with ``sim ≥ time_decay_min_similarity``.
 4. With a reranker configured (and ``enable_rerank``), its relevance replaces the fused one
@@ -44,8 +44,8 @@ from service.embedding.base import Calibration
 from service.events import repository as events
 from service.llm.base import LLMError
 from service.llm.rerank import Reranker
-from service.retrieval.fusion import scale_by_max, scale_min_max, time_decayed, unit_vector
-from service.retrieval.neighbours import StreamPassage, StreamWeights, score_stream
+from service.retrieval.fusion import scale_by_max, time_decayed, unit_vector
+from service.retrieval.neighbours import StreamPassage, StreamWeights, stream_features
 from service.retrieval.terms import near_duplicate, query_terms, terms
 from service.settings import QuerySettings
 
@@ -115,13 +115,22 @@ def fuse(
 
 
 def with_neighbours(
-    candidates: list[RankedEvent], lexical: list[dict[str, Any]], around: list[dict[str, Any]]
+    candidates: list[RankedEvent],
+    lexical: list[dict[str, Any]],
+    around: list[dict[str, Any]],
+    lexical_weight: float,
+    calibration: Calibration = Calibration(),  # noqa: B008 (frozen, shared safely)
 ) -> None:
-    """Rank the candidates as the message search ranks messages: each event with the events
-    told just before and after it (``around``) in its conversation, BM25 from the
-    ``lexical`` candidates (see
-    ``service.retrieval.neighbours``). Sets each candidate's relevance to its fused score
-    scaled onto the candidates (best 1, worst 0), a memo's times ``MEMO_WEIGHT``."""
+    """Rank the candidates with the message search's features and weights: each event with
+    the events told just before and after it (``around``) in its conversation, BM25 from the
+    ``lexical`` candidates (see ``service.retrieval.neighbours``).
+
+    On the similarity scale, as ``fuse``: the dense side is the weighted mean of the
+    event's own cosine and its neighbours' (calibrated), the lexical evidence the weighted
+    mean of its own BM25, its window's and its neighbours' (each relative to the best
+    candidate's), and the relevance ``sim + w × lex × (1 - sim)``. An event with neither
+    neighbours nor query words keeps its own similarity as its relevance; a memo weighs
+    ``MEMO_WEIGHT`` of it."""
     rows: dict[str, dict[str, Any]] = {r["id"]: r for r in around}
     for event in candidates:
         rows[event.row["id"]] = event.row
@@ -155,10 +164,25 @@ def with_neighbours(
                 sender=row.get("sender_id"),
             )
         )
-    scores = score_stream(passages, idfs)
-    picked = [(ranked[r["id"]], s) for r, s in zip(stream, scores, strict=True) if s is not None]
-    for (event, _), relevance in zip(picked, scale_min_max([s for _, s in picked]), strict=True):
-        event.relevance = relevance * (MEMO_WEIGHT if event.row.get("kind") == "memo" else 1.0)
+    w = StreamWeights()
+    picked, features = stream_features(passages, idfs, w)
+    dense_weight = w.similarity + w.neighbour_similarity
+    lexical_weights = w.lexical + w.window_lexical + w.neighbour_lexical
+    for n, at in enumerate(picked):
+        event = ranked[stream[at]["id"]]
+        cosine = (
+            w.similarity * features["similarity"][n]
+            + w.neighbour_similarity * features["neighbour_similarity"][n]
+        ) / dense_weight
+        sim = calibration.similarity(cosine)
+        lex = (
+            w.lexical * features["lexical"][n]
+            + w.window_lexical * features["window_lexical"][n]
+            + w.neighbour_lexical * features["neighbour_lexical"][n]
+        ) / lexical_weights
+        event.relevance = sim + lexical_weight * lex * (1.0 - sim)
+        if event.row.get("kind") == "memo":
+            event.relevance *= MEMO_WEIGHT
 
 
 def decay_scores(
@@ -265,7 +289,7 @@ async def rank_events(
             search.time_from,
             search.time_to,
         )
-        with_neighbours(candidates, lexical, around)
+        with_neighbours(candidates, lexical, around, q.lexical_weight, calibration)
     decay_scores(candidates, now, search.half_life_days, q)
     candidates.sort(key=lambda e: (-e.score, e.row["id"]))
     if reranker is not None and q.enable_rerank and candidates:
