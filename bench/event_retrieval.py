@@ -2,30 +2,25 @@
 
 The loop a bot runs: every turn handed over with ``POST /v1/end``, the historian turns it
 into an absolute event, and a later question finds it again. Starts the app in process
-(worker included, offline historian: rules, no LLM) on a throwaway embedded PostgreSQL, then:
-
-1. LoCoMo (English): each conversation is one group chat; every turn is one ``end`` call
-   (the speaker as sender, the session's time as ``timestamp``, the turn, with a shared
-   photo's caption, as the one observation). Once the historian has written every event,
-   each question with evidence is asked with ``POST /v1/events/search`` (top 10) and with
-   ``POST /v1/context`` (``auto_top_k`` 10): hit@5, hit@10, rec@5, rec@10 overall and per
-   category, an event counting for the turn it was written from.
-2. MADial-Bench (Chinese): each user's memories as ``end`` calls of a private chat (in date
-   order); each test turn asks with the dialogue's user turns up to it.
+(worker included, offline historian: rules, no LLM) on a throwaway embedded PostgreSQL, then
+hands over every message of the sets of ``bench/retrieval_quality.py`` (the same chats:
+LoCoMo conversations and MemDaily pools as group chats, MADial users' memories as private
+chats), one ``end`` call per message (its sender, its time, its text as the one
+observation). Once the historian has written every event, each question is asked with
+``POST /v1/events/search`` (top 10) and with ``POST /v1/context`` (``auto_top_k`` 10):
+hit@5, hit@10, rec@5, rec@10 overall and per category, an event counting for the message it
+was written from.
 
 The LoCoMo dev split is what ``--conversations`` picks from (all five by default); the
 held-out conversations are not in ``../shared/bench``. The ranking's defaults are meant for
 every embedder and tenant, not fitted to these questions.
 
-Measured on conv-26 and conv-30 (302 questions, --without-profiles, offline historian,
-2 busy cores): events/search hit@5 0.649, hit@10 0.715, rec@10 0.671 (temporal 0.937,
-single-hop 0.711, multi-hop 0.605, adversarial 0.606, open-domain 0.636); /v1/context the
-same. The message archive search reaches 0.840 on the same turns: it ranks each turn with
-its neighbours, which an event does not have. MADial (262 test turns): hit@5 0.836,
-hit@10 0.924, rec@10 0.748, the context the same.
+Before events were ranked with their neighbours, on conv-26 and conv-30 (302 questions,
+--without-profiles, offline historian): events/search hit@5 0.649, hit@10 0.715, rec@10
+0.671; /v1/context the same; MADial (262 test turns) hit@10 0.924.
 
-Run: python bench/event_retrieval.py [--data DIR] [--conversations 2] [--no-madial]
-     [--without-profiles]
+Run: python bench/event_retrieval.py [--data DIR] [--cache /tmp/vectors]
+     [--only locomo,madial,memdaily] [--conversations 2] [--without-profiles]
 """
 
 from __future__ import annotations
@@ -33,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import re
 import shutil
 import sys
 import tempfile
@@ -50,12 +46,17 @@ from retrieval_quality import (
     DATA,
     HEADER,
     Api,
+    Dataset,
+    Question,
     Scores,
     load_locomo,
     load_madial,
+    locomo_dataset,
+    madial_dataset,
+    memdaily_dataset,
+    new_tenant,
     percentiles,
-    turn_text,
-    user_turns,
+    use_cache,
 )
 
 from service.app import create_app
@@ -115,40 +116,25 @@ class EventApi(Api):
         return dict(counts)
 
 
-async def hand_over_locomo(api: EventApi, turns: dict[str, list[dict[str, Any]]]) -> list[int]:
+async def hand_over(api: EventApi, dataset: Dataset) -> list[int]:
+    """Every message of every chat as one ``end`` call (its sender, its time, its text as
+    the one observation), in the order said."""
     jobs = []
-    for conv_id, rows in turns.items():
-        for turn in rows:
+    for context, messages in dataset.chats:
+        where = {k: v for k, v in context.items() if k in ("request_type", "group_id", "user_id")}
+        for message in messages:
             body = {
-                "request_type": "group",
-                "group_id": conv_id,
-                "sender_id": turn["speaker"].lower(),
-                "sender_name": turn["speaker"],
-                "timestamp": turn["session_time"],
+                **where,
+                "sender_id": message["sender_id"],
+                "sender_name": message["sender_name"],
+                "timestamp": message["sent_at"],
                 "timezone": "UTC",
-                "request_id": f"{conv_id}.{turn['turn_id'].replace(':', '.')}",
-                "observations": [turn_text(turn)],
+                "request_id": re.sub(
+                    r"[^A-Za-z0-9_.-]", ".", f"{dataset.name}.{message['message_id']}"
+                ),
+                "observations": [message["text"]],
             }
-            jobs.append(await api.end(body, turn["turn_id"]))
-    return jobs
-
-
-async def hand_over_madial(
-    api: EventApi, memories: dict[int, list[dict[str, Any]]], names: dict[int, str]
-) -> list[int]:
-    jobs = []
-    for user, rows in memories.items():
-        for memory in sorted(rows, key=lambda m: (m["time"], int(m["id"]))):
-            body = {
-                "request_type": "private",
-                "user_id": f"madial-{user}",
-                "sender_name": names.get(user),
-                "timestamp": f"{memory['time']}T12:00:00",
-                "timezone": "UTC",
-                "request_id": f"madial.{memory['id']}",
-                "observations": [memory["event"]],
-            }
-            jobs.append(await api.end(body, str(memory["id"])))
+            jobs.append(await api.end(body, message["message_id"]))
     return jobs
 
 
@@ -156,51 +142,45 @@ def report(title: str, overall: Scores, by_category: dict[str, Scores] | None = 
     print(title)
     print(HEADER)
     print(overall.row("overall"))
-    for name in sorted(by_category or {}):
-        print(by_category[name].row(name))  # type: ignore[index]
+    if by_category and len(by_category) > 1:
+        for name in sorted(by_category):
+            print(by_category[name].row(name))
 
 
-async def evaluate_locomo(api: EventApi, questions: list[dict[str, Any]]) -> None:
+def context_lines(question: Question) -> list[str]:
+    # A chat history as the query (MADial's user turns) is the last lines of a context call.
+    return question.query.split("\n")
+
+
+async def evaluate(api: EventApi, dataset: Dataset) -> None:
+    """Every question through events/search and through the turn's context."""
     searched, contexts = Scores(), Scores()
-    searched_by, contexts_by = defaultdict(Scores), defaultdict(Scores)
-    for q in questions:
-        where = {"request_type": "group", "group_id": q["conv_id"]}
-        evidence = set(q["evidence"])
-        category = f"{q['category_id']} {q['category']}"
-        found = await api.events(q["question"], where)
-        searched.add(found, evidence)
-        searched_by[category].add(found, evidence)
-        injected = await api.context([q["question"]], where)
-        contexts.add(injected, evidence)
-        contexts_by[category].add(injected, evidence)
-    report(
-        f"LoCoMo, events/search (top_k {TOP_K}, {len(questions)} questions)", searched, searched_by
-    )
-    print(f"  latency: {percentiles(api.latencies)}\n")
-    report(f"LoCoMo, context (auto_top_k {TOP_K})", contexts, contexts_by)
+    searched_by: dict[str, Scores] = defaultdict(Scores)
+    contexts_by: dict[str, Scores] = defaultdict(Scores)
+    api.latencies, api.context_latencies = [], []
+    for q in dataset.questions:
+        if not q.query.strip():
+            continue
+        kind = "group" if "group_id" in q.scope else "private"
+        where = {"request_type": kind, **q.scope}
+        found = await api.events(q.query, where)
+        searched.add(found, set(q.relevant))
+        searched_by[q.category].add(found, set(q.relevant))
+        injected = await api.context(context_lines(q), where)
+        contexts.add(injected, set(q.relevant))
+        contexts_by[q.category].add(injected, set(q.relevant))
+    report(f"{dataset.name}, events/search (top_k {TOP_K})", searched, searched_by)
+    print(f"  latency: {percentiles(api.latencies)}")
+    report(f"{dataset.name}, context (auto_top_k {TOP_K})", contexts, contexts_by)
     print(f"  latency: {percentiles(api.context_latencies)}\n")
-
-
-async def evaluate_madial(api: EventApi, dialogues: list[dict[str, Any]]) -> None:
-    searched, contexts = Scores(), Scores()
-    for dialogue in dialogues:
-        for turn in dialogue["test-turn"]:
-            _, lines = user_turns(dialogue["dialogue"], turn)
-            if not lines:
-                continue
-            where = {"request_type": "private", "user_id": f"madial-{dialogue['user-id']}"}
-            relevant = {str(i) for i in dialogue["relevant-id"]}
-            searched.add(await api.events("\n".join(lines), where), relevant)
-            contexts.add(await api.context(lines, where), relevant)
-    report("MADial-Bench zh, events/search", searched)
-    report("MADial-Bench zh, context", contexts)
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--data", type=Path, default=DATA, help="folder of the bench data")
+    parser.add_argument("--cache", type=Path, default=None, help="folder of cached vectors")
+    parser.add_argument("--only", default="locomo,madial", help="sets, comma separated")
     parser.add_argument("--conversations", type=int, default=0, help="LoCoMo ones (0 = all)")
-    parser.add_argument("--no-madial", action="store_true", help="LoCoMo only")
     parser.add_argument(
         "--turns", type=int, default=0, help="a quick check: the first turns of each (0 = all)"
     )
@@ -216,20 +196,22 @@ async def main() -> None:
         # they play no part in event search.
         historian.end_targets = lambda *args, **kwargs: []
 
-    turns, questions = load_locomo(args.data / "locomo_dev.jsonl")
-    if args.conversations:
-        turns = dict(list(turns.items())[: args.conversations])
-        questions = [q for q in questions if q["conv_id"] in turns]
-    if args.turns:
-        turns = {conv_id: rows[: args.turns] for conv_id, rows in turns.items()}
-        kept = {t["turn_id"] for rows in turns.values() for t in rows}
-        questions = [q for q in questions if set(q["evidence"]) <= kept]
-    memories, dialogues = load_madial(args.data / "madial-zh")
-    names: dict[int, str] = {}
-    for dialogue in dialogues:
-        name, _ = user_turns(dialogue["dialogue"], len(dialogue["dialogue"]))
-        if name:
-            names.setdefault(int(dialogue["user-id"]), name)
+    wanted = set(args.only.split(","))
+    datasets = []
+    if "locomo" in wanted:
+        turns, questions = load_locomo(args.data / "locomo_dev.jsonl")
+        if args.conversations:
+            turns = dict(list(turns.items())[: args.conversations])
+            questions = [q for q in questions if q["conv_id"] in turns]
+        if args.turns:
+            turns = {conv_id: rows[: args.turns] for conv_id, rows in turns.items()}
+            kept = {t["turn_id"] for rows in turns.values() for t in rows}
+            questions = [q for q in questions if set(q["evidence"]) <= kept]
+        datasets.append(locomo_dataset(turns, questions))
+    if "madial" in wanted:
+        datasets.append(madial_dataset(*load_madial(args.data / "madial-zh")))
+    if "memdaily" in wanted:
+        datasets.append(memdaily_dataset(args.data / "memdaily-zh/memdaily_events_pools.jsonl"))
 
     data_dir = Path(tempfile.mkdtemp(prefix="bench-event-retrieval-"))
     settings = Settings(
@@ -238,35 +220,31 @@ async def main() -> None:
     app = create_app(settings, migrate=True, run_worker=True)
     for hook in app.on_startup:
         await hook(app)
+    use_cache(app, args.cache)
     try:
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(
             transport=transport, base_url="http://bench", timeout=60
         ) as http:
-            created = await http.post(
-                "/admin/tenants",
-                json={"name": "bench"},
-                headers={"Authorization": f"Bearer {ADMIN}"},
-            )
-            api = EventApi(http, created.json()["api_key"]["key"])
+            created = await new_tenant(http, "bench")
+            api = EventApi(http, created["api_key"]["key"])
             await api.http.patch(
                 "/v1/settings",
                 json={"query": {"auto_top_k": TOP_K}},
                 headers={"Authorization": f"Bearer {api.key}"},
             )
             started = time.perf_counter()
-            jobs = await hand_over_locomo(api, turns)
-            if not args.no_madial:
-                jobs += await hand_over_madial(api, memories, names)
+            jobs = []
+            for dataset in datasets:
+                jobs += await hand_over(api, dataset)
             counts = await api.settle(jobs)
             elapsed = time.perf_counter() - started
             print(
                 f"{len(jobs)} end calls, historian done in {elapsed:.0f} s "
                 f"({len(jobs) / elapsed:.1f} jobs/s): {counts}\n"
             )
-            await evaluate_locomo(api, questions)
-            if not args.no_madial:
-                await evaluate_madial(api, dialogues)
+            for dataset in datasets:
+                await evaluate(api, dataset)
     finally:
         for hook in app.on_shutdown:
             await hook(app)

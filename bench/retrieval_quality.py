@@ -1,47 +1,63 @@
 """Message-archive retrieval quality on real data, through the public API.
 
-Starts the app in process (worker included) on a throwaway embedded PostgreSQL, then:
+Starts the app in process (worker included) on a throwaway embedded PostgreSQL, then asks
+every question with ``POST /v1/messages/search`` (top 10) of its conversation and prints
+hit@5, hit@10, rec@5, rec@10 overall and per category (the LoCoMo paper's definitions):
 
 1. LoCoMo (English): each conversation is one group chat whose two speakers are its
    members; every turn is a message (``message_id`` = turn id, ``sent_at`` = the session's
-   time, a shared photo's caption appended to the text). Each question with evidence is
-   asked with ``POST /v1/messages/search`` (top 10) of its conversation: hit@5, hit@10,
-   rec@5, rec@10 overall and per category (the LoCoMo paper's definitions).
+   time, a shared photo's caption appended to the text).
 2. MADial-Bench (Chinese): each user's memories are the messages of a private chat (in date
-   order); each test turn asks with the dialogue's user turns up to it: hit@k and rec@k of
-   the labelled memories.
-3. Search latency (p50/p95) of the calls above (query embedding included), and with
-   ``--big N`` on one conversation of N messages (the LoCoMo turns and MADial memories over
-   and over; their vectors copied from the embedded originals so the run does not spend
-   minutes embedding).
+   order); each test turn asks with the dialogue's user turns up to it.
+3. MemDaily (Chinese, ``memdaily-zh``): each pool is one group chat of ~100 members, every
+   member telling the group about their own events, in the order they were said; each
+   question is asked in its group.
 
-``--cv`` also re-fits the ranking weights with 2-fold cross-validation by conversation (the
-candidates and features come from the service's own code) and prints the held-out figures,
-which is how the defaults in ``service.retrieval.neighbours.StreamWeights`` were chosen.
+Next to the hybrid, two lexical baselines per set: the service's own lexical side alone
+(its candidates ranked by their BM25 only) and plain BM25 (k1 1.5, b 0.75) over the
+conversation's messages, with character bigrams for Chinese and stop-word-free lowercase
+words for English.
+
+``--cv`` re-fits the ranking weights (candidates and features from the service's own code)
+leave-one-dataset-out: fitted on two sets, measured on the third, printed next to the
+in-sample fit and the shipped defaults. That is how the defaults in
+``service.retrieval.neighbours.StreamWeights`` were chosen.
+
+``--cache DIR`` keeps the vectors of every embedded text (keyed by a hash of model, kind
+and text) in DIR, outside the repository, so that a second run does not embed again, and
+every question's candidate stream; ``--replay`` then ranks those with the current ranking
+code in seconds, without the service (figures without recency and MMR), with ``--cv``.
+
+``--big N`` measures search latency on one conversation of N messages (the LoCoMo turns
+and MADial memories over and over, their vectors copied from the embedded originals).
+``--recent`` asks LoCoMo again with every conversation moved in time to end yesterday, so
+the recency boost (on by default) weighs on all but the last sessions.
 
 Data are read from ``../shared/bench`` next to the repository (or ``--data DIR``); nothing
 is copied into the repository.
 
-``--recent`` asks LoCoMo again with every conversation moved in time to end yesterday, so
-the recency boost (on by default) weighs on all but the last sessions.
-
-Run: python bench/retrieval_quality.py [--data DIR] [--big 50000] [--cv] [--recent]
+Run: python bench/retrieval_quality.py [--data DIR] [--cache /tmp/vectors] [--cv]
+     [--only locomo,madial,memdaily] [--big 50000] [--recent]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import logging
+import math
 import os
+import pickle
 import re
 import shutil
 import statistics
 import sys
 import tempfile
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -55,17 +71,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from measure import quantile_ms
 
 from service.app import create_app
+from service.context import scope_of
 from service.db.embedded import embedded_url, stop_embedded
 from service.messages import repository
-from service.messages.search import SEARCH_PLAN, stream_of
-from service.retrieval.neighbours import StreamWeights, stream_features
-from service.retrieval.terms import query_terms
+from service.messages.search import MAX_QUERY_TERMS, SEARCH_PLAN, stream_of
+from service.retrieval.neighbours import StreamPassage, StreamWeights, stream_features
+from service.retrieval.terms import ENGLISH_STOPWORDS, query_terms
 from service.settings import Settings
 
 DATA = Path(__file__).resolve().parents[2] / "shared/bench"
 ADMIN = "bench-admin"
 BATCH = 500
 KS = (5, 10)
+DATASETS = ("locomo", "madial", "memdaily")
 
 
 @dataclass
@@ -81,14 +99,17 @@ class Scores:
             self.hits[k].append(1.0 if got else 0.0)
             self.recalls[k].append(len(got) / len(relevant))
 
+    def hit(self, k: int = 10) -> float:
+        return statistics.fmean(self.hits[k]) if self.hits[k] else 0.0
+
     def row(self, name: str) -> str:
         n = len(self.hits[KS[0]])
         cells = [f"{statistics.fmean(self.hits[k]):.3f}" for k in KS]
         cells += [f"{statistics.fmean(self.recalls[k]):.3f}" for k in KS]
-        return f"  {name:<14} {n:>5}   " + "   ".join(cells)
+        return f"  {name:<18} {n:>5}   " + "   ".join(cells)
 
 
-HEADER = "  {:<14} {:>5}   hit@5   hit@10  rec@5   rec@10".format("", "n")
+HEADER = "  {:<18} {:>5}   hit@5   hit@10  rec@5   rec@10".format("", "n")
 
 
 def percentiles(samples: list[float]) -> str:
@@ -101,6 +122,8 @@ def percentiles(samples: list[float]) -> str:
 
 
 def load_locomo(path: Path) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
+    """Turns by conversation, and the questions with evidence (also reads MemDaily pools,
+    which share the format)."""
     turns: dict[str, list[dict[str, Any]]] = defaultdict(list)
     questions = []
     for line in path.read_text().splitlines():
@@ -142,6 +165,189 @@ def user_turns(dialogue: list[str], upto: int) -> tuple[str | None, list[str]]:
             name = match.group(1)
             lines.append(match.group(2))
     return name, lines
+
+
+def madial_names(dialogues: list[dict[str, Any]]) -> dict[int, str]:
+    """Each MADial user's name, as their dialogues call them."""
+    names: dict[int, str] = {}
+    for dialogue in dialogues:
+        name, _ = user_turns(dialogue["dialogue"], len(dialogue["dialogue"]))
+        if name:
+            names.setdefault(int(dialogue["user-id"]), name)
+    return names
+
+
+# --- The sets as chats and questions -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Question:
+    """One question asked in one conversation, and the message ids that answer it."""
+
+    scope: dict[str, str]  # {"group_id": …} or {"user_id": …}
+    query: str
+    relevant: frozenset[str]
+    category: str = "all"
+
+    @property
+    def key(self) -> str:
+        return scope_of(self.scope.get("group_id"), self.scope.get("user_id"))
+
+
+@dataclass
+class Dataset:
+    """A set as the API sees it: chats (context and messages, in the order said), questions."""
+
+    name: str
+    chats: list[tuple[dict[str, Any], list[dict[str, Any]]]]
+    questions: list[Question]
+    chinese: bool
+
+
+def locomo_dataset(
+    turns: dict[str, list[dict[str, Any]]], questions: list[dict[str, Any]], recent: bool = False
+) -> Dataset:
+    """Each conversation as a group chat; ``recent``: moved in time so that its last session
+    was yesterday (the recency boost then weighs on every older session)."""
+    chats = []
+    for conv_id, rows in turns.items():
+        shift = timedelta(0)
+        if recent:
+            last = max(datetime.fromisoformat(t["session_time"]) for t in rows)
+            shift = datetime.now() - timedelta(days=1) - last
+        messages = [
+            {
+                "message_id": t["turn_id"],
+                "sender_id": t["speaker"].lower(),
+                "sender_name": t["speaker"],
+                "text": turn_text(t),
+                "sent_at": (datetime.fromisoformat(t["session_time"]) + shift).isoformat(),
+            }
+            for t in rows
+        ]
+        chats.append(({"request_type": "group", "group_id": conv_id, "timezone": "UTC"}, messages))
+    asked = [
+        Question(
+            {"group_id": q["conv_id"]},
+            q["question"],
+            frozenset(q["evidence"]),
+            f"{q['category_id']} {q['category']}",
+        )
+        for q in questions
+    ]
+    return Dataset("LoCoMo", chats, asked, chinese=False)
+
+
+def madial_queries(dialogues: list[dict[str, Any]]) -> list[tuple[int, str, set[str]]]:
+    queries = []
+    for dialogue in dialogues:
+        for turn in dialogue["test-turn"]:
+            _, lines = user_turns(dialogue["dialogue"], turn)
+            relevant = {str(i) for i in dialogue["relevant-id"]}
+            queries.append((int(dialogue["user-id"]), "\n".join(lines), relevant))
+    return queries
+
+
+def madial_dataset(
+    memories: dict[int, list[dict[str, Any]]], dialogues: list[dict[str, Any]]
+) -> Dataset:
+    """Each user's memories as the messages of a private chat, in date order."""
+    names = madial_names(dialogues)
+    chats = []
+    for user, rows in memories.items():
+        messages = [
+            {
+                "message_id": str(m["id"]),
+                "sender_id": f"madial-{user}",
+                "sender_name": names.get(user),
+                "text": m["event"],
+                "sent_at": f"{m['time']}T12:00:00",
+            }
+            for m in sorted(rows, key=lambda m: (m["time"], int(m["id"])))
+        ]
+        context = {"request_type": "private", "user_id": f"madial-{user}", "timezone": "UTC"}
+        chats.append((context, messages))
+    asked = [
+        Question({"user_id": f"madial-{user}"}, query[-4000:], frozenset(relevant))
+        for user, query, relevant in madial_queries(dialogues)
+    ]
+    return Dataset("MADial-Bench zh", chats, asked, chinese=True)
+
+
+def memdaily_dataset(path: Path) -> Dataset:
+    """Each pool as one group chat of its speakers, every message in the order said."""
+    turns, questions = load_locomo(path)
+    chats = []
+    for pool, rows in turns.items():
+        ordered = sorted(rows, key=lambda t: (t["session_time"], t["turn_id"]))
+        messages = [
+            {
+                "message_id": t["turn_id"],
+                "sender_id": t["speaker"],
+                "sender_name": t["speaker"],
+                "text": t["text"],
+                "sent_at": t["session_time"],
+            }
+            for t in ordered
+        ]
+        chats.append(({"request_type": "group", "group_id": pool, "timezone": "UTC"}, messages))
+    asked = [
+        Question({"group_id": q["conv_id"]}, q["question"], frozenset(q["evidence"]), q["category"])
+        for q in questions
+    ]
+    return Dataset("MemDaily zh", chats, asked, chinese=True)
+
+
+# --- The API, and a vector cache -----------------------------------------------------------
+
+
+class CachedEmbedder:
+    """An embedder that remembers every vector in a folder (keyed by model, kind and text),
+    so that the next run embeds only what it has not seen."""
+
+    def __init__(self, inner: Any, folder: Path) -> None:
+        self.inner = inner
+        self.name, self.dimension = inner.name, inner.dimension
+        self.calibration = inner.calibration
+        self.path = folder / f"vectors-{re.sub(r'[^A-Za-z0-9_.-]', '_', inner.name)}.npz"
+        folder.mkdir(parents=True, exist_ok=True)
+        self.vectors: dict[str, np.ndarray[Any, Any]] = {}
+        if self.path.exists():
+            with np.load(self.path) as stored:
+                self.vectors = {k: stored[k] for k in stored.files}
+        self.added = 0
+
+    def _key(self, kind: str, text: str) -> str:
+        return hashlib.sha1(f"{kind}\0{text}".encode()).hexdigest()
+
+    async def passages(self, texts: Sequence[str]) -> list[Any]:
+        keys = [self._key("p", t) for t in texts]
+        missing = [n for n, k in enumerate(keys) if k not in self.vectors]
+        if missing:
+            made = await self.inner.passages([texts[n] for n in missing])
+            for n, vector in zip(missing, made, strict=True):
+                self.vectors[keys[n]] = np.asarray(vector, dtype=np.float32)
+            self.added += len(missing)
+        return [self.vectors[k] for k in keys]
+
+    async def query(self, text: str) -> Any:
+        key = self._key("q", text)
+        if key not in self.vectors:
+            self.vectors[key] = np.asarray(await self.inner.query(text), dtype=np.float32)
+            self.added += 1
+        return self.vectors[key]
+
+    def save(self) -> None:
+        if self.added:
+            np.savez(self.path, **self.vectors)
+            self.added = 0
+
+    async def warm_up(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        self.save()
+        await self.inner.close()
 
 
 class Api:
@@ -187,85 +393,259 @@ class Api:
                 await asyncio.sleep(0.5)
 
 
-async def ingest_locomo(
-    api: Api, turns: dict[str, list[dict[str, Any]]], recent: bool = False
-) -> set[int]:
-    """Each conversation as a group chat; ``recent``: moved in time so that its last session
-    was yesterday (the recency boost then weighs on every older session)."""
+async def ingest(api: Api, dataset: Dataset) -> set[int]:
     jobs: set[int] = set()
-    for conv_id, rows in turns.items():
-        shift = timedelta(0)
-        if recent:
-            last = max(datetime.fromisoformat(t["session_time"]) for t in rows)
-            shift = datetime.now() - timedelta(days=1) - last
-        messages = [
-            {
-                "message_id": t["turn_id"],
-                "sender_id": t["speaker"].lower(),
-                "sender_name": t["speaker"],
-                "text": turn_text(t),
-                "sent_at": (datetime.fromisoformat(t["session_time"]) + shift).isoformat(),
-            }
-            for t in rows
-        ]
-        context = {"request_type": "group", "group_id": conv_id, "timezone": "UTC"}
+    for context, messages in dataset.chats:
         jobs |= await api.ingest(context, messages)
     return jobs
 
 
-async def ingest_madial(
-    api: Api, memories: dict[int, list[dict[str, Any]]], names: dict[int, str]
-) -> set[int]:
-    jobs: set[int] = set()
-    for user, rows in memories.items():
-        messages = [
-            {
-                "message_id": str(m["id"]),
-                "sender_id": f"madial-{user}",
-                "sender_name": names.get(user),
-                "text": m["event"],
-                "sent_at": f"{m['time']}T12:00:00",
-            }
-            for m in sorted(rows, key=lambda m: (m["time"], int(m["id"])))
-        ]
-        context = {"request_type": "private", "user_id": f"madial-{user}", "timezone": "UTC"}
-        jobs |= await api.ingest(context, messages)
-    return jobs
+# --- Lexical baselines ---------------------------------------------------------------------
+
+_HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+")
+_WORD = re.compile(r"[a-z0-9]+")
 
 
-async def evaluate_locomo(api: Api, questions: list[dict[str, Any]], title: str = "LoCoMo") -> None:
+def baseline_terms(text: str, chinese: bool) -> list[str]:
+    """Character bigrams of the Chinese runs (a lone character as itself), or lowercase
+    words without stop words."""
+    if chinese:
+        out: list[str] = []
+        for run in _HAN.findall(text):
+            out.extend([run] if len(run) == 1 else [run[i : i + 2] for i in range(len(run) - 1)])
+        return out + [w for w in _WORD.findall(text.lower())]
+    return [w for w in _WORD.findall(text.lower()) if w not in ENGLISH_STOPWORDS]
+
+
+class Bm25:
+    """Okapi BM25 (k1 1.5, b 0.75, rank-bm25's idf) over one conversation's messages."""
+
+    def __init__(self, ids: list[str], texts: list[str], chinese: bool) -> None:
+        self.ids, self.chinese = ids, chinese
+        self.docs = [Counter(baseline_terms(t, chinese)) for t in texts]
+        self.lengths = np.array([sum(d.values()) for d in self.docs], dtype=np.float64)
+        self.mean = float(self.lengths.mean()) if len(self.docs) else 1.0
+        df: Counter[str] = Counter()
+        for d in self.docs:
+            df.update(d.keys())
+        n = len(self.docs)
+        self.idf = {t: math.log((n - f + 0.5) / (f + 0.5) + 1.0) for t, f in df.items()}
+
+    def rank(self, query: str, k: int = 10) -> list[str]:
+        terms = set(baseline_terms(query, self.chinese))
+        scores = np.zeros(len(self.docs))
+        norm = 1.5 * (1 - 0.75 + 0.75 * self.lengths / self.mean)
+        for n, doc in enumerate(self.docs):
+            scores[n] = sum(
+                self.idf[t] * doc[t] * 2.5 / (doc[t] + norm[n]) for t in terms if t in doc
+            )
+        order = np.argsort(-scores, kind="stable")[:k]
+        return [self.ids[n] for n in order if scores[n] > 0]
+
+
+def bm25_baseline(dataset: Dataset) -> tuple[Scores, dict[str, Scores]]:
+    """Plain BM25 over each conversation, question by question."""
+    indexes = {}
+    for context, messages in dataset.chats:
+        key = scope_of(context.get("group_id"), context.get("user_id"))
+        indexes[key] = Bm25(
+            [m["message_id"] for m in messages], [m["text"] for m in messages], dataset.chinese
+        )
     overall, by_category = Scores(), defaultdict(Scores)
-    for q in questions:
-        found = await api.search({"query": q["question"], "group_id": q["conv_id"], "top_k": 10})
-        evidence = set(q["evidence"])
-        overall.add(found, evidence)
-        by_category[f"{q['category_id']} {q['category']}"].add(found, evidence)
-    print(f"{title} ({len(questions)} questions with evidence, top_k 10)")
+    for q in dataset.questions:
+        found = indexes[q.key].rank(q.query)
+        overall.add(found, set(q.relevant))
+        by_category[q.category].add(found, set(q.relevant))
+    return overall, by_category
+
+
+# --- Through the API -----------------------------------------------------------------------
+
+
+async def evaluate(api: Api, dataset: Dataset) -> tuple[Scores, dict[str, Scores]]:
+    """Every question through ``POST /v1/messages/search`` (top 10)."""
+    overall, by_category = Scores(), defaultdict(Scores)
+    for q in dataset.questions:
+        found = await api.search({"query": q.query, **q.scope, "top_k": 10})
+        overall.add(found, set(q.relevant))
+        by_category[q.category].add(found, set(q.relevant))
+    return overall, by_category
+
+
+def report(
+    title: str, overall: Scores, by_category: dict[str, Scores], baselines: dict[str, Scores]
+) -> None:
+    print(title)
     print(HEADER)
     print(overall.row("overall"))
-    for name in sorted(by_category):
-        print(by_category[name].row(name))
+    if len(by_category) > 1:
+        for name in sorted(by_category):
+            print(by_category[name].row(name))
+    for name, scores in baselines.items():
+        print(scores.row(name))
 
 
-def madial_queries(dialogues: list[dict[str, Any]]) -> list[tuple[int, str, set[str]]]:
-    queries = []
-    for dialogue in dialogues:
-        for turn in dialogue["test-turn"]:
-            _, lines = user_turns(dialogue["dialogue"], turn)
-            relevant = {str(i) for i in dialogue["relevant-id"]}
-            queries.append((int(dialogue["user-id"]), "\n".join(lines), relevant))
-    return queries
+# --- The ranking's features, offline -------------------------------------------------------
 
 
-async def evaluate_madial(api: Api, dialogues: list[dict[str, Any]]) -> None:
+@dataclass
+class Asked:
+    """One question's candidates as the service ranks them: ids, feature matrix."""
+
+    dataset: str
+    category: str
+    ids: list[str]
+    matrices: dict[str, np.ndarray[Any, Any]]  # by variant of the ranking (VARIANTS)
+    relevant: frozenset[str]
+    lexical: list[str]  # the candidates by the service's BM25 alone, best first
+
+
+# The ranking as shipped, and with one of its choices undone (to see what each one earns).
+VARIANTS = {
+    "shipped": StreamWeights(),
+    "dialogue everywhere": StreamWeights(dialogue_speakers=10**9),
+    "no neighbours": StreamWeights(dialogue_speakers=0),
+}
+
+
+@dataclass
+class Candidates:
+    """One question's candidate stream as the service builds it (before ranking)."""
+
+    dataset: str
+    category: str
+    ids: list[str]  # of every row of the stream
+    passages: list[StreamPassage]
+    idfs: dict[str, float]
+    relevant: frozenset[str]
+    lexical: list[str]
+
+
+async def candidates_of(runtime: Any, tenant_id: Any, datasets: list[Dataset]) -> list[Candidates]:
+    """The service's candidate streams for every question."""
+    out = []
+    for dataset in datasets:
+        for q in dataset.questions:
+            vector = await runtime.embedder.query(q.query)
+            words = query_terms(q.query, MAX_QUERY_TERMS)
+            async with runtime.db.tenant(tenant_id) as session:
+                rows = await repository.search_candidates(
+                    session, tenant_id, q.key, vector, words, SEARCH_PLAN, None, None
+                )
+            passages, idfs = stream_of(rows, q.query)
+            lexical = sorted(
+                (r for r in rows if r.candidate and r.bm25 > 0), key=lambda r: -float(r.bm25)
+            )
+            out.append(
+                Candidates(
+                    dataset.name,
+                    q.category,
+                    [r.message_id for r in rows],
+                    passages,
+                    idfs,
+                    q.relevant,
+                    [r.message_id for r in lexical[:10]],
+                )
+            )
+    return out
+
+
+def features_of(streams: list[Candidates], names: list[str]) -> list[Asked]:
+    """The ranking's features of every question's candidates (no recency, no MMR), under
+    each of the VARIANTS."""
+    out = []
+    for c in streams:
+        matrices = {}
+        picked: list[int] = []
+        for variant, weights in VARIANTS.items():
+            picked, features = stream_features(c.passages, c.idfs, weights)
+            matrices[variant] = np.array([features[n] for n in names]).T
+        ids = [c.ids[i] for i in picked]
+        out.append(Asked(c.dataset, c.category, ids, matrices, c.relevant, c.lexical))
+    return out
+
+
+def lexical_side(asked: list[Asked], dataset: str) -> Scores:
     scores = Scores()
-    queries = madial_queries(dialogues)
-    for user, query, relevant in queries:
-        found = await api.search({"query": query[-4000:], "user_id": f"madial-{user}", "top_k": 10})
-        scores.add(found, relevant)
-    print(f"MADial-Bench zh ({len(queries)} test turns, memories per user as a private chat)")
-    print(HEADER)
-    print(scores.row("overall"))
+    for a in asked:
+        if a.dataset == dataset:
+            scores.add(a.lexical, set(a.relevant))
+    return scores
+
+
+def measure(
+    asked: list[Asked], weights: np.ndarray[Any, Any], variant: str = "shipped"
+) -> dict[str, tuple[float, float]]:
+    """hit@10 and rec@10 per dataset under ``weights`` (features of ``variant``)."""
+    hits: dict[str, list[float]] = defaultdict(list)
+    recalls: dict[str, list[float]] = defaultdict(list)
+    for a in asked:
+        if not a.ids:
+            hits[a.dataset].append(0.0)
+            recalls[a.dataset].append(0.0)
+            continue
+        order = np.argsort(-(a.matrices[variant] @ weights), kind="stable")[:10]
+        got = {a.ids[i] for i in order} & a.relevant
+        hits[a.dataset].append(1.0 if got else 0.0)
+        recalls[a.dataset].append(len(got) / len(a.relevant))
+    return {d: (float(np.mean(hits[d])), float(np.mean(recalls[d]))) for d in hits}
+
+
+def objective(figures: dict[str, tuple[float, float]]) -> float:
+    """Macro average over the sets (each set counts the same, whatever its size)."""
+    return float(np.mean([h + 0.5 * r for h, r in figures.values()]))
+
+
+GRIDS = {
+    "neighbour_similarity": [0, 5, 10, 15, 20, 25, 30, 40],
+    "speaker": [0, 0.1, 0.25, 0.5, 1],
+}
+DEFAULT_GRID = [0, 0.25, 0.5, 0.75, 1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8]
+
+
+def fit(asked: list[Asked], names: list[str]) -> np.ndarray[Any, Any]:
+    """Coordinate ascent from dense only; the dense weight is the fixed scale (10)."""
+    weights = np.array([10.0] + [0.0] * (len(names) - 1))
+    best = objective(measure(asked, weights))
+    for _ in range(3):
+        for j, name in enumerate(names[1:], start=1):
+            for value in GRIDS.get(name, DEFAULT_GRID):
+                trial = weights.copy()
+                trial[j] = value
+                score = objective(measure(asked, trial))
+                if score > best + 1e-9:
+                    best, weights = score, trial
+    return weights
+
+
+def cross_validate(asked: list[Asked], names: list[str]) -> None:
+    """Leave one dataset out: weights fitted on the others, measured on it."""
+    shown = lambda w: ", ".join(f"{n}={v:g}" for n, v in zip(names, w, strict=True))  # noqa: E731
+    sets = list(dict.fromkeys(a.dataset for a in asked))
+    print("\nLeave-one-dataset-out (fitted on the other sets, measured on the one left out)")
+    print(f"  {'':<18} {'held-out':>9} {'in-sample':>10} {'defaults':>9} {'lexical':>8}  (hit@10)")
+    everything = fit(asked, names)
+    in_sample = measure(asked, everything)
+    current = np.array([StreamWeights().feature_weights()[n] for n in names])
+    defaults = measure(asked, current)
+    fitted = {}
+    for held in sets:
+        train = [a for a in asked if a.dataset != held]
+        fitted[held] = fit(train, names)
+        out = measure([a for a in asked if a.dataset == held], fitted[held])[held]
+        lexical = lexical_side(asked, held).hit()
+        print(
+            f"  {held:<18} {out[0]:>9.3f} {in_sample[held][0]:>10.3f} "
+            f"{defaults[held][0]:>9.3f} {lexical:>8.3f}"
+        )
+    for held in sets:
+        print(f"  without {held}: {shown(fitted[held])}")
+    print(f"  fitted on all: {shown(everything)}")
+    print(f"  shipped:       {shown(current)}")
+    print("\nThe shipped weights with one choice undone (hit@10)")
+    for variant in VARIANTS:
+        figures = measure(asked, current, variant)
+        print(f"  {variant:<22} " + "  ".join(f"{d} {figures[d][0]:.3f}" for d in sets))
 
 
 async def big_conversation(
@@ -325,100 +705,31 @@ async def big_conversation(
             print(f"  search latency, {title}, {note}: {percentiles(api.latencies)}")
 
 
-async def cross_validate(
-    runtime: Any, tenant_id: Any, questions: list[dict[str, Any]], folds: list[set[str]]
-) -> None:
-    """Fit the fusion weights on one fold of conversations, measure on the other."""
+STREAMS = "candidate-streams.pickle"
+
+
+def replay(streams: list[Candidates]) -> None:
+    """Offline figures of the current ranking code on kept candidate streams, per set and
+    category, the variants and the leave-one-dataset-out fit."""
     names = list(StreamWeights().feature_weights())
-    reaches = StreamWeights()
-    data = []
-    for q in questions:
-        vector = await runtime.embedder.query(q["question"])
-        words = query_terms(q["question"])
-        async with runtime.db.tenant(tenant_id) as session:
-            rows = await repository.search_candidates(
-                session, tenant_id, f"g:{q['conv_id']}", vector, words, SEARCH_PLAN, None, None
-            )
-        passages, idfs = stream_of(rows, q["question"])
-        picked, features = stream_features(passages, idfs, reaches)
-        ids = [rows[i].message_id for i in picked]
-        matrix = np.array([features[n] for n in names]).T
-        data.append((q["conv_id"], ids, matrix, set(q["evidence"])))
-
-    def measure(weights: np.ndarray, chosen: list[int]) -> tuple[float, float]:
-        hits, recalls = [], []
-        for n in chosen:
-            _, ids, matrix, evidence = data[n]
-            order = np.argsort(-(matrix @ weights), kind="stable")[:10]
-            got = {ids[i] for i in order} & evidence
-            hits.append(1.0 if got else 0.0)
-            recalls.append(len(got) / len(evidence))
-        return float(np.mean(hits)), float(np.mean(recalls))
-
-    grids = {
-        "neighbour_similarity": [0, 5, 10, 15, 20, 25, 30, 40],
-        "speaker": [0, 0.1, 0.25, 0.5, 1],
-    }
-    default_grid = [0, 0.25, 0.5, 0.75, 1, 1.25, 1.5, 2, 2.25, 2.5, 3]
-
-    def fit(chosen: list[int]) -> np.ndarray:
-        # Coordinate ascent from dense only; the dense weight is the fixed scale (10).
-        weights = np.array([10.0] + [0.0] * (len(names) - 1))
-        h, r = measure(weights, chosen)
-        best = h + 0.5 * r
-        for _ in range(3):
-            for j, name in enumerate(names[1:], start=1):
-                for value in grids.get(name, default_grid):
-                    trial = weights.copy()
-                    trial[j] = value
-                    h, r = measure(trial, chosen)
-                    if h + 0.5 * r > best + 1e-9:
-                        best, weights = h + 0.5 * r, trial
-        return weights
-
-    print("\nCross-validation by conversation (weights fitted on one fold, measured on the other)")
-    held_hits, held_recalls, total = 0.0, 0.0, 0
-    for train in folds:
-        chosen = [n for n, item in enumerate(data) if item[0] in train]
-        rest = [n for n, item in enumerate(data) if item[0] not in train]
-        weights = fit(chosen)
-        h, r = measure(weights, rest)
-        held_hits += h * len(rest)
-        held_recalls += r * len(rest)
-        total += len(rest)
-        shown = ", ".join(f"{n}={w:g}" for n, w in zip(names, weights, strict=True))
-        print(f"  fit on {sorted(train)}: {shown}")
-        print(f"    held-out ({len(rest)} questions): hit@10 {h:.3f}  rec@10 {r:.3f}")
-    print(f"  held-out overall: hit@10 {held_hits / total:.3f}  rec@10 {held_recalls / total:.3f}")
-    everything = list(range(len(data)))
-    weights = fit(everything)
-    shown = ", ".join(f"{n}={w:g}" for n, w in zip(names, weights, strict=True))
-    h, r = measure(weights, everything)
-    print(f"  fit on all (in-sample hit@10 {h:.3f}): {shown}")
+    asked = features_of(streams, names)
     current = np.array([StreamWeights().feature_weights()[n] for n in names])
-    h, r = measure(current, everything)
-    print(f"  shipped defaults: hit@10 {h:.3f}  rec@10 {r:.3f}")
+    for name in dict.fromkeys(a.dataset for a in asked):
+        overall, by_category = Scores(), defaultdict(Scores)
+        for a in asked:
+            if a.dataset == name:
+                order = np.argsort(-(a.matrices["shipped"] @ current), kind="stable")[:10]
+                found = [a.ids[i] for i in order]
+                overall.add(found, set(a.relevant))
+                by_category[a.category].add(found, set(a.relevant))
+        report(
+            f"{name} (offline)", overall, by_category, {"lexical side": lexical_side(asked, name)}
+        )
+    cross_validate(asked, names)
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--data", type=Path, default=DATA, help="folder of the bench data")
-    parser.add_argument("--big", type=int, default=0, help="messages of the latency chat")
-    parser.add_argument("--cv", action="store_true", help="2-fold cross-validated weights")
-    parser.add_argument("--recent", action="store_true", help="LoCoMo again, dated up to yesterday")
-    args = parser.parse_args()
-    logging.disable(logging.INFO)  # the figures, not the request log
-
-    turns, questions = load_locomo(args.data / "locomo_dev.jsonl")
-    memories, dialogues = load_madial(args.data / "madial-zh")
-    names: dict[int, str] = {}
-    for dialogue in dialogues:
-        name, _ = user_turns(dialogue["dialogue"], len(dialogue["dialogue"]))
-        if name:
-            names.setdefault(int(dialogue["user-id"]), name)
-
-    data_dir = Path(tempfile.mkdtemp(prefix="bench-retrieval-"))
-    settings = Settings(
+def settings_for(data_dir: Path) -> Settings:
+    return Settings(
         database_url=embedded_url(data_dir / "pg"),
         admin_token=ADMIN,
         log_level="WARNING",
@@ -432,48 +743,110 @@ async def main() -> None:
             "messages": {"batch_max": BATCH},
         },
     )
-    app = create_app(settings, migrate=True, run_worker=True)
+
+
+def use_cache(app: Any, folder: Path | None) -> CachedEmbedder | None:
+    """Embed through a vector cache in ``folder`` (None: no cache)."""
+    if folder is None:
+        return None
+    current = app.state.runtime.embedder
+    cached = CachedEmbedder(current.inner, folder)
+    current.inner = cached
+    return cached
+
+
+async def new_tenant(http: httpx.AsyncClient, name: str) -> dict[str, Any]:
+    created = await http.post(
+        "/admin/tenants", json={"name": name}, headers={"Authorization": f"Bearer {ADMIN}"}
+    )
+    return dict(created.json())
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--data", type=Path, default=DATA, help="folder of the bench data")
+    parser.add_argument("--cache", type=Path, default=None, help="folder of cached vectors")
+    parser.add_argument("--only", default=",".join(DATASETS), help="sets, comma separated")
+    parser.add_argument("--big", type=int, default=0, help="messages of the latency chat")
+    parser.add_argument("--cv", action="store_true", help="leave-one-dataset-out weights")
+    parser.add_argument(
+        "--replay",
+        action="store_true",
+        help="no service: rank the candidates a --cache run kept (offline figures, --cv)",
+    )
+    parser.add_argument("--recent", action="store_true", help="LoCoMo again, dated up to yesterday")
+    args = parser.parse_args()
+    logging.disable(logging.INFO)  # the figures, not the request log
+
+    if args.replay:
+        if args.cache is None:
+            parser.error("--replay reads the candidates that a run with --cache kept")
+        replay(pickle.loads((args.cache / STREAMS).read_bytes()))
+        return
+    wanted = set(args.only.split(","))
+    turns, questions = load_locomo(args.data / "locomo_dev.jsonl")
+    memories, dialogues = load_madial(args.data / "madial-zh")
+    datasets = []
+    if "locomo" in wanted:
+        datasets.append(locomo_dataset(turns, questions))
+    if "madial" in wanted:
+        datasets.append(madial_dataset(memories, dialogues))
+    if "memdaily" in wanted:
+        datasets.append(memdaily_dataset(args.data / "memdaily-zh/memdaily_events_pools.jsonl"))
+
+    data_dir = Path(tempfile.mkdtemp(prefix="bench-retrieval-"))
+    app = create_app(settings_for(data_dir), migrate=True, run_worker=True)
     for hook in app.on_startup:
         await hook(app)
+    cache = use_cache(app, args.cache)
     try:
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://bench") as http:
-            created = await http.post(
-                "/admin/tenants",
-                json={"name": "bench"},
-                headers={"Authorization": f"Bearer {ADMIN}"},
-            )
-            body = created.json()
+            body = await new_tenant(http, "bench")
             api = Api(http, body["api_key"]["key"])
             started = time.perf_counter()
-            jobs = await ingest_locomo(api, turns)
-            jobs |= await ingest_madial(api, memories, names)
+            jobs: set[int] = set()
+            for dataset in datasets:
+                jobs |= await ingest(api, dataset)
             await api.wait_for_jobs(jobs)
-            stored = sum(len(rows) for rows in turns.values())
-            stored += sum(len(rows) for rows in memories.values())
+            if cache is not None:
+                cache.save()
+            stored = sum(len(m) for d in datasets for _, m in d.chats)
             print(
                 f"Ingested and embedded {stored} messages in {time.perf_counter() - started:.0f} s\n"
             )
-
-            await evaluate_locomo(api, questions)
-            print(f"  search latency: {percentiles(api.latencies)}\n")
-            api.latencies = []
-            await evaluate_madial(api, dialogues)
-            print(f"  search latency: {percentiles(api.latencies)}")
             runtime = app.state.runtime
-            if args.recent:
-                created = await http.post(
-                    "/admin/tenants",
-                    json={"name": "bench-recent"},
-                    headers={"Authorization": f"Bearer {ADMIN}"},
+            names = list(StreamWeights().feature_weights())
+            streams = await candidates_of(runtime, body["tenant_id"], datasets)
+            if args.cache is not None:
+                cache.save()  # type: ignore[union-attr]
+                (args.cache / STREAMS).write_bytes(pickle.dumps(streams))
+            asked = features_of(streams, names)
+            for dataset in datasets:
+                api.latencies = []
+                overall, by_category = await evaluate(api, dataset)
+                plain, _ = bm25_baseline(dataset)
+                report(
+                    f"{dataset.name} ({len(dataset.questions)} questions, top_k 10)",
+                    overall,
+                    by_category,
+                    {
+                        "lexical side": lexical_side(asked, dataset.name),
+                        "BM25 " + ("bigrams" if dataset.chinese else "words"): plain,
+                    },
                 )
-                recent = Api(http, created.json()["api_key"]["key"])
-                await recent.wait_for_jobs(await ingest_locomo(recent, turns, recent=True))
-                print()
-                await evaluate_locomo(recent, questions, "LoCoMo dated up to yesterday")
+                print(f"  search latency: {percentiles(api.latencies)}\n")
+            if cache is not None:
+                cache.save()
+            if args.recent and "locomo" in wanted:
+                created = await new_tenant(http, "bench-recent")
+                recent = Api(http, created["api_key"]["key"])
+                moved = locomo_dataset(turns, questions, recent=True)
+                await recent.wait_for_jobs(await ingest(recent, moved))
+                overall, by_category = await evaluate(recent, moved)
+                report("LoCoMo dated up to yesterday", overall, by_category, {})
             if args.cv:
-                folds = [{"conv-26", "conv-42"}, {"conv-30", "conv-41", "conv-43"}]
-                await cross_validate(runtime, body["tenant_id"], questions, folds)
+                cross_validate(asked, names)
             if args.big:
                 await big_conversation(
                     api,

@@ -333,3 +333,83 @@ async def test_lexical_search_skips_common_terms_only_where_matches_would_be_too
     assert np.allclose(found[0]["embedding"].to_numpy(), rows[0]["embedding"], atol=1e-6)
     # Too many events to score every match: only the informative term is asked for.
     assert [r["id"] for r in busy] == ["e0"]
+
+
+def near(query: np.ndarray, cosine: float, rng: np.random.Generator) -> np.ndarray:
+    """A unit vector at exactly ``cosine`` from the unit ``query``."""
+    other = rng.standard_normal(DIM)
+    other -= (other @ query) * query
+    other /= np.linalg.norm(other)
+    return (cosine * query + math.sqrt(1.0 - cosine**2) * other).astype(np.float32)
+
+
+async def test_neighbour_events_are_the_ones_told_around_it_in_its_conversation(
+    db: Database,
+) -> None:
+    rng = np.random.default_rng(31)
+    tenant = await new_tenant_id(db, "acme")
+    corpus = Corpus(db)
+    await corpus.add(tenant, "g:1", unit(rng, 10))  # g:1-0 … g:1-9, a minute apart
+    await corpus.add(tenant, "g:2", unit(rng, 10))
+    # Two events told at the same minute: the order they were written in decides.
+    same = START + timedelta(minutes=5)
+    await corpus.add(tenant, "g:3", unit(rng, 3), when=same)
+    query = unit(rng, 1)[0]
+    async with db.tenant(tenant) as session:
+        around = await events_repository.neighbour_events(session, tenant, ["g:1-5"], query, 2)
+        clipped = await events_repository.neighbour_events(
+            session, tenant, ["g:1-5", "g:1-0"], query, 2, time_to=START + timedelta(minutes=6)
+        )
+        tied = await events_repository.neighbour_events(session, tenant, ["g:3-21"], query, 1)
+        many = await events_repository.neighbour_events(
+            session, tenant, [f"g:1-{n}" for n in range(10)], query, 3
+        )
+    assert sorted(r["id"] for r in around) == ["g:1-3", "g:1-4", "g:1-6", "g:1-7"]
+    expected = {r["id"]: 1.0 - float(r["embedding"] @ query) for r in corpus.rows}
+    for row in around:
+        assert 1.0 - row["similarity"] == pytest.approx(expected[row["id"]], abs=1e-5)
+    # The time range holds for neighbours too; each event comes once.
+    assert sorted(r["id"] for r in clipped) == ["g:1-1", "g:1-2", "g:1-3", "g:1-4"]
+    assert sorted(r["id"] for r in tied) == ["g:3-20", "g:3-22"]
+    assert len(many) == len({r["id"] for r in many}) == 10
+
+
+async def test_an_answer_event_is_found_through_the_turn_it_answers(db: Database) -> None:
+    """Events of a two-person chat: the short answer right after the turn that names the
+    topic ranks above an unrelated event as close in meaning, through its neighbour."""
+    from service.recall.ranking import EventQuery, lexical_candidates, rank_events
+    from service.settings import QuerySettings
+
+    rng = np.random.default_rng(37)
+    tenant = await new_tenant_id(db, "acme")
+    query = unit(rng, 1)[0]
+    lines = [
+        ("alice", "今天上班好累", 0.80),
+        ("bob", "早点休息吧", 0.80),
+        ("alice", "我们下周去杭州西湖划船吧", 0.90),
+        ("bob", "好呀，我来订船", 0.84),  # the answer: no query word of its own
+        ("alice", "那就说定了", 0.80),
+        ("bob", "晚饭吃什么", 0.80),
+        ("alice", "随便吃点面条", 0.80),
+        ("bob", "楼下新开了一家店", 0.84),  # as close in meaning, about something else
+        ("alice", "明天再说", 0.80),
+        ("bob", "好的", 0.80),
+    ]
+    rows = [
+        {
+            **event_row(tenant, f"e{n}", "g:1", START + timedelta(minutes=n), near(query, c, rng)),
+            "sender_id": sender,
+            "text": text,
+        }
+        for n, (sender, text, c) in enumerate(lines)
+    ]
+    async with db.tenant(tenant) as session:
+        await upsert_events(session, rows)
+        q = QuerySettings(time_decay_enabled=False)
+        search = EventQuery("西湖划船", ["g:1"], 10, 60.0)
+        lexical = await lexical_candidates(session, tenant, search, q)
+        ranked = await rank_events(session, tenant, search, query, lexical, q, START)
+    order = [e.row["id"] for e in ranked]
+    assert order[0] == "e2"
+    assert order.index("e3") < order.index("e7")
+    assert len(order) == len(set(order)) == 10

@@ -194,6 +194,7 @@ def test_recency_lifts_close_matches_only() -> None:
             seq=seq,
             candidate=True,
             message_id=f"m{seq}",
+            sender_id=None,
             sender_name=None,
             sent_at=now - timedelta(days=age_days),
             similarity=similarity,

@@ -158,3 +158,74 @@ def test_the_speaker_named_in_the_query_counts() -> None:
     stream = [StreamPassage(0.8, 0.0, speaker_named=True), StreamPassage(0.8, 0.0)]
     first, second = score_stream(stream, {})
     assert first is not None and second is not None and first > second
+
+
+def _group(
+    senders: list[str], sims: list[float], matches: dict[int, tuple[str, float]]
+) -> list[StreamPassage]:
+    """A stream of one passage per sender, a minute apart; ``matches``: the query term and
+    BM25 of the passages that hold one, by position."""
+    return [
+        StreamPassage(
+            sim,
+            matches[n][1] if n in matches else 0.0,
+            {matches[n][0]: 1} if n in matches else {},
+            at=60.0 * n,
+            sender=sender,
+        )
+        for n, (sender, sim) in enumerate(zip(senders, sims, strict=True))
+    ]
+
+
+def test_in_a_many_speaker_group_the_exact_detail_beats_similar_news_of_others() -> None:
+    """Many people's news in a row: the message holding the asked detail wins over one a
+    little closer in meaning that holds only a common word and sits among messages closer
+    still, because other people's messages are not its context."""
+    senders = [f"user-{n:03d}" for n in range(12)]
+    sims = [0.80, 0.80, 0.84, 0.80, 0.80, 0.80, 0.88, 0.89, 0.86, 0.89, 0.88, 0.80]
+    stream = _group(senders, sims, {2: ("detail", 4.0), 8: ("common", 1.0)})
+    idfs = {"detail": 3.0, "common": 0.3}
+    scores = score_stream(stream, idfs)
+    assert scores[2] is not None and scores[8] is not None
+    assert scores[2] == max(s for s in scores if s is not None)
+    # Read as a dialogue, the similar neighbourhood would have carried the other one.
+    as_dialogue = score_stream(stream, idfs, StreamWeights(dialogue_speakers=len(senders)))
+    assert as_dialogue[8] is not None and as_dialogue[2] is not None
+    assert as_dialogue[8] > as_dialogue[2]
+
+
+def test_in_a_two_person_dialogue_the_reply_still_gains_from_its_neighbours() -> None:
+    """Between two people, the answer right after the turn naming the topic is lifted by it
+    above an equally similar turn elsewhere; were turns read alone, the two would tie."""
+    senders = ["alice", "bob"] * 15
+    sims = [0.80] * 30
+    sims[6] = 0.88
+    stream = _group(senders, sims, {6: ("detail", 3.0)})  # 6 names the topic, 7 answers
+    together = score_stream(stream, {"detail": 2.0})
+    alone = score_stream(stream, {"detail": 2.0}, StreamWeights(dialogue_speakers=1))
+    assert together[7] is not None and together[25] is not None
+    assert alone[7] is not None and alone[25] is not None
+    assert together[7] > together[25]
+    assert alone[7] == pytest.approx(alone[25])
+
+
+def test_a_run_of_one_senders_messages_stays_together_in_a_big_group() -> None:
+    """In a big group, one person's consecutive messages are still each other's context."""
+    senders = [f"u{n}" for n in range(10)]
+    senders[5] = senders[4]  # u4 says two things in a row
+    sims = [0.80] * 10
+    sims[4] = 0.9
+    stream = _group(senders, sims, {})
+    scores = score_stream(stream, {})
+    assert scores[5] is not None and scores[6] is not None and scores[3] is not None
+    assert scores[5] > scores[3] and scores[5] > scores[6]
+
+
+def test_two_conversations_in_one_stream_are_never_neighbours() -> None:
+    first = [StreamPassage(0.95, 0.0, at=0.0, stream="a")]
+    second = [
+        StreamPassage(0.80, 0.0, at=1.0, stream="b"),
+        StreamPassage(0.8, 0.0, at=2.0, stream="b"),
+    ]
+    scores = score_stream(first + second, {})
+    assert scores[1] == pytest.approx(scores[2])

@@ -377,7 +377,11 @@ def _lexical(time_from: bool, time_to: bool) -> TextClause:
             LIMIT :limit
         )
         SELECT {", ".join("e." + c.strip() for c in _COLUMNS.split(","))},
-               e.embedding, b.bm25
+               e.embedding, b.bm25,
+               -- The query terms it holds, their frequency here and idf (for neighbours).
+               (SELECT array_agg(h.term ORDER BY h.term) FROM hits h WHERE h.id = b.id) AS terms,
+               (SELECT array_agg(i.idf ORDER BY h.term) FROM hits h JOIN idf i USING (term)
+                WHERE h.id = b.id) AS idfs
         FROM best b JOIN events e ON e.tenant_id = :tenant_id AND e.id = b.id
         ORDER BY b.bm25 DESC, e.id
         """
@@ -399,7 +403,8 @@ async def lexical_events(
     direct_below: int = MAX_LEXICAL_MATCHES,
 ) -> list[dict[str, Any]]:
     """The ``limit`` events of ``conversation_keys`` best matching the query terms by BM25,
-    best first, each with its ``embedding`` (None without one) and its ``bm25`` score. Same
+    best first, each with its ``embedding`` (None without one), its ``bm25`` score and the
+    query ``terms`` it holds with their ``idfs``. Same
     filters as ``nearest_events``. Needs no query vector: it can run while one is computed.
 
     Terms in ``common`` are left out where the conversations hold too many events for every
@@ -426,4 +431,68 @@ async def lexical_events(
         "time_to": time_to,
     }
     statement = _lexical(time_from is not None, time_to is not None)
+    return [dict(r._mapping) for r in await session.execute(statement, params)]
+
+
+# An event's neighbours: the events told just before and after it in its conversation (in
+# time order, ties in the order they were written), under the same time filters. The ranking
+# reads a short reply ("Sure, next week!") together with the turn that names its topic.
+@cache
+def _neighbours(time_from: bool, time_to: bool) -> TextClause:
+    bounds = ""
+    if time_from:
+        bounds += " AND e.occurred_at >= :time_from"
+    if time_to:
+        bounds += " AND e.occurred_at < :time_to"
+    columns = "e.id, e.conversation_key, e.sender_id, e.kind, e.text, e.occurred_at, e.created_at"
+    similarity = "coalesce(1 - (e.embedding <=> CAST(:query AS vector)), 0) AS similarity"
+    return text(
+        f"""
+        SELECT DISTINCT ON (n.id) n.*
+        FROM events c CROSS JOIN LATERAL (
+            (SELECT {columns}, {similarity} FROM events e
+             WHERE e.tenant_id = c.tenant_id AND e.conversation_key = c.conversation_key
+               AND (e.occurred_at, e.created_at, e.id) < (c.occurred_at, c.created_at, c.id)
+               {bounds}
+             ORDER BY e.occurred_at DESC, e.created_at DESC, e.id DESC
+             LIMIT :reach)
+            UNION ALL
+            (SELECT {columns}, {similarity} FROM events e
+             WHERE e.tenant_id = c.tenant_id AND e.conversation_key = c.conversation_key
+               AND (e.occurred_at, e.created_at, e.id) > (c.occurred_at, c.created_at, c.id)
+               {bounds}
+             ORDER BY e.occurred_at, e.created_at, e.id
+             LIMIT :reach)
+        ) n
+        WHERE c.tenant_id = :tenant_id AND c.id = ANY(CAST(:ids AS text[]))
+        ORDER BY n.id
+        """
+    )
+
+
+async def neighbour_events(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    event_ids: list[str],
+    query: np.ndarray,
+    reach: int,
+    time_from: datetime | None = None,
+    time_to: datetime | None = None,
+) -> list[dict[str, Any]]:
+    """The events within ``reach`` before and after each of ``event_ids`` in its
+    conversation (each once), with their cosine ``similarity`` to ``query`` (0 without a
+    vector)."""
+    if not event_ids or reach <= 0:
+        return []
+    params: dict[str, Any] = {
+        "tenant_id": tenant_id,
+        "ids": list(event_ids),
+        "query": np.asarray(query, dtype=np.float32).ravel(),
+        "reach": reach,
+    }
+    if time_from is not None:
+        params["time_from"] = time_from
+    if time_to is not None:
+        params["time_to"] = time_to
+    statement = _neighbours(time_from is not None, time_to is not None)
     return [dict(r._mapping) for r in await session.execute(statement, params)]

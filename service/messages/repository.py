@@ -386,7 +386,7 @@ _SEARCH = text(
         GROUP BY n.seq
     )
     SELECT a.seq, a.distance <= CAST(:spread AS integer) AS candidate, m.message_id,
-           m.sender_name, m.sent_at,
+           m.sender_id, m.sender_name, m.sent_at,
            coalesce(1 - (m.embedding <=> :query), 0) AS similarity,
            coalesce(b.score, 0) AS bm25, b.terms, b.tfs, b.idfs
     FROM around a

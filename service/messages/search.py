@@ -116,6 +116,7 @@ def stream_of(rows: list[Any], query: str) -> tuple[list[StreamPassage], dict[st
                 speaker_named=named[row.sender_name],
                 candidate=bool(row.candidate),
                 at=row.sent_at.timestamp(),
+                sender=row.sender_id,
             )
         )
     return passages, idfs

@@ -15,6 +15,12 @@
    ``MEMO_WEIGHT`` of it. On raw cosines of a model such as e5, where every
    pair scores 0.8 to 0.9, the ×1.2 recency boost would outweigh any difference in meaning
    and no event would fall under ``time_decay_min_similarity``.
+   Then, with lexical search on (``lexical_weight`` > 0), the candidates are read with
+   the message search's features and weights (``service.retrieval.neighbours``): each with
+   the events told just before and after it in its conversation (a short answer after the
+   turn naming its topic), the query's terms over its window, in the same fusion on the
+   similarity scale (see ``with_neighbours``). The decay's threshold reads the event's own
+   similarity.
 3. The seeds' time decay, ``final = relevance × (1 + boost × 0.5^(age / half_life))`` for
    events with ``sim ≥ time_decay_min_similarity``.
 4. With a reranker configured (and ``enable_rerank``), its relevance replaces the fused one
@@ -26,6 +32,7 @@
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -38,7 +45,8 @@ from service.events import repository as events
 from service.llm.base import LLMError
 from service.llm.rerank import Reranker
 from service.retrieval.fusion import scale_by_max, time_decayed, unit_vector
-from service.retrieval.terms import near_duplicate, query_terms
+from service.retrieval.neighbours import StreamPassage, StreamWeights, stream_features
+from service.retrieval.terms import near_duplicate, query_terms, terms
 from service.settings import QuerySettings
 
 log = logging.getLogger(__name__)
@@ -104,6 +112,77 @@ def fuse(
         if event.row.get("kind") == "memo":
             event.relevance *= MEMO_WEIGHT
     return list(by_id.values())
+
+
+def with_neighbours(
+    candidates: list[RankedEvent],
+    lexical: list[dict[str, Any]],
+    around: list[dict[str, Any]],
+    lexical_weight: float,
+    calibration: Calibration = Calibration(),  # noqa: B008 (frozen, shared safely)
+) -> None:
+    """Rank the candidates with the message search's features and weights: each event with
+    the events told just before and after it (``around``) in its conversation, BM25 from the
+    ``lexical`` candidates (see ``service.retrieval.neighbours``).
+
+    On the similarity scale, as ``fuse``: the dense side is the weighted mean of the
+    event's own cosine and its neighbours' (calibrated), the lexical evidence the weighted
+    mean of its own BM25, its window's and its neighbours' (each relative to the best
+    candidate's), and the relevance ``sim + w × lex × (1 - sim)``. An event with neither
+    neighbours nor query words keeps its own similarity as its relevance; a memo weighs
+    ``MEMO_WEIGHT`` of it."""
+    rows: dict[str, dict[str, Any]] = {r["id"]: r for r in around}
+    for event in candidates:
+        rows[event.row["id"]] = event.row
+    ranked = {event.row["id"]: event for event in candidates}
+    bm25 = {r["id"]: float(r["bm25"]) for r in lexical}
+    idfs: dict[str, float] = {}
+    for row in lexical:
+        for term, weight in zip(row.get("terms") or [], row.get("idfs") or [], strict=True):
+            idfs[term] = float(weight)
+    stream = sorted(
+        rows.values(),
+        key=lambda r: (r["conversation_key"], r["occurred_at"], r["created_at"], r["id"]),
+    )
+    passages = []
+    for row in stream:
+        found = ranked.get(row["id"])
+        counts = Counter(t for t in terms(row["text"]) if t in idfs) if idfs else Counter()
+        if found is not None:
+            distance = row.get("distance")
+            similarity = 1.0 - float(distance) if distance is not None else 0.0
+        else:
+            similarity = float(row["similarity"])
+        passages.append(
+            StreamPassage(
+                similarity=similarity,
+                bm25=bm25.get(row["id"], 0.0) if found is not None else 0.0,
+                term_counts=counts,
+                candidate=found is not None,
+                at=row["occurred_at"].timestamp(),
+                stream=row["conversation_key"],
+                sender=row.get("sender_id"),
+            )
+        )
+    w = StreamWeights()
+    picked, features = stream_features(passages, idfs, w)
+    dense_weight = w.similarity + w.neighbour_similarity
+    lexical_weights = w.lexical + w.window_lexical + w.neighbour_lexical
+    for n, at in enumerate(picked):
+        event = ranked[stream[at]["id"]]
+        cosine = (
+            w.similarity * features["similarity"][n]
+            + w.neighbour_similarity * features["neighbour_similarity"][n]
+        ) / dense_weight
+        sim = calibration.similarity(cosine)
+        lex = (
+            w.lexical * features["lexical"][n]
+            + w.window_lexical * features["window_lexical"][n]
+            + w.neighbour_lexical * features["neighbour_lexical"][n]
+        ) / lexical_weights
+        event.relevance = sim + lexical_weight * lex * (1.0 - sim)
+        if event.row.get("kind") == "memo":
+            event.relevance *= MEMO_WEIGHT
 
 
 def decay_scores(
@@ -200,6 +279,17 @@ async def rank_events(
             1.0 - float(query @ unit) if query is not None and unit is not None else None
         )
     candidates = fuse(dense, lexical, q.lexical_weight, calibration)
+    if q.lexical_weight > 0 and candidates:
+        around = await events.neighbour_events(
+            session,
+            tenant_id,
+            [e.row["id"] for e in candidates],
+            vector,
+            StreamWeights().context,
+            search.time_from,
+            search.time_to,
+        )
+        with_neighbours(candidates, lexical, around, q.lexical_weight, calibration)
     decay_scores(candidates, now, search.half_life_days, q)
     candidates.sort(key=lambda e: (-e.score, e.row["id"]))
     if reranker is not None and q.enable_rerank and candidates:

@@ -34,7 +34,7 @@ from service.memories.models import Memory
 from service.memories.repository import ScopeFilter
 from service.profiles import repository as profiles
 from service.profiles.document import ProfileKey
-from service.recall.ranking import EventQuery, lexical_candidates, rank_events
+from service.recall.ranking import EventQuery, RankedEvent, lexical_candidates, rank_events
 from service.recall.schemas import (
     ContextItem,
     ContextRequest,
@@ -142,17 +142,7 @@ class Reader:
             return await lexical_candidates(session, tenant.tenant_id, search, q)
 
         vector, lexical = await self._embedded_while(query, unembedded())
-        ranked = await rank_events(
-            session,
-            tenant.tenant_id,
-            search,
-            vector,
-            lexical,
-            q,
-            datetime.now(UTC),
-            self.reranker,
-            calibration=self.embedder.calibration,
-        )
+        ranked = await self._ranked(session, tenant, search, vector, lexical)
         injected.events = [
             ContextItem(
                 id=f"event:{e.row['id']}",
@@ -185,6 +175,30 @@ class Reader:
             for r in memory_rows
         ]
         return _assemble(query, True, injected, request, q)
+
+    async def _ranked(
+        self,
+        session: AsyncSession,
+        tenant: TenantContext,
+        search: EventQuery,
+        vector: Vector,
+        lexical: list[dict[str, Any]],
+        warnings: list[str] | None = None,
+    ) -> list[RankedEvent]:
+        """The events of ``search`` ranked with this reader's reranker and the embedder's
+        scale, as of now (see ``rank_events``)."""
+        return await rank_events(
+            session,
+            tenant.tenant_id,
+            search,
+            vector,
+            lexical,
+            tenant.query,
+            datetime.now(UTC),
+            self.reranker,
+            warnings,
+            self.embedder.calibration,
+        )
 
     async def _embedded_while(self, text: str, reads: Awaitable[T]) -> tuple[Vector, T]:
         """The query's vector, and what ``reads`` (which need none) found meanwhile: the query
@@ -302,18 +316,7 @@ class Reader:
         vector, lexical = await self._embedded_while(
             request.query, lexical_candidates(session, tenant.tenant_id, search, q)
         )
-        ranked = await rank_events(
-            session,
-            tenant.tenant_id,
-            search,
-            vector,
-            lexical,
-            q,
-            datetime.now(UTC),
-            self.reranker,
-            warnings,
-            self.embedder.calibration,
-        )
+        ranked = await self._ranked(session, tenant, search, vector, lexical, warnings)
         if wanted:
             ranked = [e for e in ranked if wanted in (e.row["user_id"], e.row["sender_id"])]
         # The caller's local time, as the context shows it.

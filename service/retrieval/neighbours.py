@@ -20,6 +20,7 @@ candidate's whole window present); rows that are only there as context are not s
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +44,8 @@ class StreamPassage:
     speaker_named: bool = False  # the query names its sender
     candidate: bool = True  # ranked; False: present only as a neighbour of candidates
     at: float = 0.0  # when it was said (seconds); a long pause separates neighbours
+    stream: str = ""  # which conversation: passages of two are never neighbours
+    sender: str | None = None  # who said it (see StreamWeights.dialogue_speakers)
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,11 @@ class StreamWeights:
     lexical_reach: int = 1
     window: int = 10
     episode_gap: float = 3600.0
+    # A conversation is a dialogue while the stream holds at most this many senders: there a
+    # message's neighbours are the turns it answers and that answer it. In a bigger group
+    # consecutive messages are mostly different people's unrelated news, so a neighbour
+    # counts only in a run of one sender's messages.
+    dialogue_speakers: int = 4
 
     def feature_weights(self) -> dict[str, float]:
         """The weights by feature name."""
@@ -100,13 +108,22 @@ def _window_sums(
     return prefix[np.minimum(ends, index + reach + 1)] - prefix[np.maximum(starts, index - reach)]
 
 
+def dialogue(passages: Sequence[StreamPassage], speakers: int) -> bool:
+    """Whether the passages read as a dialogue: at most ``speakers`` senders (passages of
+    unknown sender count as one)."""
+    return len({p.sender for p in passages}) <= speakers
+
+
 def _episodes(
-    passages: Sequence[StreamPassage], gap: float
+    passages: Sequence[StreamPassage], gap: float, by_sender: bool = False
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """Each passage's episode as [start, end) positions: runs without a pause over ``gap``."""
+    """Each passage's episode as [start, end) positions: runs of one stream without a pause
+    over ``gap`` (``by_sender``: and of one sender)."""
     n = len(passages)
     at = np.array([p.at for p in passages], dtype=np.float64)
-    breaks = np.flatnonzero(np.abs(np.diff(at)) > gap) + 1
+    streams = [(p.stream, p.sender if by_sender else None) for p in passages]
+    other = np.array([a != b for a, b in itertools.pairwise(streams)], dtype=bool)
+    breaks = np.flatnonzero((np.abs(np.diff(at)) > gap) | other) + 1
     bounds = np.concatenate(([0], breaks, [n])).astype(np.int64)
     episode = np.repeat(np.arange(len(bounds) - 1), np.diff(bounds))
     return bounds[episode], bounds[episode + 1]
@@ -124,7 +141,9 @@ def stream_features(
     n = len(passages)
     sims = np.array([p.similarity for p in passages], dtype=np.float64)
     bm25 = np.array([p.bm25 for p in passages], dtype=np.float64)
-    starts, ends = _episodes(passages, w.episode_gap)
+    starts, ends = _episodes(
+        passages, w.episode_gap, by_sender=not dialogue(passages, w.dialogue_speakers)
+    )
 
     # Neighbours' mean similarity, excluding the passage itself (alone: its own).
     sim_sums = _window_sums(sims, w.similarity_reach, starts, ends) - sims
