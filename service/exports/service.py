@@ -175,3 +175,25 @@ async def prune(db: Database) -> int:
     """Delete every tenant's expired exports; returns how many."""
     async with db.system() as session:
         return await repository.prune(session)
+
+
+async def export_now_or_later(
+    session: AsyncSession,
+    db: Database,
+    tenant_id: uuid.UUID,
+    kind: str,
+    subject: str,
+    settings: Settings,
+    *,
+    requested_by: str | None,
+) -> AsyncIterator[bytes] | ExportJob:
+    """A small export as a stream to send now (from a transaction of its own); a large one
+    as a pending export whose job is enqueued in the caller's transaction."""
+    later = await export_later(
+        session, tenant_id, kind, subject, settings, requested_by=requested_by
+    )
+    if later is not None:
+        return later
+    if kind == "tenant":
+        return privacy.export_tenant(db, tenant_id)
+    return privacy.export_stream(db, tenant_id, kind, subject)

@@ -21,6 +21,7 @@ from service.privacy import pii
 from service.profiles import repository as profile_rows
 from service.profiles.document import ProfileKey
 from service.profiles.service import Fact
+from service.queue.payloads import EndPayload
 from service.queue.worker import JobContext, PermanentJobError
 from service.settings import Settings
 
@@ -138,7 +139,7 @@ class Historian:
 
     async def run_end(self, job: JobContext) -> dict[str, Any]:
         """The ``historian.end`` job."""
-        payload = job.job.payload
+        payload = EndPayload.of(job.job.payload).model_dump(mode="json")
         try:
             context = ConversationContext.model_validate(
                 {

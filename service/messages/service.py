@@ -35,8 +35,8 @@ from service.queue import repository as jobs
 from service.queue.worker import JobContext
 from service.retrieval.terms import terms, to_tsvector_literal
 from service.settings import Settings
-from service.tenants.repository import get_tenant
 from service.tenants.service import TenantContext
+from service.tenants.service import find as get_tenant
 
 log = logging.getLogger("service.messages")
 
@@ -132,7 +132,7 @@ async def ingest(
             )
             await repository.reset_pending(session, tenant.tenant_id, key)
     embed_job = None
-    if inserted and not await repository.embed_job_queued(session, tenant.tenant_id, EMBED_JOB):
+    if inserted and not await jobs.kind_queued(session, tenant.tenant_id, EMBED_JOB):
         embed_job, _ = await jobs.enqueue(
             session,
             tenant.tenant_id,

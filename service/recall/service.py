@@ -20,7 +20,6 @@ from datetime import UTC, datetime, tzinfo
 from typing import Any, TypeVar
 from zoneinfo import ZoneInfo
 
-from sqlalchemy import and_
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.context import ConversationContext
@@ -30,9 +29,8 @@ from service.ends import repository as memos
 from service.errors import Forbidden, Invalid
 from service.historian.service import message_content
 from service.llm.rerank import Reranker
-from service.memories import repository as memories
-from service.memories.models import Memory
-from service.memories.repository import ScopeFilter
+from service.memories import service as memory_rules
+from service.memories.service import ScopeFilter
 from service.profiles import repository as profiles
 from service.profiles.document import ProfileKey
 from service.recall.ranking import EventQuery, lexical_candidates, rank_events
@@ -164,14 +162,9 @@ class Reader:
             )
             for e in ranked
         ]
-        memory_rows = await memories.nearest(
-            session,
-            tenant.tenant_id,
-            vector,
-            where=and_(scope.where(), Memory.is_active.is_(True)),
-            limit=MEMORY_TOP_K,
+        memory_rows = await memory_rules.search_in_scope(
+            session, tenant.tenant_id, scope, vector, limit=MEMORY_TOP_K
         )
-        await memories.touch(session, tenant.tenant_id, [r["id"] for r in memory_rows])
         injected.memories = [
             ContextItem(
                 id=f"memory:{r['id']}",

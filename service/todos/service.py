@@ -16,7 +16,7 @@ from service.errors import Invalid, NotFound
 from service.queue import repository as jobs
 from service.queue.worker import JobContext, PermanentJobError
 from service.settings import Settings
-from service.tenants.repository import get_tenant
+from service.tenants.service import find as get_tenant
 from service.todos import repository, webhook
 
 log = logging.getLogger("service.todos")
