@@ -120,7 +120,9 @@ class Figures:
 def build_graph(*, type_checking: bool = True) -> grimp.ImportGraph:
     """``service``'s import graph; ``type_checking=False`` leaves out imports under
     ``if TYPE_CHECKING:`` (those never run)."""
-    return grimp.build_graph(PACKAGE, exclude_type_checking_imports=not type_checking)
+    return grimp.build_graph(
+        PACKAGE, exclude_type_checking_imports=not type_checking, cache_dir=None
+    )
 
 
 def strongly_connected(graph: grimp.ImportGraph) -> list[list[str]]:
