@@ -14,6 +14,7 @@ from service.errors import Conflict, NotFound
 from service.exports import repository
 from service.privacy import service as privacy
 from service.queue import repository as jobs
+from service.queue.payloads import ExportPayload
 from service.queue.worker import JobContext
 from service.settings import Settings
 from service.tenants.service import ADMIN_ACTOR
@@ -68,7 +69,7 @@ async def export_later(
         session,
         tenant_id,
         EXPORT_JOB,
-        {"export_id": export_id, "kind": kind, "subject": subject},
+        ExportPayload(export_id=export_id, kind=kind, subject=subject),
         max_attempts=settings.cognitive.queue.max_attempts,
     )
     await repository.attach_job(session, tenant_id, export_id, job_id)
@@ -106,9 +107,8 @@ class ExportWriter:
     async def run(self, job: JobContext) -> dict[str, Any]:
         """Write the export's chunks and mark it ready, together with the job's completion."""
         tenant_id = job.job.tenant_id
-        export_id = int(job.job.payload["export_id"])
-        kind = str(job.job.payload["kind"])
-        subject = str(job.job.payload["subject"])
+        payload = ExportPayload.of(job.job.payload)
+        export_id, kind, subject = payload.export_id, payload.kind, payload.subject
         async with job.finishing() as session:
             if not await repository.lock_pending(session, tenant_id, export_id):
                 # Erased or pruned before the job ran (or written by an earlier attempt).

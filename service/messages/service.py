@@ -32,6 +32,7 @@ from service.profiles import repository as profile_rows
 from service.profiles.document import ProfileKey
 from service.profiles.service import Fact
 from service.queue import repository as jobs
+from service.queue.payloads import ExtractPayload, NoPayload
 from service.queue.worker import JobContext
 from service.retrieval.terms import terms, to_tsvector_literal
 from service.settings import Settings
@@ -137,7 +138,7 @@ async def ingest(
             session,
             tenant.tenant_id,
             EMBED_JOB,
-            {},
+            NoPayload(),
             max_attempts=settings.cognitive.queue.max_attempts,
         )
     return MessagesStored(
@@ -173,7 +174,7 @@ async def _enqueue_extraction(
         session,
         tenant_id,
         EXTRACT_JOB,
-        {"conversation_key": key, "upto_seq": upto_seq, "reason": reason},
+        ExtractPayload(conversation_key=key, upto_seq=upto_seq, reason=reason),
         max_attempts=settings.cognitive.queue.max_attempts,
         dedupe_key=f"extract:{key}:{upto_seq}",
     )
@@ -348,8 +349,8 @@ class Archivist:
     async def run_extract(self, job: JobContext) -> dict[str, Any]:
         """Read the conversation's unread messages, merge what they say into profiles, and
         advance the mark (which messages have been processed)."""
-        payload = job.job.payload
-        key, upto = str(payload["conversation_key"]), int(payload["upto_seq"])
+        payload = ExtractPayload.of(job.job.payload)
+        key, upto = payload.conversation_key, payload.upto_seq
         limit = self.settings.cognitive.extraction.max_batch
         tenant_id = job.job.tenant_id
         async with job.transaction() as session:

@@ -57,3 +57,49 @@ class ErasedPayload(JobPayload):
     """What an erasure job keeps once done: the erased id's keyed hash, never the id."""
 
     subject_hash: str
+
+
+class NoPayload(JobPayload):
+    """A kind whose job needs nothing but its tenant (``messages.embed``, ``memories.maintain``):
+    the job finds its work in the tenant's rows."""
+
+
+class ExtractPayload(JobPayload):
+    """``messages.extract``: a conversation's unread messages, up to a sequence number."""
+
+    conversation_key: str
+    upto_seq: int
+    reason: str
+
+
+class ConsolidatePayload(JobPayload):
+    """``memories.consolidate``: the memories of a conversation that went quiet."""
+
+    conversation_key: str
+
+
+class DeliverPayload(JobPayload):
+    """``todos.deliver``: one due todo, to the tenant's webhook."""
+
+    todo_id: int
+
+
+class ExportPayload(JobPayload):
+    """``privacy.export``: a large export, written into chunks."""
+
+    export_id: int
+    kind: str
+    subject: str
+
+
+class ReembedBatchPayload(JobPayload):
+    """``embeddings.reembed``: the next rows of one table of a re-embedding run."""
+
+    run_id: int
+    table: str
+
+
+class ReembedSwitchPayload(JobPayload):
+    """``embeddings.switch``: a run's switch to the new vectors, once every pass ended."""
+
+    run_id: int

@@ -14,6 +14,7 @@ import httpx
 from service.db.engine import Database
 from service.errors import Invalid, NotFound
 from service.queue import repository as jobs
+from service.queue.payloads import DeliverPayload
 from service.queue.worker import JobContext, PermanentJobError
 from service.settings import Settings
 from service.tenants.service import find as get_tenant
@@ -66,7 +67,7 @@ class Courier:
                     session,
                     row.tenant_id,
                     DELIVER_JOB,
-                    {"todo_id": row.id},
+                    DeliverPayload(todo_id=row.id),
                     max_attempts=self.settings.cognitive.queue.max_attempts,
                     dedupe_key=f"deliver:{row.id}",
                 )
@@ -74,7 +75,7 @@ class Courier:
 
     async def run_deliver(self, job: JobContext) -> dict[str, Any]:
         """POST the todo to the webhook; a non-2xx answer fails the attempt (retried)."""
-        todo_id = int(job.job.payload["todo_id"])
+        todo_id = DeliverPayload.of(job.job.payload).todo_id
         async with job.transaction() as session:
             todo = await repository.get(session, job.job.tenant_id, todo_id)
             tenant = await get_tenant(session, job.job.tenant_id)
