@@ -64,6 +64,7 @@ LAYER_NAMES = {
 
 # Writes and reads of the job queue's table, outside ``service/queue/``.
 _JOBS_SQL = re.compile(r"\b(?:FROM|JOIN|INTO|UPDATE)\s+jobs\b", re.IGNORECASE)
+_JOBS_WRITE = re.compile(r"\b(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+jobs\b", re.IGNORECASE)
 
 
 def layer(module: str) -> int:
@@ -114,6 +115,7 @@ class Figures:
     routes_with_repository: dict[str, list[str]] = field(default_factory=dict)
     foreign_repository: list[tuple[str, str]] = field(default_factory=list)
     jobs_sql: dict[str, int] = field(default_factory=dict)
+    jobs_writes: dict[str, int] = field(default_factory=dict)
     largest: list[tuple[int, str]] = field(default_factory=list)
 
 
@@ -228,6 +230,9 @@ def measure() -> Figures:
             hits = len(_JOBS_SQL.findall(source))
             if hits:
                 figures.jobs_sql[relative] = hits
+            writes = len(_JOBS_WRITE.findall(source))
+            if writes:
+                figures.jobs_writes[relative] = writes
         figures.largest.append((source.count("\n"), relative))
     figures.largest = sorted(figures.largest, reverse=True)[:8]
     return figures
@@ -249,7 +254,8 @@ def report(figures: Figures, *, verbose: bool = False) -> str:
         f" of {_route_modules()}",
         f"imports of another's repository  {len(figures.foreign_repository)} (below HTTP)",
         f"`jobs` SQL outside queue/        {sum(figures.jobs_sql.values())} statements"
-        f" in {len(figures.jobs_sql)} files",
+        f" in {len(figures.jobs_sql)} files"
+        f" ({sum(figures.jobs_writes.values())} writes in {len(figures.jobs_writes)} files)",
         "largest files                    "
         + ", ".join(f"{p.removeprefix('service/')} {n}" for n, p in figures.largest),
     ]

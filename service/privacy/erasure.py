@@ -24,6 +24,7 @@ from service.privacy.people import Person, find_person, names_filter
 from service.profiles import repository as profiles
 from service.profiles.consolidate import digest
 from service.profiles.document import parse
+from service.queue import repository as jobs
 from service.retrieval.terms import terms, to_tsvector_literal
 
 # Columns of a job's payload (and of rows quoted in it) that name a person by id.
@@ -84,16 +85,7 @@ _OWN: list[tuple[str, str]] = [
         " OR user_id = :u OR conversation_key = :pk)",
     ),
     # Their hand-overs, their private chat's jobs, an export or erasure of them.
-    (
-        "jobs",
-        """DELETE FROM jobs WHERE tenant_id = :t AND id <> :spare
-           AND (payload -> 'context' ->> 'sender_id' = :u
-                OR payload -> 'context' ->> 'user_id' = :u
-                OR payload ->> 'conversation_key' = :pk
-                OR (kind IN ('privacy.export', 'privacy.erase_user')
-                    AND COALESCE(payload ->> 'subject', payload ->> 'user_id') = :u
-                    AND COALESCE(payload ->> 'kind', 'user') = 'user'))""",
-    ),
+    ("jobs", jobs.DELETE_JOBS_OF_PERSON),
 ]
 
 
@@ -262,7 +254,7 @@ async def _redact_mentions(
             _count(counts, "todos_redacted")
     await _redact_memories(session, tenant_id, person, embedder, counts, rows)
     await _redact_profiles(session, tenant_id, person, embedder, keep, counts, rows)
-    await _redact_jobs(session, tenant_id, person, counts, rows)
+    await _redact_jobs(session, tenant_id, person, counts)
 
 
 async def _redact_memories(
@@ -397,11 +389,7 @@ async def _redact_profiles(
 
 
 async def _redact_jobs(
-    session: AsyncSession,
-    tenant_id: uuid.UUID,
-    person: Person,
-    counts: dict[str, int],
-    rows: Any,
+    session: AsyncSession, tenant_id: uuid.UUID, person: Person, counts: dict[str, int]
 ) -> None:
     """Jobs of the person's conversations: others' hand-overs keep their payload, without the
     person's name and without the person's own messages quoted in them."""
@@ -411,28 +399,14 @@ async def _redact_jobs(
     def owned(item: dict[str, Any]) -> bool:
         return any(item.get(f) == uid for f in PERSON_FIELDS)
 
-    for row in await rows(
-        "SELECT id, payload, result, last_error FROM jobs WHERE tenant_id = :t"
-        " AND (payload -> 'context' ->> 'group_id' = ANY(:groups)"
-        "      OR payload ->> 'conversation_key' = ANY(:keys))"
+    for row in await jobs.jobs_of_conversations(
+        session, tenant_id, person.groups, person.conversations
     ):
         payload = redactor.json(row.payload, owned)
         result = redactor.json(row.result, owned)
         error = redactor.text(row.last_error) if row.last_error else row.last_error
         if (payload, result, error) != (row.payload, row.result, row.last_error):
-            await session.execute(
-                text(
-                    "UPDATE jobs SET payload = CAST(:p AS jsonb), result = CAST(:r AS jsonb),"
-                    " last_error = :e WHERE tenant_id = :t AND id = :id"
-                ),
-                {
-                    "t": tenant_id,
-                    "id": row.id,
-                    "e": error,
-                    "p": json.dumps(payload, ensure_ascii=False),
-                    "r": json.dumps(result, ensure_ascii=False) if result is not None else None,
-                },
-            )
+            await jobs.rewrite(session, tenant_id, row.id, payload, result, error)
             _count(counts, "jobs_redacted")
 
 
@@ -479,9 +453,7 @@ async def erase_group(
         "profiles": "DELETE FROM profiles WHERE tenant_id = :t AND ((entity_type = 'group'"
         " AND entity_id = :g) OR (entity_type = 'member' AND group_id = :g))",
         "todos": "DELETE FROM todos WHERE tenant_id = :t AND conversation_key = :k",
-        "jobs": "DELETE FROM jobs WHERE tenant_id = :t AND (payload -> 'context' ->> 'group_id'"
-        " = :g OR payload ->> 'conversation_key' = :k OR (kind = 'privacy.export'"
-        " AND payload ->> 'kind' = 'group' AND payload ->> 'subject' = :g))",
+        "jobs": jobs.DELETE_JOBS_OF_GROUP,
     }
     for name, sql in statements.items():
         counts[name] = _rowcount(await session.execute(text(sql), p))

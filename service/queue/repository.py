@@ -481,3 +481,70 @@ async def kind_status_counts(session: AsyncSession) -> list[tuple[str, str, int]
     """Jobs per (kind, status), for the metrics."""
     rows = await session.execute(_KIND_STATUS_COUNTS)
     return [(str(r.kind), str(r.status), int(r.n)) for r in rows]
+
+
+# ---------------------------------------------------------------- erasure
+# An erasure (service.privacy.erasure) removes or rewrites the jobs that hold a person's or a
+# group's data, in the erasure's transaction. Its registries run these statements with their
+# parameters: :t the tenant, :u the person, :pk their private conversation, :spare the
+# erasure's own job (which scrubs its payload itself); :g the group, :k its conversation.
+
+# A person's hand-overs, their private chat's jobs, an export or erasure of them.
+DELETE_JOBS_OF_PERSON = """DELETE FROM jobs WHERE tenant_id = :t AND id <> :spare
+           AND (payload -> 'context' ->> 'sender_id' = :u
+                OR payload -> 'context' ->> 'user_id' = :u
+                OR payload ->> 'conversation_key' = :pk
+                OR (kind IN ('privacy.export', 'privacy.erase_user')
+                    AND COALESCE(payload ->> 'subject', payload ->> 'user_id') = :u
+                    AND COALESCE(payload ->> 'kind', 'user') = 'user'))"""
+
+# A group's hand-overs and conversation jobs, and an export of it.
+DELETE_JOBS_OF_GROUP = (
+    "DELETE FROM jobs WHERE tenant_id = :t AND (payload -> 'context' ->> 'group_id'"
+    " = :g OR payload ->> 'conversation_key' = :k OR (kind = 'privacy.export'"
+    " AND payload ->> 'kind' = 'group' AND payload ->> 'subject' = :g))"
+)
+
+_JOBS_OF_CONVERSATIONS = text(
+    """
+    SELECT id, payload, result, last_error FROM jobs WHERE tenant_id = :tenant_id
+      AND (payload -> 'context' ->> 'group_id' = ANY(:groups)
+           OR payload ->> 'conversation_key' = ANY(:keys))
+    """
+)
+
+
+async def jobs_of_conversations(
+    session: AsyncSession, tenant_id: uuid.UUID, groups: list[str], keys: list[str]
+) -> list[Any]:
+    """The tenant's jobs of these groups or conversations: (id, payload, result, last_error)."""
+    params = {"tenant_id": tenant_id, "groups": groups, "keys": keys}
+    return list(await session.execute(_JOBS_OF_CONVERSATIONS, params))
+
+
+_REWRITE = text(
+    """
+    UPDATE jobs SET payload = CAST(:payload AS jsonb), result = CAST(:result AS jsonb),
+                    last_error = :last_error
+    WHERE tenant_id = :tenant_id AND id = :id
+    """
+)
+
+
+async def rewrite(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    job_id: int,
+    payload: dict[str, Any],
+    result: dict[str, Any] | None,
+    last_error: str | None,
+) -> None:
+    """Replace what a job holds (an erasure's redaction of someone's name in it)."""
+    params = {
+        "tenant_id": tenant_id,
+        "id": job_id,
+        "last_error": last_error,
+        "payload": json.dumps(payload, ensure_ascii=False),
+        "result": json.dumps(result, ensure_ascii=False) if result is not None else None,
+    }
+    await session.execute(_REWRITE, params)
