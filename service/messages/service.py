@@ -420,7 +420,7 @@ class Archivist:
                 "from_seq": mark,
                 "to_seq": unread[-1].seq if unread else mark,
                 "messages": len(unread),
-                "reason": payload.get("reason"),
+                "reason": payload.reason,
                 "profiles": versions,
                 "profile_llm_calls": calls,
                 "memory": memory_changes,

@@ -7,7 +7,7 @@ Unknown keys are ignored, so a job enqueued by an older or newer release still r
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -20,7 +20,7 @@ class JobPayload(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     @classmethod
-    def of(cls, stored: dict[str, Any]) -> Any:
+    def of(cls, stored: dict[str, Any]) -> Self:
         """The stored payload, checked; a malformed one fails the job for good (a retry could
         not mend it)."""
         try:
