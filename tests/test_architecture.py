@@ -90,9 +90,10 @@ def test_service_has_no_import_circle() -> None:
 
 def test_the_circle_finder_finds_a_circle(graph: grimp.ImportGraph) -> None:
     changed = copy.deepcopy(graph)
-    changed.add_import(importer="service.db.engine", imported="service.memories.service")
+    # service.memories.service imports service.errors: the other way round closes a circle.
+    changed.add_import(importer="service.errors", imported="service.memories.service")
     [circle] = strongly_connected(changed)
-    assert {"service.db.engine", "service.memories.service"} <= set(circle)
+    assert {"service.errors", "service.memories.service"} <= set(circle)
 
 
 def test_no_service_module_is_imported_inside_a_function_but_providers_and_the_cli() -> None:

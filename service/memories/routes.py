@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db.types import BIGINT_MAX
 from service.http import EmbedderDependency, RowId, errors
-from service.memories import service
+from service.memories import curation, service
 from service.memories.schemas import (
     ForgetRequest,
     ForgetResult,
@@ -55,7 +55,7 @@ class MemoryController(Controller):
         before: int | None = Parameter(default=None, ge=1, le=BIGINT_MAX),
     ) -> list[MemoryInfo]:
         """Memories by exact filters, newest first (``before``: an id, for the next page)."""
-        rows = await service.listing(
+        rows = await curation.listing(
             session,
             tenant.tenant_id,
             scope=memory_scope,
@@ -85,7 +85,7 @@ class MemoryController(Controller):
         data: MemoryCreate,
     ) -> Response[MemoryCreated]:
         """Add a memory (201); an active near-duplicate in the same scope is returned (200)."""
-        row, created = await service.create(
+        row, created = await curation.create(
             session, tenant, data, embedder, settings.cognitive.memory
         )
         body = MemoryCreated(duplicate=not created, **_info(row).model_dump())
@@ -96,7 +96,7 @@ class MemoryController(Controller):
         self, tenant: TenantContext, session: AsyncSession, memory_id: RowId
     ) -> MemoryInfo:
         """One memory."""
-        return _info(await service.get(session, tenant.tenant_id, memory_id))
+        return _info(await curation.get(session, tenant.tenant_id, memory_id))
 
     @patch("/{memory_id:int}", responses=errors(404))
     async def change_memory(
@@ -108,14 +108,14 @@ class MemoryController(Controller):
         data: MemoryPatch,
     ) -> MemoryInfo:
         """Change a memory; the old content stays in its history."""
-        return _info(await service.edit(session, tenant, memory_id, data, embedder))
+        return _info(await curation.edit(session, tenant, memory_id, data, embedder))
 
     @delete("/{memory_id:int}", status_code=200, responses=errors(404))
     async def delete_memory(
         self, tenant: TenantContext, session: AsyncSession, memory_id: RowId
     ) -> dict[str, Any]:
         """Delete for real; the history keeps only that a deletion happened."""
-        await service.delete(session, tenant, memory_id)
+        await curation.delete(session, tenant, memory_id)
         return {"deleted": memory_id}
 
     @get("/{memory_id:int}/history", responses=errors(404))
@@ -123,7 +123,7 @@ class MemoryController(Controller):
         self, tenant: TenantContext, session: AsyncSession, memory_id: RowId
     ) -> list[HistoryEntry]:
         """Every change of a memory, oldest first (also after a hard delete)."""
-        rows = await service.history(session, tenant.tenant_id, memory_id)
+        rows = await curation.history(session, tenant.tenant_id, memory_id)
         return [HistoryEntry(**r) for r in rows]
 
     @post("/search", status_code=200)
@@ -148,4 +148,4 @@ class MemoryController(Controller):
         data: ForgetRequest,
     ) -> ForgetResult:
         """Forget by id, by category or by query (seed 004 §14): deactivate or delete."""
-        return await service.forget(session, tenant, data, embedder)
+        return await curation.forget(session, tenant, data, embedder)
