@@ -6,6 +6,7 @@ import logging
 from typing import Any
 
 from litestar import Litestar, Router
+from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 
@@ -28,6 +29,7 @@ from service.http import (
     refuse_nul_parameters,
     request_id_middleware,
 )
+from service.jobs import build_runtime
 from service.memories.routes import MemoryController
 from service.messages.routes import MessageController
 from service.observability import metrics_middleware
@@ -54,7 +56,7 @@ def create_app(
     """Build the app. The runtime starts (migrations, worker) when the app starts; the worker
     runs in the app's event loop, or with ``worker_process`` in a child process."""
     settings = settings or (runtime.settings if runtime else load_settings())
-    rt = runtime or Runtime.build(settings)
+    rt = runtime or build_runtime(settings)
     do_migrate = settings.auto_migrate if migrate is None else migrate
     do_worker = settings.run_worker if run_worker is None else run_worker
 
@@ -97,6 +99,7 @@ def create_app(
             audit_log,
             v1,
         ],
+        dependencies=_dependencies(rt),
         on_startup=[on_startup],
         on_shutdown=[on_shutdown],
         exception_handlers={Exception: error_response},
@@ -126,7 +129,30 @@ def create_app(
     return app
 
 
-def _state(rt: Runtime) -> Any:
-    from litestar.datastructures import State
+def _state(rt: Runtime) -> State:
+    # The runtime for tests and tools that reach into a running app; the settings for the
+    # error handler, which gets no dependencies.
+    return State({"runtime": rt, "settings": rt.settings})
 
-    return State({"runtime": rt})
+
+def _dependencies(rt: Runtime) -> dict[str, Provide]:
+    """What routes get of the process, by name (see ``service.http``)."""
+
+    def value(thing: Any) -> Provide:
+        def provide() -> Any:
+            return thing
+
+        return Provide(provide, use_cache=True, sync_to_thread=False)
+
+    return {
+        "db": value(rt.db),
+        # The read routes' database: the replica when one is configured, else ``db``.
+        "read_db": value(rt.read_db or rt.db),
+        "settings": value(rt.settings),
+        "embedder": value(rt.embedder),
+        "reranker": value(rt.reranker),
+        "auth": value(rt.auth),
+        "limiter": value(rt.limiter),
+        "failed_auth": value(rt.failed_auth),
+        "readiness": value(rt.is_ready),
+    }

@@ -217,7 +217,7 @@ def _log_level(settings: Settings, command: str) -> str:
 
 def _serve(settings: Settings, args: argparse.Namespace) -> int:
     from service.app import create_app
-    from service.runtime import Runtime
+    from service.jobs import build_runtime
 
     if args.host:
         settings.host = args.host
@@ -225,7 +225,7 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
         settings.port = args.port
     # Built here, before the app starts: an embedded database is started once, by this
     # process, and a worker process only connects to it.
-    runtime = Runtime.build(settings, config=args.config)
+    runtime = build_runtime(settings, config=args.config)
     app = create_app(
         runtime=runtime,
         migrate=not args.no_migrate and settings.auto_migrate,
@@ -388,13 +388,13 @@ def _migrate(settings: Settings) -> int:
 
 
 async def _worker(settings: Settings, args: argparse.Namespace) -> int:
-    from service.runtime import Runtime
+    from service.jobs import build_runtime
 
     if args.concurrency:
         settings.cognitive.queue.concurrency = args.concurrency
     if args.nice:
         os.nice(args.nice)
-    runtime = Runtime.build(settings)
+    runtime = build_runtime(settings)
     await runtime.start(migrate=False, run_worker=False)
     worker = runtime.start_worker()
     probes = None
@@ -459,10 +459,10 @@ async def _tenants_create(db: Database, settings: Settings, args: argparse.Names
 
 
 async def _tenants_list(db: Database, settings: Settings, args: argparse.Namespace) -> None:
-    from service.tenants.repository import list_tenants
+    from service.tenants.service import list_all
 
     async with db.system() as session:
-        rows = await list_tenants(session)
+        rows = await list_all(session)
     for tenant in rows:
         print(f"{tenant.id}  {tenant.created_at:%Y-%m-%d %H:%M}  {tenant.name}")
 

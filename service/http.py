@@ -1,12 +1,17 @@
-"""HTTP plumbing shared by every route: request ids, JSON error bodies, common dependencies."""
+"""HTTP plumbing shared by every route: request ids, JSON error bodies, common dependencies.
+
+What a route needs of the process (the database, settings, providers) comes in by Litestar's
+dependency injection under these names, provided by ``service.app``: ``db``, ``settings``,
+``embedder``, ``reranker``, ``auth``, ``limiter``, ``failed_auth``, ``readiness``.
+"""
 
 from __future__ import annotations
 
 import logging
 import re
 import uuid
-from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Annotated, Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Annotated, Any
 
 from litestar import Litestar, Request, Response
 from litestar.di import Provide
@@ -14,17 +19,18 @@ from litestar.enums import ScopeType
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.handlers import HTTPRouteHandler
 from litestar.openapi import ResponseSpec
-from litestar.params import Parameter
+from litestar.params import Dependency, Parameter
 from litestar.types import ASGIApp, Message, Receive, ReceiveMessage, Scope, Send
 from pydantic import BaseModel
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeout
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.audit.service import client_address
+from service.audit.service import FailedAuthentications, client_address
 from service.context import check_json
-from service.db.engine import translate_db_error
+from service.db.engine import Database, translate_db_error
 from service.db.types import BIGINT_MAX
+from service.embedding import Embedder
 from service.errors import (
     BadRequest,
     Invalid,
@@ -33,15 +39,16 @@ from service.errors import (
     Unauthorized,
     Unavailable,
 )
+from service.guard import RateLimiter
+from service.llm.rerank import Reranker
+from service.settings import Settings
 from service.tenants.service import (
     ACTING_TENANT_HEADER,
     ADMIN_ACTOR,
+    Authenticator,
     TenantContext,
     check_admin_token,
 )
-
-if TYPE_CHECKING:
-    from service.runtime import Runtime
 
 log = logging.getLogger("service.http")
 
@@ -51,10 +58,12 @@ _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 RowId = Annotated[int, Parameter(ge=1, le=BIGINT_MAX)]
 
 
-def runtime(request: Request[Any, Any, Any]) -> Runtime:
-    """The process's runtime (settings, database, providers) kept on the app."""
-    rt: Runtime = request.app.state.runtime
-    return rt
+# The process's readiness: database reachable and migrations at head (200), with a detail.
+Readiness = Callable[[], Awaitable[tuple[bool, str]]]
+
+# The providers are protocols, which cannot be checked at run time: injected as they are.
+EmbedderDependency = Annotated[Embedder, Dependency(skip_validation=True)]
+RerankerDependency = Annotated[Reranker | None, Dependency(skip_validation=True)]
 
 
 def request_id_middleware(app: ASGIApp) -> ASGIApp:
@@ -296,7 +305,8 @@ def error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[
 
 
 def _too_large(request: Request[Any, Any, Any]) -> str:
-    limit = runtime(request).settings.max_body_bytes
+    settings: Settings = request.app.state.settings
+    limit = settings.max_body_bytes
     size = request.headers.get("content-length", "")
     sent = f" of {int(size):,} bytes" if size.isdigit() else ""
     return (
@@ -322,39 +332,41 @@ def _http_code(status: int) -> str:
     }.get(status, "error")
 
 
-async def provide_tenant(request: Request[Any, Any, Any]) -> TenantContext:
+async def provide_tenant(
+    request: Request[Any, Any, Any],
+    auth: Authenticator,
+    limiter: RateLimiter,
+    failed_auth: FailedAuthentications,
+) -> TenantContext:
     """The caller's tenant: ``Authorization: Bearer <key>``, or the admin token with the
     tenant named in ``X-Memoria-Tenant``."""
-    rt = runtime(request)
     authorization = request.headers.get("authorization")
     acting = request.headers.get(ACTING_TENANT_HEADER)
     state = request.scope.setdefault("state", {})
     client = client_address(request.scope)
     try:
         if acting is not None:
-            context = await rt.auth.acting_admin(authorization, acting)
+            context = await auth.acting_admin(authorization, acting)
         else:
-            context = await rt.auth.authenticate(authorization)
+            context = await auth.authenticate(authorization)
     except Unauthorized:
-        rt.failed_auth.failed(client)
+        failed_auth.failed(client)
         raise
     # The audit trail's actor: the identity that was checked, never a header's text.
     state["actor"] = ADMIN_ACTOR if acting is not None else context.key_prefix
     state["tenant_id"] = str(context.tenant_id)
-    rt.limiter.check(context.key_prefix or str(context.tenant_id))
+    limiter.check(context.key_prefix or str(context.tenant_id))
     return context
 
 
-async def provide_session(
-    request: Request[Any, Any, Any], tenant: TenantContext
-) -> AsyncIterator[AsyncSession]:
+async def provide_session(tenant: TenantContext, db: Database) -> AsyncIterator[AsyncSession]:
     """The request's one transaction, confined to the caller's tenant; commits on success."""
-    async with runtime(request).db.tenant(tenant.tenant_id, durable=not tenant.fast_ack) as session:
+    async with db.tenant(tenant.tenant_id, durable=not tenant.fast_ack) as session:
         yield session
 
 
 async def provide_read_session(
-    request: Request[Any, Any, Any], tenant: TenantContext
+    tenant: TenantContext, read_db: Database
 ) -> AsyncIterator[AsyncSession]:
     """A read route's transaction: read-only, on the read replica when one is configured
     (``MEMORIA_READ_DATABASE_URL``), confined to the caller's tenant as ``provide_session`` is.
@@ -362,8 +374,7 @@ async def provide_read_session(
     A replica lags the primary by its replication delay, so a route that must see a write of
     its own request, or one the client just made and reads back by id, keeps ``session``.
     """
-    rt = runtime(request)
-    async with (rt.read_db or rt.db).tenant(tenant.tenant_id, read_only=True) as session:
+    async with read_db.tenant(tenant.tenant_id, read_only=True) as session:
         yield session
 
 
@@ -372,26 +383,25 @@ def reads() -> dict[str, Provide]:
     return {"session": Provide(provide_read_session)}
 
 
-async def provide_admin(request: Request[Any, Any, Any]) -> None:
+async def provide_admin(
+    request: Request[Any, Any, Any], settings: Settings, failed_auth: FailedAuthentications
+) -> None:
     """Admit only the admin token."""
-    rt = runtime(request)
     client = client_address(request.scope)
     try:
-        check_admin_token(request.headers.get("authorization"), rt.settings)
+        check_admin_token(request.headers.get("authorization"), settings)
     except Unauthorized:
-        rt.failed_auth.failed(client)
+        failed_auth.failed(client)
         raise
     request.scope.setdefault("state", {})["actor"] = ADMIN_ACTOR
 
 
-async def provide_system_session(
-    request: Request[Any, Any, Any], admin: None
-) -> AsyncIterator[AsyncSession]:
+async def provide_system_session(admin: None, db: Database) -> AsyncIterator[AsyncSession]:
     """A transaction as the owning role (admin routes only), opened once the token passed.
 
     Depending on ``admin`` orders the two: unordered, Litestar resolves them side by side, and
     a refused token cancelled a transaction half-opened, whose abandoned context managers the
     event loop later failed to close ("aclose(): asynchronous generator is already running").
     """
-    async with runtime(request).db.system() as session:
+    async with db.system() as session:
         yield session

@@ -1,33 +1,57 @@
-"""The registry of job kinds: which service function runs each kind of job."""
+"""The wiring of job kinds: which aggregate's service runs each kind of job, and the work a
+worker does on a timer.
+
+This is the one module that knows every aggregate's jobs. It sits above the runtime (it is
+handed to ``Runtime.build``) and above the routes; nothing below imports it.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from pathlib import Path
 
 from service.audit import service as audit
+from service.db.engine import Database
 from service.ends.service import END_JOB
 from service.exports import service as exports
 from service.historian.extraction import Extractor
 from service.historian.service import Historian
 from service.memories.upkeep import CONSOLIDATE_JOB, MAINTAIN_JOB, Upkeep
 from service.messages.service import EMBED_JOB, EXTRACT_JOB, Archivist
-from service.privacy.routes import ERASE_JOB, erase_handler
+from service.privacy.jobs import Eraser
+from service.privacy.service import ERASE_USER_JOB
 from service.queue.worker import BatchHandler, JobHandler, Periodic
 from service.reembed.service import BATCH_JOB, SWITCH_JOB, Reembedder
+from service.runtime import JobKinds, Runtime
+from service.settings import Settings
 from service.todos.service import DELIVER_JOB, Courier
 
-if TYPE_CHECKING:
-    from service.runtime import Runtime
+
+def build_runtime(
+    settings: Settings, *, db: Database | None = None, config: str | Path | None = None
+) -> Runtime:
+    """A runtime whose worker runs every job kind (see ``Runtime.build``)."""
+    return Runtime.build(settings, db=db, config=config, wiring=wiring)
 
 
-def handlers(runtime: Runtime) -> dict[str, JobHandler]:
-    """Job kind → handler, bound to this process's runtime."""
+def wiring(runtime: Runtime) -> JobKinds:
+    """Job kind → handler, the kinds run in batches, and the timed work, bound to this
+    process's runtime."""
     historian = Historian(runtime.embedder, runtime.llm, runtime.settings)
+    return JobKinds(
+        handlers=handlers(runtime, historian),
+        periodic=periodic(runtime),
+        batch_handlers=batch_handlers(historian),
+    )
+
+
+def handlers(runtime: Runtime, historian: Historian) -> dict[str, JobHandler]:
+    """Job kind → handler, bound to this process's runtime."""
     archivist = Archivist(runtime.db, runtime.embedder, runtime.settings)
     extractor = Extractor(runtime.db, runtime.embedder, runtime.settings, runtime.llm)
     upkeep = Upkeep(runtime.db, runtime.settings)
     courier = Courier(runtime.db, runtime.settings)
+    eraser = Eraser(runtime.embedder, runtime.settings)
     reembedder = Reembedder(runtime.db, runtime.settings)
     runtime.on_close.append(reembedder.close)
     return {
@@ -37,17 +61,16 @@ def handlers(runtime: Runtime) -> dict[str, JobHandler]:
         MAINTAIN_JOB: upkeep.run_maintain,
         CONSOLIDATE_JOB: upkeep.run_consolidate,
         DELIVER_JOB: courier.run_deliver,
-        ERASE_JOB: erase_handler(runtime),
+        ERASE_USER_JOB: eraser.run_erase,
         exports.EXPORT_JOB: exports.ExportWriter(runtime.settings).run,
         BATCH_JOB: reembedder.run_batch,
         SWITCH_JOB: reembedder.run_switch,
     }
 
 
-def batch_handlers(runtime: Runtime) -> dict[str, BatchHandler]:
+def batch_handlers(historian: Historian) -> dict[str, BatchHandler]:
     """Job kinds a worker claims and runs many at a time (each also has a one-job handler,
     which runs what a batch could not finish)."""
-    historian = Historian(runtime.embedder, runtime.llm, runtime.settings)
     return {END_JOB: historian.run_end_batch}
 
 

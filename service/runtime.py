@@ -19,6 +19,7 @@ from service.db.migrate import (
     upgrade_to_head_async,
 )
 from service.embedding import CurrentEmbedder, build_embedder, vector_space
+from service.errors import ConfigurationError
 from service.guard import RateLimiter
 from service.llm import ChatModel, build_chat_model
 from service.llm.rerank import Reranker, build_reranker
@@ -30,6 +31,21 @@ from service.settings import Settings
 from service.tenants.service import Authenticator
 
 log = logging.getLogger("service")
+
+
+@dataclass
+class JobKinds:
+    """What a worker runs: a handler per job kind, and work on a timer."""
+
+    handlers: dict[str, JobHandler]
+    periodic: list[Periodic]
+    # Kinds claimed and run many at a time (each also has its one-job handler above).
+    batch_handlers: dict[str, BatchHandler] = field(default_factory=dict)
+
+
+# Binds job kinds to their handlers for a runtime: ``service.jobs.wiring``, the one module that
+# knows every aggregate's jobs. Passed in, so this module needs none of them.
+JobWiring = Callable[["Runtime"], JobKinds]
 
 
 @dataclass
@@ -53,6 +69,7 @@ class Runtime:
     worker: Worker | None = None
     worker_process: WorkerProcess | None = None
     config: str | Path | None = None
+    wiring: JobWiring | None = None
     on_close: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     _worker_task: asyncio.Task[None] | None = field(default=None, repr=False)
     _model_watch: asyncio.Task[None] | None = field(default=None, repr=False)
@@ -60,10 +77,16 @@ class Runtime:
 
     @classmethod
     def build(
-        cls, settings: Settings, *, db: Database | None = None, config: str | Path | None = None
+        cls,
+        settings: Settings,
+        *,
+        db: Database | None = None,
+        config: str | Path | None = None,
+        wiring: JobWiring | None = None,
     ) -> Runtime:
         """Wire the configured providers (nothing is started yet). ``config`` is the settings
-        file, read again by a worker process."""
+        file, read again by a worker process; ``wiring`` gives the job kinds a worker of this
+        process runs (none: this process runs no worker in its event loop)."""
         db = db or Database.from_settings(settings)
         privacy_keys.configure(settings)
         head, known = shipped_revisions(alembic_config(db.url, settings))
@@ -82,6 +105,7 @@ class Runtime:
             limiter=RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst),
             failed_auth=FailedAuthentications(settings),
             config=config,
+            wiring=wiring,
         )
 
     async def start(self, *, migrate: bool, run_worker: bool, worker_process: bool = False) -> None:
@@ -131,33 +155,22 @@ class Runtime:
             except Exception as exc:
                 log.warning("checking the stored vectors' model failed: %s", exc)
 
-    def job_handlers(self) -> dict[str, JobHandler]:
-        """The job kinds this process knows how to run."""
-        from service.jobs import handlers
-
-        return handlers(self)
-
-    def batch_handlers(self) -> dict[str, BatchHandler]:
-        """The job kinds this process runs in batches."""
-        from service.jobs import batch_handlers
-
-        return batch_handlers(self)
-
-    def periodic_tasks(self) -> list[Periodic]:
-        """Timed work of the worker (the extraction pause trigger)."""
-        from service.jobs import periodic
-
-        return periodic(self)
+    def job_kinds(self) -> JobKinds:
+        """The job kinds this process knows how to run, and its timed work."""
+        if self.wiring is None:
+            raise ConfigurationError("this runtime was built without job handlers (wiring)")
+        return self.wiring(self)
 
     def start_worker(self) -> Worker:
         """Run a worker in this process's event loop."""
+        kinds = self.job_kinds()
         self.worker = Worker(
             self.db,
-            self.job_handlers(),
+            kinds.handlers,
             self.settings.cognitive.queue,
             poll_interval=self.settings.cognitive.historian.poll_interval_seconds,
-            periodic=self.periodic_tasks(),
-            batch_handlers=self.batch_handlers(),
+            periodic=kinds.periodic,
+            batch_handlers=kinds.batch_handlers,
         )
         self._worker_task = asyncio.create_task(self.worker.run(), name="worker")
         return self.worker

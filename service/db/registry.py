@@ -25,6 +25,10 @@ from typing import Any
 from sqlalchemy import Row, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+# The fields of a row (stored, copied into a job's payload or an export) that name a person
+# by id.
+PERSON_FIELDS = ("sender_id", "user_id", "creator_id", "assignee_id")
+
 # The modules that declare tables, in the order erasure, export and re-embedding visit them.
 AGGREGATES = (
     "service.exports.personal",
@@ -34,7 +38,7 @@ AGGREGATES = (
     "service.memories.personal",
     "service.profiles.personal",
     "service.todos.personal",
-    "service.privacy.erasure",  # the jobs table: its SQL stays with the queue's owners
+    "service.queue.personal",
     "service.tenants.personal",
     "service.privacy.personal",
     "service.audit.personal",

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from litestar import Controller, Request, Response, get, post
+from litestar import Controller, Response, get, post
 from litestar.openapi import ResponseSpec
 from litestar.params import Parameter
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.context import scope_of
-from service.ends import repository
+from service.db.engine import Database
+from service.ends import service
 from service.ends.schemas import EndAccepted, EndRequest, MemoInfo
-from service.ends.service import accept_end
-from service.http import runtime
+from service.settings import Settings
 from service.tenants.service import TenantContext
 
 
@@ -33,11 +30,10 @@ class EndController(Controller):
         },
     )
     async def end(
-        self, request: Request[Any, Any, Any], tenant: TenantContext, data: EndRequest
+        self, tenant: TenantContext, db: Database, settings: Settings, data: EndRequest
     ) -> Response[EndAccepted]:
         """Hand over the turn: 202 with the job and its event ids, or 200 when nothing to do."""
-        rt = runtime(request)
-        accepted = await accept_end(rt.db, tenant, data, rt.settings)
+        accepted = await service.accept_end(db, tenant, data, settings)
         return Response(accepted, status_code=202 if accepted.enqueued else 200)
 
     @get("/memos")
@@ -50,6 +46,4 @@ class EndController(Controller):
         limit: int = Parameter(default=30, ge=1, le=500),
     ) -> list[MemoInfo]:
         """A conversation's memo log, newest first."""
-        key = scope_of(group_id, user_id)
-        rows = await repository.recent_memos(session, tenant.tenant_id, key, limit)
-        return [MemoInfo(**row) for row in rows]
+        return await service.recent_memos(session, tenant.tenant_id, group_id, user_id, limit)

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
-from service.context import ConversationContext
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from service.context import ConversationContext, scope_of
 from service.db.engine import Database
 from service.ends import repository
-from service.ends.schemas import EndAccepted, EndRequest
+from service.ends.schemas import EndAccepted, EndRequest, MemoInfo
 from service.errors import Invalid
+from service.privacy.service import was_erased
+from service.queue.payloads import EndPayload
 from service.settings import Settings
 from service.tenants.service import TenantContext
 
@@ -21,8 +26,6 @@ async def check_erased(db: Database, tenant: TenantContext, ids: list[str | None
     """Apply the tenant's policy for data about erased people: refuse, or name them to flag."""
     if tenant.erased_policy == "accept":
         return []
-    from service.privacy.service import was_erased
-
     wanted = [i for i in ids if i]
     async with db.tenant(tenant.tenant_id) as session:
         erased = await was_erased(session, tenant.tenant_id, wanted)
@@ -62,20 +65,20 @@ async def accept_end(
     # The tenant's bot identity stands in when the call names none ("你" needs someone).
     context["bot_id"] = context.get("bot_id") or tenant.bot.get("id")
     context["bot_name"] = context.get("bot_name") or tenant.bot.get("name")
-    payload = {
-        "context": context,
-        "request_id": request.request_id,
-        "end_seq": request.end_seq,
-        "moment": moment.isoformat(),
-        "timezone": request.timezone or tenant.timezone,
-        "memo": request.memo,
-        "observations": request.observations,
-        "force": request.force,
-        "source_message": request.source_message,
-        "recent_messages": request.recent_messages,
-        "event_ids": ids,
-        "pii_policy": tenant.pii_policy,
-    }
+    payload = EndPayload(
+        context=context,
+        request_id=request.request_id,
+        end_seq=request.end_seq,
+        moment=moment.isoformat(),
+        timezone=request.timezone or tenant.timezone,
+        memo=request.memo,
+        observations=request.observations,
+        force=request.force,
+        source_message=request.source_message,
+        recent_messages=request.recent_messages,
+        event_ids=ids,
+        pii_policy=tenant.pii_policy,
+    )
     private = request.request_type == "private"
     flagged = await check_erased(db, tenant, [request.sender_id, request.user_id])
     async with db.tenant_connection(tenant.tenant_id, durable=not tenant.fast_ack) as conn:
@@ -92,7 +95,7 @@ async def accept_end(
             request.memo,
             moment,
             END_JOB,
-            json.dumps(payload, ensure_ascii=False),
+            json.dumps(payload.model_dump(mode="json"), ensure_ascii=False),
             settings.cognitive.queue.max_attempts,
             dedupe_key(request.request_id, request.end_seq),
             enqueue,
@@ -119,3 +122,16 @@ async def accept_end(
         duplicate=True,
         **base,
     )
+
+
+async def recent_memos(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    group_id: str | None,
+    user_id: str | None,
+    limit: int,
+) -> list[MemoInfo]:
+    """A conversation's memo log, newest first."""
+    key = scope_of(group_id, user_id)
+    rows = await repository.recent_memos(session, tenant_id, key, limit)
+    return [MemoInfo(**row) for row in rows]

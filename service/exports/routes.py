@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
-from litestar import Controller, Request, get
+from litestar import Controller, get
 from litestar.di import Provide
 from litestar.response import Stream
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.db.engine import Database
 from service.exports import service
-from service.http import RowId, errors, provide_admin, provide_system_session, reads, runtime
+from service.http import RowId, errors, provide_admin, provide_system_session, reads
 from service.tenants.service import TenantContext
 
 
@@ -29,9 +29,9 @@ class ExportController(Controller):
     )
     async def fetch(
         self,
-        request: Request[Any, Any, Any],
         tenant: TenantContext,
         session: AsyncSession,
+        read_db: Database,
         export_id: RowId,
     ) -> Stream:
         """The export's document once its job finished; 409 while it is being written."""
@@ -39,9 +39,8 @@ class ExportController(Controller):
             session, tenant.tenant_id, export_id, caller=tenant.key_prefix or ""
         )
         # Read where ``ready`` was: an export visible there has all its chunks there too.
-        rt = runtime(request)
         return Stream(
-            service.content(rt.read_db or rt.db, tenant.tenant_id, export_id),
+            service.content(read_db, tenant.tenant_id, export_id),
             media_type=service.media_type(export["kind"]),
         )
 
@@ -60,15 +59,15 @@ class AdminExportController(Controller):
     )
     async def fetch_tenant_export(
         self,
-        request: Request[Any, Any, Any],
         admin: None,
         session: AsyncSession,
+        db: Database,
         tenant_id: uuid.UUID,
         export_id: RowId,
     ) -> Stream:
         """A tenant's export once its job finished; 409 while it is being written."""
         export = await service.ready(session, tenant_id, export_id, caller=None)
         return Stream(
-            service.content(runtime(request).db, tenant_id, export_id),
+            service.content(db, tenant_id, export_id),
             media_type=service.media_type(export["kind"]),
         )

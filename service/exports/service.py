@@ -14,6 +14,7 @@ from service.errors import Conflict, NotFound
 from service.exports import repository
 from service.privacy import service as privacy
 from service.queue import repository as jobs
+from service.queue.payloads import ExportPayload
 from service.queue.worker import JobContext
 from service.settings import Settings
 from service.tenants.service import ADMIN_ACTOR
@@ -68,7 +69,7 @@ async def export_later(
         session,
         tenant_id,
         EXPORT_JOB,
-        {"export_id": export_id, "kind": kind, "subject": subject},
+        ExportPayload(export_id=export_id, kind=kind, subject=subject),
         max_attempts=settings.cognitive.queue.max_attempts,
     )
     await repository.attach_job(session, tenant_id, export_id, job_id)
@@ -106,9 +107,8 @@ class ExportWriter:
     async def run(self, job: JobContext) -> dict[str, Any]:
         """Write the export's chunks and mark it ready, together with the job's completion."""
         tenant_id = job.job.tenant_id
-        export_id = int(job.job.payload["export_id"])
-        kind = str(job.job.payload["kind"])
-        subject = str(job.job.payload["subject"])
+        payload = ExportPayload.of(job.job.payload)
+        export_id, kind, subject = payload.export_id, payload.kind, payload.subject
         async with job.finishing() as session:
             if not await repository.lock_pending(session, tenant_id, export_id):
                 # Erased or pruned before the job ran (or written by an earlier attempt).
@@ -175,3 +175,25 @@ async def prune(db: Database) -> int:
     """Delete every tenant's expired exports; returns how many."""
     async with db.system() as session:
         return await repository.prune(session)
+
+
+async def export_now_or_later(
+    session: AsyncSession,
+    db: Database,
+    tenant_id: uuid.UUID,
+    kind: str,
+    subject: str,
+    settings: Settings,
+    *,
+    requested_by: str | None,
+) -> AsyncIterator[bytes] | ExportJob:
+    """A small export as a stream to send now (from a transaction of its own); a large one
+    as a pending export whose job is enqueued in the caller's transaction."""
+    later = await export_later(
+        session, tenant_id, kind, subject, settings, requested_by=requested_by
+    )
+    if later is not None:
+        return later
+    if kind == "tenant":
+        return privacy.export_tenant(db, tenant_id)
+    return privacy.export_stream(db, tenant_id, kind, subject)

@@ -32,9 +32,10 @@ from service.messages.service import EXTRACT_JOB, enqueue_extraction
 from service.profiles import repository as profile_rows
 from service.profiles.document import ProfileKey
 from service.profiles.service import Fact
+from service.queue.payloads import ExtractPayload
 from service.queue.worker import JobContext
 from service.settings import Settings
-from service.tenants.repository import get_tenant
+from service.tenants.service import find as get_tenant
 from service.text import clip
 
 log = logging.getLogger("service.historian.extraction")
@@ -181,8 +182,8 @@ class Extractor:
     async def run_extract(self, job: JobContext) -> dict[str, Any]:
         """Read the conversation's unread messages, merge what they say into profiles, and
         advance the mark (which messages have been processed)."""
-        payload = job.job.payload
-        key, upto = str(payload["conversation_key"]), int(payload["upto_seq"])
+        payload = ExtractPayload.of(job.job.payload)
+        key, upto = payload.conversation_key, payload.upto_seq
         limit = self.settings.cognitive.extraction.max_batch
         tenant_id = job.job.tenant_id
         async with job.transaction() as session:
@@ -252,7 +253,7 @@ class Extractor:
                 "from_seq": mark,
                 "to_seq": unread[-1].seq if unread else mark,
                 "messages": len(unread),
-                "reason": payload.get("reason"),
+                "reason": payload.reason,
                 "profiles": versions,
                 "profile_llm_calls": calls,
                 "memory": memory_changes,

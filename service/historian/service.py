@@ -32,6 +32,7 @@ from service.privacy import pii
 from service.profiles import repository as profile_rows
 from service.profiles.document import ProfileKey
 from service.profiles.service import Fact
+from service.queue.payloads import EndPayload
 from service.queue.worker import BatchContext, JobContext, PermanentJobError
 from service.settings import Settings
 from service.text import clip, message_content
@@ -297,7 +298,7 @@ class Historian:
 
     async def _begin(self, job: JobContext) -> EndWork:
         """Read the job, screen it, rewrite its items (rules or the LLM)."""
-        payload = job.job.payload
+        payload = EndPayload.of(job.job.payload).model_dump(mode="json")
         try:
             context = ConversationContext.model_validate(
                 {

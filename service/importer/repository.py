@@ -7,17 +7,16 @@ import uuid
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.queue import repository as jobs
+
 # A turn counts as imported once anything of it is here: its memo, one of its events, or its
-# job (queued, running, or finished and not yet pruned). Each arm is an index lookup: the
-# memos' (tenant_id, request_id, end_seq) key, the events' primary key, the jobs' dedupe key.
+# job (queued, running, or finished and not yet pruned; asked of the queue). Each arm is an
+# index lookup: the memos' (tenant_id, request_id, end_seq) key, the events' primary key.
 _IMPORTED_TURNS = text(
     """
     SELECT request_id FROM memos WHERE tenant_id = :tenant_id AND request_id = ANY(:request_ids)
     UNION
     SELECT request_id FROM events WHERE tenant_id = :tenant_id AND id = ANY(:event_ids)
-    UNION
-    SELECT payload ->> 'request_id' FROM jobs
-    WHERE tenant_id = :tenant_id AND dedupe_key = ANY(:dedupe_keys)
     """
 )
 
@@ -32,13 +31,9 @@ async def imported_turns(
     """The request ids of these turns the tenant already holds something of."""
     if not request_ids:
         return set()
-    params = {
-        "tenant_id": tenant_id,
-        "request_ids": request_ids,
-        "event_ids": event_ids,
-        "dedupe_keys": dedupe_keys,
-    }
-    return {row[0] for row in await session.execute(_IMPORTED_TURNS, params)}
+    params = {"tenant_id": tenant_id, "request_ids": request_ids, "event_ids": event_ids}
+    held = {row[0] for row in await session.execute(_IMPORTED_TURNS, params)}
+    return held | await jobs.payload_field_by_dedupe(session, tenant_id, dedupe_keys, "request_id")
 
 
 _EXISTING_EVENTS = text("SELECT id FROM events WHERE tenant_id = :tenant_id AND id = ANY(:ids)")

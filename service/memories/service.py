@@ -16,8 +16,10 @@ from service.embedding.base import Vector
 from service.errors import Invalid, NotFound
 from service.memories import repository
 from service.memories.models import CATEGORIES, SCOPES, Memory
-from service.memories.repository import ScopeFilter
-from service.memories.schemas import MemorySearch
+from service.memories.repository import ScopeFilter as ScopeFilter
+from service.memories.schemas import (
+    MemorySearch,
+)
 from service.privacy import pii
 from service.retrieval.terms import near_duplicate
 from service.settings import MemorySettings
@@ -59,22 +61,51 @@ def conversation_filter(
     return ScopeFilter(group_id, user_id, tuple(scopes) if scopes else SCOPES)
 
 
+async def search_in_scope(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    scope: ScopeFilter,
+    vector: Vector,
+    *,
+    limit: int,
+    active_only: bool = True,
+    categories: Sequence[str] | None = None,
+    mark_used: bool = True,
+) -> list[dict[str, Any]]:
+    """The memories nearest in meaning that a conversation may see, best first.
+
+    The one place a conversation reads memories by meaning (REST search, the bot's tools, the
+    context builder): ``scope`` is the hard filter that keeps a group's and a person's private
+    memories apart. What is found counts as used, unless ``mark_used`` is off (a search for
+    memories to forget).
+    """
+    conditions = [scope.where()]
+    if active_only:
+        conditions.append(Memory.is_active.is_(True))
+    if categories:
+        conditions.append(Memory.category.in_(categories))
+    rows = await repository.nearest(
+        session, tenant_id, vector, where=and_(*conditions), limit=limit
+    )
+    if mark_used:
+        await repository.touch(session, tenant_id, [r["id"] for r in rows])
+    return rows
+
+
 async def search(
     session: AsyncSession, tenant_id: uuid.UUID, request: MemorySearch, vector: Vector
 ) -> list[dict[str, Any]]:
     """``POST /v1/memories/search`` and ``cognitive_search_memories``: nearest in meaning,
     within the conversation's scopes only; what is found counts as used."""
-    scope = conversation_filter(request.group_id, request.user_id, request.scopes)
-    conditions = [scope.where()]
-    if not request.include_inactive:
-        conditions.append(Memory.is_active.is_(True))
-    if request.categories:
-        conditions.append(Memory.category.in_(request.categories))
-    rows = await repository.nearest(
-        session, tenant_id, vector, where=and_(*conditions), limit=request.top_k
+    return await search_in_scope(
+        session,
+        tenant_id,
+        conversation_filter(request.group_id, request.user_id, request.scopes),
+        vector,
+        limit=request.top_k,
+        active_only=not request.include_inactive,
+        categories=request.categories,
     )
-    await repository.touch(session, tenant_id, [r["id"] for r in rows])
-    return rows
 
 
 def check_personal(scope: str, content: str, policy: str, field: str = "content") -> str:

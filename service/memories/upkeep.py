@@ -12,6 +12,7 @@ from service.db.engine import Database
 from service.memories import service
 from service.memories.repository import ScopeFilter
 from service.queue import repository as jobs
+from service.queue.payloads import ConsolidatePayload, NoPayload
 from service.queue.worker import JobContext
 from service.settings import Settings
 from service.todos import repository as todos
@@ -39,7 +40,7 @@ class Upkeep:
                     session,
                     tenant_id,
                     MAINTAIN_JOB,
-                    {},
+                    NoPayload(),
                     max_attempts=self.settings.cognitive.queue.max_attempts,
                     dedupe_key=f"maintain:{bucket}",
                 )
@@ -60,7 +61,7 @@ class Upkeep:
 
     async def run_consolidate(self, job: JobContext) -> dict[str, Any]:
         """Merge near-duplicate memories of a conversation that went quiet."""
-        key = str(job.job.payload["conversation_key"])
+        key = ConsolidatePayload.of(job.job.payload).conversation_key
         kind, _, ident = key.partition(":")
         scope = ScopeFilter(ident, None) if kind == "g" else ScopeFilter.private(ident)
         async with job.finishing() as session:
@@ -83,7 +84,7 @@ async def enqueue_consolidation(
         session,
         tenant_id,
         CONSOLIDATE_JOB,
-        {"conversation_key": conversation_key},
+        ConsolidatePayload(conversation_key=conversation_key),
         max_attempts=settings.cognitive.queue.max_attempts,
         dedupe_key=f"consolidate:{conversation_key}:{stamp}",
     )

@@ -184,20 +184,6 @@ async def advance_extracted(
     )
 
 
-_QUEUED_EMBED = text(
-    """
-    SELECT 1 FROM jobs WHERE tenant_id = :tenant_id AND status = 'queued' AND kind = :kind LIMIT 1
-    """
-)
-
-
-async def embed_job_queued(session: AsyncSession, tenant_id: uuid.UUID, kind: str) -> bool:
-    """Whether a not-yet-started embedding job will see messages committed now."""
-    return (
-        await session.execute(_QUEUED_EMBED, {"tenant_id": tenant_id, "kind": kind})
-    ).first() is not None
-
-
 # SKIP LOCKED: two embedding jobs of one tenant split the work instead of repeating it.
 _UNEMBEDDED = text(
     """

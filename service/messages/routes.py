@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from litestar import Controller, Request, post
+from litestar import Controller, post
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.http import reads, runtime
+from service.http import EmbedderDependency, reads
 from service.messages import search as archive
 from service.messages import service
 from service.messages.schemas import (
@@ -16,6 +14,7 @@ from service.messages.schemas import (
     MessageSearchResult,
     MessagesStored,
 )
+from service.settings import Settings
 from service.tenants.service import TenantContext
 
 
@@ -28,21 +27,21 @@ class MessageController(Controller):
     @post("/", status_code=202)
     async def store(
         self,
-        request: Request[Any, Any, Any],
         tenant: TenantContext,
         session: AsyncSession,
+        settings: Settings,
         data: MessageBatch,
     ) -> MessagesStored:
         """Store a batch of messages; embedding and extraction happen in the background."""
-        return await service.ingest(session, tenant, data, runtime(request).settings)
+        return await service.ingest(session, tenant, data, settings)
 
     @post("/search", status_code=200, dependencies=reads())
     async def search(
         self,
-        request: Request[Any, Any, Any],
         tenant: TenantContext,
         session: AsyncSession,
+        embedder: EmbedderDependency,
         data: MessageSearch,
     ) -> MessageSearchResult:
         """The archive look-up: one conversation's messages best matching the query."""
-        return await archive.search(session, tenant, data, runtime(request).embedder)
+        return await archive.search(session, tenant, data, embedder)

@@ -20,6 +20,7 @@ from service.messages.schemas import MessageBatch, MessagesStored
 from service.privacy import pii
 from service.privacy.service import was_erased
 from service.queue import repository as jobs
+from service.queue.payloads import ExtractPayload, NoPayload
 from service.queue.worker import JobContext
 from service.retrieval.terms import terms, to_tsvector_literal
 from service.settings import Settings
@@ -115,12 +116,12 @@ async def ingest(
             )
             await repository.reset_pending(session, tenant.tenant_id, key)
     embed_job = None
-    if inserted and not await repository.embed_job_queued(session, tenant.tenant_id, EMBED_JOB):
+    if inserted and not await jobs.kind_queued(session, tenant.tenant_id, EMBED_JOB):
         embed_job, _ = await jobs.enqueue(
             session,
             tenant.tenant_id,
             EMBED_JOB,
-            {},
+            NoPayload(),
             max_attempts=settings.cognitive.queue.max_attempts,
         )
     return MessagesStored(
@@ -157,7 +158,7 @@ async def enqueue_extraction(
         session,
         tenant_id,
         EXTRACT_JOB,
-        {"conversation_key": key, "upto_seq": upto_seq, "reason": reason},
+        ExtractPayload(conversation_key=key, upto_seq=upto_seq, reason=reason),
         max_attempts=settings.cognitive.queue.max_attempts,
         dedupe_key=f"extract:{key}:{upto_seq}",
     )

@@ -9,7 +9,7 @@ them is kept and loses the name (see ``redaction``); it is never deleted, and no
 matched by a pattern built from an id or a name, so a name like "is", "2", "%" or "tags"
 touches nobody else's data.
 
-The ``jobs`` table's part is declared here (``JOBS``), where its SQL has always been.
+The ``jobs`` table's part is declared by the queue (``service.queue.personal``).
 """
 
 from __future__ import annotations
@@ -22,13 +22,11 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db import registry
-from service.db.registry import Erasing, PersonalTable, Redaction, names_filter
+from service.db.registry import PERSON_FIELDS, Erasing, PersonalTable, Redaction
 from service.embedding import Embedder
 from service.privacy import keys
 from service.privacy.people import find_person
 
-# Columns of a job's payload (and of rows quoted in it) that name a person by id.
-PERSON_FIELDS = ("sender_id", "user_id", "creator_id", "assignee_id")
 # The column of a group's rows in an export document.
 GROUP_FIELDS = ("group_id",)
 
@@ -127,106 +125,6 @@ async def erase_user(
                 await table.redact(redaction)
     await _tombstone(session, tenant_id, "user", subject, requested_by, counts)
     return counts
-
-
-# ---------------------------------------------------------------- the jobs table
-
-
-async def _redact_jobs(r: Redaction) -> None:
-    """Jobs of the person's conversations: others' hand-overs keep their payload, without the
-    person's name and without the person's own messages quoted in them."""
-    redactor = r.redactor
-    uid = r.person_id
-
-    def owned(item: dict[str, Any]) -> bool:
-        return any(item.get(f) == uid for f in PERSON_FIELDS)
-
-    for row in await r.rows(
-        "SELECT id, payload, result, last_error FROM jobs WHERE tenant_id = :t"
-        " AND (payload -> 'context' ->> 'group_id' = ANY(:groups)"
-        "      OR payload ->> 'conversation_key' = ANY(:keys))"
-    ):
-        payload = redactor.json(row.payload, owned)
-        result = redactor.json(row.result, owned)
-        error = redactor.text(row.last_error) if row.last_error else row.last_error
-        if (payload, result, error) != (row.payload, row.result, row.last_error):
-            await r.session.execute(
-                text(
-                    "UPDATE jobs SET payload = CAST(:p AS jsonb), result = CAST(:r AS jsonb),"
-                    " last_error = :e WHERE tenant_id = :t AND id = :id"
-                ),
-                {
-                    "t": r.tenant_id,
-                    "id": row.id,
-                    "e": error,
-                    "p": json.dumps(payload, ensure_ascii=False),
-                    "r": json.dumps(result, ensure_ascii=False) if result is not None else None,
-                },
-            )
-            r.count("jobs_redacted")
-
-
-JOBS = PersonalTable(
-    table="jobs",
-    personal=("payload", "result", "last_error"),
-    not_personal={
-        "kind": "a code from a fixed set",
-        "status": "a code from a fixed set",
-        "lease_owner": "the worker process holding the job",
-        "dedupe_key": "a key made of ids that runs a job once",
-    },
-    # Their hand-overs, their private chat's jobs, an export or erasure of them.
-    erase_user=(
-        (
-            "jobs",
-            """DELETE FROM jobs WHERE tenant_id = :t AND id <> :spare
-           AND (payload -> 'context' ->> 'sender_id' = :u
-                OR payload -> 'context' ->> 'user_id' = :u
-                OR payload ->> 'conversation_key' = :pk
-                OR (kind IN ('privacy.export', 'privacy.erase_user')
-                    AND COALESCE(payload ->> 'subject', payload ->> 'user_id') = :u
-                    AND COALESCE(payload ->> 'kind', 'user') = 'user'))""",
-        ),
-    ),
-    erase_group=(
-        (
-            "jobs",
-            "DELETE FROM jobs WHERE tenant_id = :t AND (payload -> 'context' ->> 'group_id'"
-            " = :g OR payload ->> 'conversation_key' = :k OR (kind = 'privacy.export'"
-            " AND payload ->> 'kind' = 'group' AND payload ->> 'subject' = :g))",
-        ),
-    ),
-    redact=_redact_jobs,
-    export_user=f"""
-           SELECT id, kind, status, attempts, payload, last_error, created_at,
-                  (payload -> 'context' ->> 'sender_id' = :u
-                   OR payload -> 'context' ->> 'user_id' = :u
-                   OR payload ->> 'conversation_key' = :pk) AS own
-           FROM jobs
-           WHERE tenant_id = :t AND status IN ('queued', 'running', 'failed') AND id <> :spare
-             AND (payload -> 'context' ->> 'sender_id' = :u
-                  OR payload -> 'context' ->> 'user_id' = :u
-                  OR payload ->> 'conversation_key' = :pk
-                  OR ((payload -> 'context' ->> 'group_id' = ANY(:groups)
-                       OR payload ->> 'conversation_key' = ANY(:keys))
-                      AND {names_filter("payload::text")}))
-           ORDER BY id""",
-    # The names in the context of their hand-overs; the names of others and of the bot.
-    own_names=(
-        """SELECT payload -> 'context' ->> 'sender_name' AS name FROM jobs
-    WHERE tenant_id = :t AND payload -> 'context' ->> 'sender_id' = :u
-      AND payload -> 'context' ->> 'sender_name' IS NOT NULL""",
-    ),
-    shared_names=(
-        """SELECT payload -> 'context' ->> 'sender_name' AS name FROM jobs
-    WHERE tenant_id = :t AND payload -> 'context' ->> 'sender_name' = ANY(:names)
-      AND payload -> 'context' ->> 'sender_id' IS DISTINCT FROM :u""",
-        """SELECT payload -> 'context' ->> 'bot_name' AS name FROM jobs
-    WHERE tenant_id = :t AND payload -> 'context' ->> 'bot_name' = ANY(:names)""",
-    ),
-)
-
-TABLES = (JOBS,)
 
 
 # ---------------------------------------------------------------- groups and tenants

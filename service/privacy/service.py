@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -19,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db import registry
 from service.db.engine import Database
+from service.embedding import Embedder
 from service.privacy.erasure import (
     count_group_rows,
     count_tenant_rows,
@@ -31,20 +33,70 @@ from service.privacy.erasure import (
 )
 from service.privacy.keys import subject_hash
 from service.privacy.people import find_person
+from service.queue import repository as jobs
+from service.queue.payloads import EraseUserPayload
+from service.settings import Settings
 
 __all__ = [
+    "ERASE_USER_JOB",
+    "UserErasure",
     "count_export_rows",
     "count_user_rows",
     "document_parts",
     "erase_group",
     "erase_tenant",
     "erase_user",
+    "erase_user_now_or_later",
     "export_stream",
     "export_tenant",
     "subject_hash",
     "tenant_parts",
     "was_erased",
 ]
+
+ERASE_USER_JOB = "privacy.erase_user"
+
+# ---------------------------------------------------------------- erasure
+
+
+@dataclass(frozen=True)
+class UserErasure:
+    """A person's erasure: done (``counts``), or handed to a job (``job_id``)."""
+
+    counts: dict[str, int] | None = None
+    job_id: int | None = None
+
+
+async def erase_user_now_or_later(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    user_id: str,
+    embedder: Embedder,
+    settings: Settings,
+    *,
+    requested_by: str | None,
+) -> UserErasure:
+    """Erase a person in the caller's transaction, or, past ``privacy_sync_limit`` rows,
+    enqueue the erasure as a job in it."""
+    if await count_user_rows(session, tenant_id, user_id) > settings.privacy_sync_limit:
+        job_id, _ = await jobs.enqueue(
+            session,
+            tenant_id,
+            ERASE_USER_JOB,
+            EraseUserPayload(user_id=user_id, requested_by=requested_by),
+            max_attempts=settings.cognitive.queue.max_attempts,
+        )
+        return UserErasure(job_id=job_id)
+    counts = await erase_user(
+        session,
+        tenant_id,
+        user_id,
+        embedder,
+        requested_by=requested_by,
+        keep=settings.cognitive.profile.revision_keep,
+    )
+    return UserErasure(counts=counts)
+
 
 # ---------------------------------------------------------------- export
 #

@@ -8,10 +8,10 @@ from litestar import Controller, Request, get, post, put
 from litestar.params import Parameter
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.context import scope_of
-from service.errors import Conflict, Invalid, NotFound
-from service.http import errors, reads, runtime
-from service.profiles import repository, service
+from service.embedding import Embedder
+from service.errors import Invalid
+from service.http import EmbedderDependency, errors, reads
+from service.profiles import service
 from service.profiles.document import ProfileKey
 from service.profiles.schemas import (
     ProfileHit,
@@ -21,6 +21,7 @@ from service.profiles.schemas import (
     RevisionInfo,
     Rollback,
 )
+from service.settings import Settings
 from service.tenants.service import TenantContext
 
 
@@ -37,64 +38,52 @@ class ProfileController(Controller):
     async def _read(
         self, session: AsyncSession, tenant: TenantContext, key: ProfileKey
     ) -> ProfileInfo:
-        row = await repository.get(session, tenant.tenant_id, key)
-        if row is None:
-            raise NotFound(f"no profile of {key.describe()}")
-        return _info(row)
+        return _info(await service.get(session, tenant.tenant_id, key))
 
     async def _revisions(
         self, session: AsyncSession, tenant: TenantContext, key: ProfileKey
     ) -> list[RevisionInfo]:
-        await self._read(session, tenant, key)
-        return [
-            RevisionInfo(**r) for r in await repository.revisions(session, tenant.tenant_id, key)
-        ]
+        rows = await service.revisions(session, tenant.tenant_id, key)
+        return [RevisionInfo(**r) for r in rows]
 
     async def _rollback(
         self,
-        request: Request[Any, Any, Any],
         session: AsyncSession,
         tenant: TenantContext,
+        embedder: Embedder,
+        settings: Settings,
         key: ProfileKey,
         data: Rollback,
     ) -> ProfileInfo:
-        rt = runtime(request)
         await service.rollback(
             session,
             tenant.tenant_id,
             key,
             data.version,
-            rt.embedder,
+            embedder,
             cause={"key_prefix": tenant.key_prefix},
-            keep=rt.settings.cognitive.profile.revision_keep,
+            keep=settings.cognitive.profile.revision_keep,
         )
         return await self._read(session, tenant, key)
 
     async def _replace(
         self,
-        request: Request[Any, Any, Any],
         session: AsyncSession,
         tenant: TenantContext,
+        embedder: Embedder,
+        settings: Settings,
         key: ProfileKey,
         data: ProfileReplace,
+        if_match: str | None,
     ) -> ProfileInfo:
-        rt = runtime(request)
-        current = await repository.get(session, tenant.tenant_id, key)
-        expected = _if_match(request)
-        if current is not None and expected is not None and expected != current["version"]:
-            raise Conflict(f"the profile is at version {current['version']}, not {expected}")
-        if current is None and expected not in (None, 0):
-            raise Conflict("the profile does not exist yet (use If-Match: 0 or none)")
-        service.check_personal(key, data.document, tenant.pii_policy)
-        await service.save(
+        await service.replace_by_hand(
             session,
-            tenant.tenant_id,
-            data.document,
+            tenant,
             key,
-            rt.embedder,
-            expected=current["version"] if current else None,
-            replaced_by={"by": "api", "key_prefix": tenant.key_prefix},
-            keep=rt.settings.cognitive.profile.revision_keep,
+            data.document,
+            embedder,
+            expected=_if_match(if_match),
+            keep=settings.cognitive.profile.revision_keep,
         )
         return await self._read(session, tenant, key)
 
@@ -108,10 +97,7 @@ class ProfileController(Controller):
         limit: int = Parameter(default=100, ge=1, le=500),
     ) -> list[ProfileInfo]:
         """A conversation's profiles: a group's (``group_id``) with its members', or a person's."""
-        scope_of(group_id, user_id)
-        rows = await repository.of_conversation(
-            session, tenant.tenant_id, group_id or None, user_id or None, limit
-        )
+        rows = await service.of_conversation(session, tenant.tenant_id, group_id, user_id, limit)
         return [_info(r) for r in rows]
 
     @get("/member/{group_id:str}/{user_id:str}", responses=errors(404), dependencies=reads())
@@ -137,30 +123,34 @@ class ProfileController(Controller):
     )
     async def member_rollback(
         self,
-        request: Request[Any, Any, Any],
         tenant: TenantContext,
         session: AsyncSession,
+        embedder: EmbedderDependency,
+        settings: Settings,
         group_id: str,
         user_id: str,
         data: Rollback,
     ) -> ProfileInfo:
         """Make a kept revision current again."""
         key = service.key_of("member", user_id, group_id)
-        return await self._rollback(request, session, tenant, key, data)
+        return await self._rollback(session, tenant, embedder, settings, key, data)
 
     @put("/member/{group_id:str}/{user_id:str}", responses=errors(409))
     async def member_replace(
         self,
-        request: Request[Any, Any, Any],
         tenant: TenantContext,
         session: AsyncSession,
+        embedder: EmbedderDependency,
+        settings: Settings,
         group_id: str,
         user_id: str,
         data: ProfileReplace,
+        request: Request[Any, Any, Any],
     ) -> ProfileInfo:
         """Replace by hand (``If-Match: <version>`` for optimistic concurrency)."""
         key = service.key_of("member", user_id, group_id)
-        return await self._replace(request, session, tenant, key, data)
+        if_match = request.headers.get("if-match")
+        return await self._replace(session, tenant, embedder, settings, key, data, if_match)
 
     @get("/{entity_type:str}/{entity_id:str}", responses=errors(404), dependencies=reads())
     async def get_profile(
@@ -185,42 +175,46 @@ class ProfileController(Controller):
     )
     async def rollback(
         self,
-        request: Request[Any, Any, Any],
         tenant: TenantContext,
         session: AsyncSession,
+        embedder: EmbedderDependency,
+        settings: Settings,
         entity_type: str,
         entity_id: str,
         data: Rollback,
     ) -> ProfileInfo:
         """Make a kept revision current again."""
         key = _plain_key(entity_type, entity_id)
-        return await self._rollback(request, session, tenant, key, data)
+        return await self._rollback(session, tenant, embedder, settings, key, data)
 
     @put("/{entity_type:str}/{entity_id:str}", responses=errors(409))
     async def replace(
         self,
-        request: Request[Any, Any, Any],
         tenant: TenantContext,
         session: AsyncSession,
+        embedder: EmbedderDependency,
+        settings: Settings,
         entity_type: str,
         entity_id: str,
         data: ProfileReplace,
+        request: Request[Any, Any, Any],
     ) -> ProfileInfo:
         """Replace by hand (``If-Match: <version>`` for optimistic concurrency)."""
         key = _plain_key(entity_type, entity_id)
-        return await self._replace(request, session, tenant, key, data)
+        if_match = request.headers.get("if-match")
+        return await self._replace(session, tenant, embedder, settings, key, data, if_match)
 
     @post("/search", status_code=200, dependencies=reads())
     async def search(
         self,
-        request: Request[Any, Any, Any],
         tenant: TenantContext,
         session: AsyncSession,
+        embedder: EmbedderDependency,
         data: ProfileSearch,
     ) -> list[ProfileHit]:
         """Profiles by meaning; member profiles only within the given group; with ``context``,
         only what that conversation may see (as ``cognitive_search_profiles``)."""
-        vector = await runtime(request).embedder.query(data.query)
+        vector = await embedder.query(data.query)
         rows = await service.search(
             session,
             tenant.tenant_id,
@@ -240,8 +234,7 @@ def _plain_key(entity_type: str, entity_id: str) -> ProfileKey:
     return service.key_of(entity_type, entity_id)
 
 
-def _if_match(request: Request[Any, Any, Any]) -> int | None:
-    value = request.headers.get("if-match")
+def _if_match(value: str | None) -> int | None:
     if value is None:
         return None
     value = value.strip().strip('"').removeprefix("W/").strip('"')

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.context import ConversationContext
+from service.context import ConversationContext, scope_of
 from service.embedding import Embedder
 from service.errors import Conflict, Forbidden, Invalid, NotFound
 from service.privacy import pii
@@ -22,6 +22,7 @@ from service.profiles.consolidate import Body, digest
 from service.profiles.document import Profile, ProfileKey, parse, render
 from service.profiles.schemas import ProfileLookup, ProfileSearch
 from service.retrieval.terms import compact
+from service.tenants.service import TenantContext
 
 _TITLES = {"user": "# 用户侧写", "group": "# 群侧写", "member": "# 成员侧写"}
 NEAR_DUPLICATE = 0.9
@@ -65,6 +66,73 @@ def check_personal(key: ProfileKey, document: str, policy: str) -> None:
             f"the tenant's policy ({policy}) keeps no personal data ({', '.join(found)})",
             field="document",
         )
+
+
+async def find(
+    session: AsyncSession, tenant_id: uuid.UUID, key: ProfileKey
+) -> dict[str, Any] | None:
+    """A profile's current row, or None."""
+    return await repository.get(session, tenant_id, key)
+
+
+async def get(session: AsyncSession, tenant_id: uuid.UUID, key: ProfileKey) -> dict[str, Any]:
+    """A profile's current row; ``NotFound`` when there is none."""
+    row = await find(session, tenant_id, key)
+    if row is None:
+        raise NotFound(f"no profile of {key.describe()}")
+    return row
+
+
+async def revisions(
+    session: AsyncSession, tenant_id: uuid.UUID, key: ProfileKey
+) -> list[dict[str, Any]]:
+    """A profile's kept previous texts, newest first; ``NotFound`` when there is no profile."""
+    await get(session, tenant_id, key)
+    return await repository.revisions(session, tenant_id, key)
+
+
+async def of_conversation(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    group_id: str | None,
+    user_id: str | None,
+    limit: int,
+) -> list[dict[str, Any]]:
+    """A conversation's profiles: a group's with its members', or a person's."""
+    scope_of(group_id, user_id)
+    return await repository.of_conversation(
+        session, tenant_id, group_id or None, user_id or None, limit
+    )
+
+
+async def replace_by_hand(
+    session: AsyncSession,
+    tenant: TenantContext,
+    key: ProfileKey,
+    document: str,
+    embedder: Embedder,
+    *,
+    expected: int | None,
+    keep: int,
+) -> None:
+    """An operator's replacement of a profile; ``expected``: the version they last read
+    (``If-Match``; 0 for a profile that must not exist yet), else ``Conflict``."""
+    current = await find(session, tenant.tenant_id, key)
+    if current is not None and expected is not None and expected != current["version"]:
+        raise Conflict(f"the profile is at version {current['version']}, not {expected}")
+    if current is None and expected not in (None, 0):
+        raise Conflict("the profile does not exist yet (use If-Match: 0 or none)")
+    check_personal(key, document, tenant.pii_policy)
+    await save(
+        session,
+        tenant.tenant_id,
+        document,
+        key,
+        embedder,
+        expected=current["version"] if current else None,
+        replaced_by={"by": "api", "key_prefix": tenant.key_prefix},
+        keep=keep,
+    )
 
 
 def load(row: dict[str, Any]) -> Profile:

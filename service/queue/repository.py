@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from pydantic import BaseModel
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -56,14 +57,17 @@ async def enqueue(
     session: AsyncSession,
     tenant_id: uuid.UUID,
     kind: str,
-    payload: dict[str, Any],
+    payload: dict[str, Any] | BaseModel,
     *,
     priority: int = 0,
     run_after: datetime | None = None,
     max_attempts: int = 4,
     dedupe_key: str | None = None,
 ) -> tuple[int, bool]:
-    """Insert a job in the caller's transaction; returns (job id, created)."""
+    """Insert a job in the caller's transaction; returns (job id, created). ``payload`` is the
+    kind's model (``service.queue.payloads``) or, for kinds without one, a dict."""
+    if isinstance(payload, BaseModel):
+        payload = payload.model_dump(mode="json")
     params = {
         "tenant_id": tenant_id,
         "kind": kind,
@@ -474,3 +478,129 @@ async def drop_work(session: AsyncSession, kinds: list[str], match: dict[str, An
     """Delete the queued jobs of these kinds whose payload contains ``match``."""
     result = await session.execute(_DROP_WORK, {"kinds": kinds, "match": json.dumps(match)})
     return _rowcount(result)
+
+
+_REPLACE_PAYLOAD = text(
+    "UPDATE jobs SET payload = CAST(:payload AS jsonb) WHERE tenant_id = :tenant_id AND id = :id"
+)
+
+
+async def replace_payload(
+    session: AsyncSession, tenant_id: uuid.UUID, job_id: int, payload: BaseModel
+) -> None:
+    """Overwrite a job's payload (an erasure's job must not keep the id it erased)."""
+    params = {
+        "tenant_id": tenant_id,
+        "id": job_id,
+        "payload": json.dumps(payload.model_dump(mode="json"), ensure_ascii=False),
+    }
+    await session.execute(_REPLACE_PAYLOAD, params)
+
+
+_KIND_QUEUED = text(
+    """
+    SELECT 1 FROM jobs WHERE tenant_id = :tenant_id AND status = 'queued' AND kind = :kind LIMIT 1
+    """
+)
+
+
+async def kind_queued(session: AsyncSession, tenant_id: uuid.UUID, kind: str) -> bool:
+    """Whether the tenant has a job of this kind not yet started (it will see what commits now)."""
+    params = {"tenant_id": tenant_id, "kind": kind}
+    return (await session.execute(_KIND_QUEUED, params)).first() is not None
+
+
+# The jobs' dedupe key index: a lookup per key, whatever the job's status.
+_PAYLOAD_FIELD_BY_DEDUPE = text(
+    """
+    SELECT payload ->> :field FROM jobs
+    WHERE tenant_id = :tenant_id AND dedupe_key = ANY(:dedupe_keys)
+    """
+)
+
+
+async def payload_field_by_dedupe(
+    session: AsyncSession, tenant_id: uuid.UUID, dedupe_keys: list[str], field: str
+) -> set[str]:
+    """A payload field of the tenant's jobs with these dedupe keys (queued, running, or
+    finished and not yet pruned)."""
+    if not dedupe_keys:
+        return set()
+    params = {"tenant_id": tenant_id, "dedupe_keys": dedupe_keys, "field": field}
+    return {row[0] for row in await session.execute(_PAYLOAD_FIELD_BY_DEDUPE, params)}
+
+
+_KIND_STATUS_COUNTS = text("SELECT kind, status, count(*) AS n FROM jobs GROUP BY kind, status")
+
+
+async def kind_status_counts(session: AsyncSession) -> list[tuple[str, str, int]]:
+    """Jobs per (kind, status), for the metrics."""
+    rows = await session.execute(_KIND_STATUS_COUNTS)
+    return [(str(r.kind), str(r.status), int(r.n)) for r in rows]
+
+
+# ---------------------------------------------------------------- erasure
+# An erasure (service.privacy.erasure) removes or rewrites the jobs that hold a person's or a
+# group's data, in the erasure's transaction. Its registries run these statements with their
+# parameters: :t the tenant, :u the person, :pk their private conversation, :spare the
+# erasure's own job (which scrubs its payload itself); :g the group, :k its conversation.
+
+# A person's hand-overs, their private chat's jobs, an export or erasure of them.
+DELETE_JOBS_OF_PERSON = """DELETE FROM jobs WHERE tenant_id = :t AND id <> :spare
+           AND (payload -> 'context' ->> 'sender_id' = :u
+                OR payload -> 'context' ->> 'user_id' = :u
+                OR payload ->> 'conversation_key' = :pk
+                OR (kind IN ('privacy.export', 'privacy.erase_user')
+                    AND COALESCE(payload ->> 'subject', payload ->> 'user_id') = :u
+                    AND COALESCE(payload ->> 'kind', 'user') = 'user'))"""
+
+# A group's hand-overs and conversation jobs, and an export of it.
+DELETE_JOBS_OF_GROUP = (
+    "DELETE FROM jobs WHERE tenant_id = :t AND (payload -> 'context' ->> 'group_id'"
+    " = :g OR payload ->> 'conversation_key' = :k OR (kind = 'privacy.export'"
+    " AND payload ->> 'kind' = 'group' AND payload ->> 'subject' = :g))"
+)
+
+_JOBS_OF_CONVERSATIONS = text(
+    """
+    SELECT id, payload, result, last_error FROM jobs WHERE tenant_id = :tenant_id
+      AND (payload -> 'context' ->> 'group_id' = ANY(:groups)
+           OR payload ->> 'conversation_key' = ANY(:keys))
+    """
+)
+
+
+async def jobs_of_conversations(
+    session: AsyncSession, tenant_id: uuid.UUID, groups: list[str], keys: list[str]
+) -> list[Any]:
+    """The tenant's jobs of these groups or conversations: (id, payload, result, last_error)."""
+    params = {"tenant_id": tenant_id, "groups": groups, "keys": keys}
+    return list(await session.execute(_JOBS_OF_CONVERSATIONS, params))
+
+
+_REWRITE = text(
+    """
+    UPDATE jobs SET payload = CAST(:payload AS jsonb), result = CAST(:result AS jsonb),
+                    last_error = :last_error
+    WHERE tenant_id = :tenant_id AND id = :id
+    """
+)
+
+
+async def rewrite(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    job_id: int,
+    payload: dict[str, Any],
+    result: dict[str, Any] | None,
+    last_error: str | None,
+) -> None:
+    """Replace what a job holds (an erasure's redaction of someone's name in it)."""
+    params = {
+        "tenant_id": tenant_id,
+        "id": job_id,
+        "last_error": last_error,
+        "payload": json.dumps(payload, ensure_ascii=False),
+        "result": json.dumps(result, ensure_ascii=False) if result is not None else None,
+    }
+    await session.execute(_REWRITE, params)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from litestar import Controller, Request, delete, get, post, put
+from litestar import Controller, delete, get, post, put
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.db.engine import Database
 from service.errors import NotFound
-from service.http import errors, reads, runtime
+from service.http import EmbedderDependency, RerankerDependency, errors, reads
 from service.recall import tools
 from service.recall.schemas import (
     ContextRequest,
@@ -21,8 +22,9 @@ from service.recall.schemas import (
     ToolResult,
 )
 from service.recall.service import Reader
-from service.tenants import repository as tenants
-from service.tenants.service import TenantContext
+from service.settings import Settings
+from service.tenants import service as tenants
+from service.tenants.service import Authenticator, TenantContext
 
 
 class RecallController(Controller):
@@ -34,26 +36,26 @@ class RecallController(Controller):
     @post("/context", status_code=200, dependencies=reads())
     async def context(
         self,
-        request: Request[Any, Any, Any],
         tenant: TenantContext,
         session: AsyncSession,
+        embedder: EmbedderDependency,
+        reranker: RerankerDependency,
         data: ContextRequest,
     ) -> ContextResponse:
         """The memory context to inject this turn, with a ready ``prompt`` block."""
-        rt = runtime(request)
-        return await Reader(rt.embedder, rt.reranker).context(session, tenant, data)
+        return await Reader(embedder, reranker).context(session, tenant, data)
 
     @post("/events/search", status_code=200, responses=errors(403), dependencies=reads())
     async def search_events(
         self,
-        request: Request[Any, Any, Any],
         tenant: TenantContext,
         session: AsyncSession,
+        embedder: EmbedderDependency,
+        reranker: RerankerDependency,
         data: EventSearch,
     ) -> EventSearchResult:
         """``cognitive.search_events``: a conversation's events by meaning and time."""
-        rt = runtime(request)
-        return await Reader(rt.embedder, rt.reranker).search_events(session, tenant, data)
+        return await Reader(embedder, reranker).search_events(session, tenant, data)
 
     @get("/persona", responses=errors(404))
     async def get_persona(self, tenant: TenantContext) -> Persona:
@@ -66,23 +68,21 @@ class RecallController(Controller):
     @put("/persona")
     async def put_persona(
         self,
-        request: Request[Any, Any, Any],
         tenant: TenantContext,
         session: AsyncSession,
+        auth: Authenticator,
         data: Persona,
     ) -> Persona:
         """Set the persona: the bot's character and boundary rules, injected first every turn."""
-        await _set_persona(session, tenant, data.text)
-        runtime(request).auth.forget(tenant.tenant_id)
+        await tenants.set_persona(session, auth, tenant.tenant_id, data.text)
         return data
 
     @delete("/persona", status_code=200)
     async def delete_persona(
-        self, request: Request[Any, Any, Any], tenant: TenantContext, session: AsyncSession
+        self, tenant: TenantContext, session: AsyncSession, auth: Authenticator
     ) -> dict[str, bool]:
         """Remove the persona."""
-        await _set_persona(session, tenant, None)
-        runtime(request).auth.forget(tenant.tenant_id)
+        await tenants.set_persona(session, auth, tenant.tenant_id, None)
         return {"deleted": True}
 
     @get("/tools")
@@ -93,39 +93,28 @@ class RecallController(Controller):
     @post("/tools/call", status_code=200, responses=errors(403, 404))
     async def call_tool(
         self,
-        request: Request[Any, Any, Any],
         tenant: TenantContext,
         session: AsyncSession,
+        db: Database,
+        embedder: EmbedderDependency,
+        settings: Settings,
+        reranker: RerankerDependency,
         data: ToolCall,
     ) -> ToolResult:
         """Run one tool call of the bot's LLM; ``content`` goes back to the model as is."""
-        rt = runtime(request)
         result = await tools.call(
             data.name,
             data.arguments,
             data.context,
             session=session,
-            db=rt.db,
+            db=db,
             tenant=tenant,
-            embedder=rt.embedder,
-            settings=rt.settings,
-            reranker=rt.reranker,
+            embedder=embedder,
+            settings=settings,
+            reranker=reranker,
         )
         return ToolResult(
             name=tools.normalize(data.name),
             result=result,
             content=json.dumps(result, ensure_ascii=False, default=str),
         )
-
-
-async def _set_persona(session: AsyncSession, tenant: TenantContext, text: str | None) -> None:
-    row = await tenants.get_tenant(session, tenant.tenant_id)
-    if row is None:
-        raise NotFound("no such tenant")
-    settings = dict(row.settings or {})
-    if text is None:
-        settings.pop("persona", None)
-    else:
-        settings["persona"] = text
-    row.settings = settings
-    await session.flush()

@@ -20,7 +20,6 @@ from datetime import UTC, datetime, tzinfo
 from typing import Any, TypeVar
 from zoneinfo import ZoneInfo
 
-from sqlalchemy import and_
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.context import ConversationContext
@@ -29,9 +28,8 @@ from service.embedding.base import Vector
 from service.ends import repository as memos
 from service.errors import Forbidden, Invalid
 from service.llm.rerank import Reranker
-from service.memories import repository as memories
-from service.memories.models import Memory
-from service.memories.repository import ScopeFilter
+from service.memories import service as memory_rules
+from service.memories.service import ScopeFilter
 from service.profiles import repository as profiles
 from service.profiles.document import ProfileKey
 from service.recall.ranking import EventQuery, RankedEvent, lexical_candidates, rank_events
@@ -156,14 +154,9 @@ class Reader:
             )
             for e in ranked
         ]
-        memory_rows = await memories.nearest(
-            session,
-            tenant.tenant_id,
-            vector,
-            where=and_(scope.where(), Memory.is_active.is_(True)),
-            limit=MEMORY_TOP_K,
+        memory_rows = await memory_rules.search_in_scope(
+            session, tenant.tenant_id, scope, vector, limit=MEMORY_TOP_K
         )
-        await memories.touch(session, tenant.tenant_id, [r["id"] for r in memory_rows])
         injected.memories = [
             ContextItem(
                 id=f"memory:{r['id']}",

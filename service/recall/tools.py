@@ -20,8 +20,6 @@ from service.ends.service import accept_end
 from service.errors import Invalid, NotFound
 from service.llm.rerank import Reranker
 from service.memories import service as memory_rules
-from service.memories.schemas import MemorySearch
-from service.profiles import repository as profiles
 from service.profiles import service as profile_rules
 from service.profiles.schemas import ProfileLookup, ProfileSearch
 from service.recall.schemas import EndArguments, EventSearch, MemoryArguments
@@ -191,7 +189,7 @@ async def call(
         key = await profile_rules.visible_key(
             session, tenant.tenant_id, conversation, lookup, allow_cross=allow_cross
         )
-        row = await profiles.get(session, tenant.tenant_id, key)
+        row = await profile_rules.find(session, tenant.tenant_id, key)
         if row is None:
             return {
                 "found": False,
@@ -227,16 +225,14 @@ async def call(
             for r in rows
         ]
     wanted: MemoryArguments = _validate(MemoryArguments, arguments)
-    _, scope, person = conversation_scope(conversation)
-    memory_search = MemorySearch(
-        query=wanted.query,
-        group_id=scope.group_id,
-        user_id=person,
+    _, scope, _ = conversation_scope(conversation)
+    found = await memory_rules.search_in_scope(
+        session,
+        tenant.tenant_id,
+        scope,
+        await embedder.query(wanted.query),
+        limit=wanted.top_k or tenant.query.tool_default_top_k,
         categories=wanted.categories,
-        top_k=wanted.top_k or tenant.query.tool_default_top_k,
-    )
-    found = await memory_rules.search(
-        session, tenant.tenant_id, memory_search, await embedder.query(wanted.query)
     )
     return [
         {

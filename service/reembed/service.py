@@ -25,6 +25,7 @@ from service.db.meta import read_meta
 from service.embedding import Embedder, build_embedder, vector_space
 from service.errors import ConfigurationError, Conflict, Invalid, NotFound, Unavailable
 from service.queue import repository as jobs
+from service.queue.payloads import ReembedBatchPayload, ReembedSwitchPayload
 from service.queue.worker import JobContext, PermanentJobError
 from service.reembed import repository
 from service.reembed.models import ACTIVE, ReembedRun
@@ -301,7 +302,7 @@ async def _enqueue_batch(
         session,
         tenant_id,
         BATCH_JOB,
-        {"run_id": run_id, "table": table},
+        ReembedBatchPayload(run_id=run_id, table=table),
         priority=BATCH_PRIORITY,
         max_attempts=settings.cognitive.queue.max_attempts,
         dedupe_key=key,
@@ -315,7 +316,12 @@ async def _enqueue_switch(
     # may not get its table locks at once while the service is busy.
     key = f"reembed-switch:{run_id}" + (f":{again}" if again else "")
     await jobs.enqueue(
-        session, tenant_id, SWITCH_JOB, {"run_id": run_id}, max_attempts=20, dedupe_key=key
+        session,
+        tenant_id,
+        SWITCH_JOB,
+        ReembedSwitchPayload(run_id=run_id),
+        max_attempts=20,
+        dedupe_key=key,
     )
 
 
@@ -363,10 +369,11 @@ class Reembedder:
 
     async def run_batch(self, job: JobContext) -> dict[str, Any]:
         """Embed one batch of a tenant's pass over a table and queue the next, or end it."""
+        payload = ReembedBatchPayload.of(job.job.payload)
+        run_id = payload.run_id
         try:
-            run_id = int(job.job.payload["run_id"])
-            table = vector_table(str(job.job.payload["table"]))
-        except (KeyError, TypeError, ValueError) as exc:
+            table = vector_table(payload.table)
+        except KeyError as exc:
             raise PermanentJobError(f"malformed re-embedding job payload: {exc}") from exc
         async with self.db.system() as session:
             run = await repository.get_run(session, run_id)
@@ -425,10 +432,7 @@ class Reembedder:
 
     async def run_switch(self, job: JobContext) -> dict[str, Any]:
         """Catch up on rows written during the run, then switch to the new vectors."""
-        try:
-            run_id = int(job.job.payload["run_id"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise PermanentJobError(f"malformed switch job payload: {exc}") from exc
+        run_id = ReembedSwitchPayload.of(job.job.payload).run_id
         async with self.db.system() as session:
             run = await repository.get_run(session, run_id)
         if run is None or run.status != "switching":

@@ -5,13 +5,13 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from litestar import Controller, Request, delete, get, patch, post
+from litestar import Controller, delete, get, patch, post
 from litestar.di import Provide
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.errors import NotFound
-from service.http import errors, provide_admin, provide_system_session, runtime
-from service.tenants import repository, service
+from service.http import errors, provide_admin, provide_system_session
+from service.settings import Settings
+from service.tenants import service
 from service.tenants.schemas import (
     CreatedKey,
     CreatedTenant,
@@ -23,7 +23,7 @@ from service.tenants.schemas import (
     TenantInfo,
     TenantUpdate,
 )
-from service.tenants.service import TenantContext
+from service.tenants.service import Authenticator, TenantContext
 
 
 class AdminController(Controller):
@@ -39,15 +39,13 @@ class AdminController(Controller):
     @post("/", status_code=201)
     async def create_tenant(
         self,
-        request: Request[Any, Any, Any],
         admin: None,
         session: AsyncSession,
+        settings: Settings,
         data: TenantCreate,
     ) -> CreatedTenant:
         """Create a tenant; the answer holds its id and a first API key (shown once)."""
-        tenant, key = await service.create_tenant(
-            session, data.name, data.settings, runtime(request).settings
-        )
+        tenant, key = await service.create_tenant(session, data.name, data.settings, settings)
         return CreatedTenant(
             tenant_id=tenant.id, api_key=key, **service.tenant_info(tenant).model_dump()
         )
@@ -55,55 +53,34 @@ class AdminController(Controller):
     @get("/")
     async def list_tenants(self, admin: None, session: AsyncSession) -> list[TenantInfo]:
         """Every tenant."""
-        return [service.tenant_info(t) for t in await repository.list_tenants(session)]
+        return await service.list_all(session)
 
     @get("/{tenant_id:uuid}", responses=errors(404))
     async def get_tenant(
         self, admin: None, session: AsyncSession, tenant_id: uuid.UUID
     ) -> TenantInfo:
         """One tenant."""
-        tenant = await repository.get_tenant(session, tenant_id)
-        if tenant is None:
-            raise NotFound("no such tenant")
-        return service.tenant_info(tenant)
+        return service.tenant_info(await service.get(session, tenant_id))
 
     @patch("/{tenant_id:uuid}", responses=errors(404))
     async def update_tenant(
         self,
-        request: Request[Any, Any, Any],
         admin: None,
         session: AsyncSession,
+        auth: Authenticator,
+        settings: Settings,
         tenant_id: uuid.UUID,
         data: TenantUpdate,
     ) -> TenantInfo:
         """Rename a tenant or replace its settings overrides (in force at once)."""
-        tenant = await repository.get_tenant(session, tenant_id)
-        if tenant is None:
-            raise NotFound("no such tenant")
-        if data.name is not None:
-            tenant.name = data.name
-        if data.settings is not None:
-            tenant.settings = service.validate_overrides(data.settings, runtime(request).settings)
-        await session.flush()
-        runtime(request).auth.forget(tenant_id)
-        return service.tenant_info(tenant)
+        return await service.update(session, auth, tenant_id, data.name, data.settings, settings)
 
     @delete("/{tenant_id:uuid}", status_code=200, responses=errors(404))
     async def erase_tenant(
-        self,
-        request: Request[Any, Any, Any],
-        admin: None,
-        session: AsyncSession,
-        tenant_id: uuid.UUID,
+        self, admin: None, session: AsyncSession, auth: Authenticator, tenant_id: uuid.UUID
     ) -> dict[str, Any]:
         """Erase a tenant and all its data, keys included (a tombstone remains)."""
-        from service.privacy.service import erase_tenant
-
-        counts = await erase_tenant(session, tenant_id)
-        if counts is None:
-            raise NotFound("no such tenant")
-        runtime(request).auth.forget(tenant_id)
-        return {"erased": "tenant", "counts": counts}
+        return {"erased": "tenant", "counts": await service.erase(session, auth, tenant_id)}
 
     @post("/{tenant_id:uuid}/keys", status_code=201, responses=errors(404))
     async def create_key(
@@ -121,25 +98,19 @@ class AdminController(Controller):
         self, admin: None, session: AsyncSession, tenant_id: uuid.UUID
     ) -> list[KeyInfo]:
         """The tenant's keys, without secrets."""
-        if await repository.get_tenant(session, tenant_id) is None:
-            raise NotFound("no such tenant")
-        return [service.key_info(k) for k in await repository.list_keys(session, tenant_id)]
+        return await service.list_keys(session, tenant_id)
 
     @delete("/{tenant_id:uuid}/keys/{key_id:uuid}", status_code=200, responses=errors(404))
     async def revoke_key(
         self,
-        request: Request[Any, Any, Any],
         admin: None,
         session: AsyncSession,
+        auth: Authenticator,
         tenant_id: uuid.UUID,
         key_id: uuid.UUID,
     ) -> KeyInfo:
         """Revoke a key; it gets 401 from then on."""
-        key = await repository.revoke_key(session, tenant_id, key_id)
-        if key is None:
-            raise NotFound("no such key")
-        runtime(request).auth.forget(tenant_id)
-        return service.key_info(key)
+        return await service.revoke_key(session, auth, tenant_id, key_id)
 
 
 class TenantController(Controller):
@@ -160,7 +131,7 @@ class TenantController(Controller):
     @get("/keys")
     async def list_keys(self, tenant: TenantContext, session: AsyncSession) -> list[KeyInfo]:
         """This tenant's keys, without secrets."""
-        return [service.key_info(k) for k in await repository.list_keys(session, tenant.tenant_id)]
+        return await service.list_keys(session, tenant.tenant_id)
 
     @post("/keys", status_code=201)
     async def create_key(
@@ -172,17 +143,13 @@ class TenantController(Controller):
     @delete("/keys/{key_id:uuid}", status_code=200, responses=errors(404))
     async def revoke_key(
         self,
-        request: Request[Any, Any, Any],
         tenant: TenantContext,
         session: AsyncSession,
+        auth: Authenticator,
         key_id: uuid.UUID,
     ) -> KeyInfo:
         """Revoke one of this tenant's keys."""
-        key = await repository.revoke_key(session, tenant.tenant_id, key_id)
-        if key is None:
-            raise NotFound("no such key")
-        runtime(request).auth.forget(tenant.tenant_id)
-        return service.key_info(key)
+        return await service.revoke_key(session, auth, tenant.tenant_id, key_id)
 
     @get("/settings")
     async def get_settings(self, tenant: TenantContext) -> EffectiveSettings:
@@ -192,46 +159,14 @@ class TenantController(Controller):
     @patch("/settings")
     async def update_settings(
         self,
-        request: Request[Any, Any, Any],
         tenant: TenantContext,
         session: AsyncSession,
+        auth: Authenticator,
+        settings: Settings,
         data: SettingsUpdate,
     ) -> EffectiveSettings:
         """Change this tenant's overrides; ``null`` for a query key restores the default."""
-        row = await repository.get_tenant(session, tenant.tenant_id)
-        if row is None:
-            raise NotFound("no such tenant")
-        overrides: dict[str, Any] = dict(row.settings or {})
-        if data.cognitive_enabled is not None:
-            overrides["cognitive"] = {"enabled": data.cognitive_enabled}
-        if data.query is not None:
-            query = {**overrides.get("query", {}), **data.query}
-            overrides["query"] = {k: v for k, v in query.items() if v is not None}
-        if data.timezone is not None:
-            overrides["timezone"] = data.timezone
-        if data.fast_ack is not None:
-            overrides["fast_ack"] = data.fast_ack
-        if data.bot is not None:
-            overrides["bot"] = data.bot
-        if data.webhook_url is not None:
-            overrides["webhook_url"] = data.webhook_url
-        for name in ("pii_policy", "erased_policy"):
-            if getattr(data, name) is not None:
-                overrides[name] = getattr(data, name)
-        settings = runtime(request).settings
-        row.settings = service.validate_overrides(overrides, settings)
-        await session.flush()
-        runtime(request).auth.forget(tenant.tenant_id)
-        return _effective(
-            TenantContext(
-                tenant_id=tenant.tenant_id,
-                tenant_name=tenant.tenant_name,
-                key_id=tenant.key_id,
-                key_prefix=tenant.key_prefix,
-                overrides=row.settings,
-                defaults=settings,
-            )
-        )
+        return _effective(await service.update_settings(session, auth, tenant, data, settings))
 
 
 def _effective(tenant: TenantContext) -> EffectiveSettings:

@@ -18,10 +18,11 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from service.context import DEFAULT_TIMEZONE
 from service.db.engine import Database
 from service.errors import Invalid, NotFound, Unauthorized
+from service.privacy.service import erase_tenant
 from service.settings import QuerySettings, Settings
 from service.tenants import repository
 from service.tenants.models import ApiKey, Tenant
-from service.tenants.schemas import CreatedKey, KeyInfo, TenantInfo
+from service.tenants.schemas import CreatedKey, KeyInfo, SettingsUpdate, TenantInfo
 from service.todos.webhook import check_url
 
 PII_POLICIES = ("store", "mask", "drop")
@@ -352,3 +353,116 @@ async def revoke_by_prefix(session: AsyncSession, prefix: str) -> KeyInfo:
     revoked = await repository.revoke_key(session, keys[0].tenant_id, keys[0].id)
     assert revoked is not None
     return key_info(revoked)
+
+
+# ---------------------------------------------------------------- the admin's and a tenant's API
+
+
+async def find(session: AsyncSession, tenant_id: uuid.UUID) -> Tenant | None:
+    """One tenant, or None."""
+    return await repository.get_tenant(session, tenant_id)
+
+
+async def get(session: AsyncSession, tenant_id: uuid.UUID) -> Tenant:
+    """One tenant; ``NotFound`` when there is none by that id."""
+    tenant = await find(session, tenant_id)
+    if tenant is None:
+        raise NotFound("no such tenant")
+    return tenant
+
+
+async def list_all(session: AsyncSession) -> list[TenantInfo]:
+    """Every tenant."""
+    return [tenant_info(t) for t in await repository.list_tenants(session)]
+
+
+async def update(
+    session: AsyncSession,
+    auth: Authenticator,
+    tenant_id: uuid.UUID,
+    name: str | None,
+    overrides: dict[str, Any] | None,
+    settings: Settings,
+) -> TenantInfo:
+    """Rename a tenant or replace its settings overrides, in force at once."""
+    tenant = await get(session, tenant_id)
+    if name is not None:
+        tenant.name = name
+    if overrides is not None:
+        tenant.settings = validate_overrides(overrides, settings)
+    await session.flush()
+    auth.forget(tenant_id)
+    return tenant_info(tenant)
+
+
+async def erase(session: AsyncSession, auth: Authenticator, tenant_id: uuid.UUID) -> dict[str, int]:
+    """Erase a tenant and all its data, keys included (a tombstone remains)."""
+    counts = await erase_tenant(session, tenant_id)
+    if counts is None:
+        raise NotFound("no such tenant")
+    auth.forget(tenant_id)
+    return counts
+
+
+async def list_keys(session: AsyncSession, tenant_id: uuid.UUID) -> list[KeyInfo]:
+    """A tenant's keys, without secrets; ``NotFound`` when there is no such tenant."""
+    await get(session, tenant_id)
+    return [key_info(k) for k in await repository.list_keys(session, tenant_id)]
+
+
+async def revoke_key(
+    session: AsyncSession, auth: Authenticator, tenant_id: uuid.UUID, key_id: uuid.UUID
+) -> KeyInfo:
+    """Revoke one of a tenant's keys; it is refused from then on."""
+    key = await repository.revoke_key(session, tenant_id, key_id)
+    if key is None:
+        raise NotFound("no such key")
+    auth.forget(tenant_id)
+    return key_info(key)
+
+
+async def update_settings(
+    session: AsyncSession,
+    auth: Authenticator,
+    tenant: TenantContext,
+    data: SettingsUpdate,
+    settings: Settings,
+) -> TenantContext:
+    """``PATCH /v1/settings``: merge the given overrides into the tenant's (``None`` for a
+    query key restores its default); returns the tenant as it is now."""
+    row = await get(session, tenant.tenant_id)
+    overrides: dict[str, Any] = dict(row.settings or {})
+    if data.cognitive_enabled is not None:
+        overrides["cognitive"] = {"enabled": data.cognitive_enabled}
+    if data.query is not None:
+        query = {**overrides.get("query", {}), **data.query}
+        overrides["query"] = {k: v for k, v in query.items() if v is not None}
+    for name in ("timezone", "fast_ack", "bot", "webhook_url", "pii_policy", "erased_policy"):
+        if getattr(data, name) is not None:
+            overrides[name] = getattr(data, name)
+    row.settings = validate_overrides(overrides, settings)
+    await session.flush()
+    auth.forget(tenant.tenant_id)
+    return TenantContext(
+        tenant_id=tenant.tenant_id,
+        tenant_name=tenant.tenant_name,
+        key_id=tenant.key_id,
+        key_prefix=tenant.key_prefix,
+        overrides=row.settings,
+        defaults=settings,
+    )
+
+
+async def set_persona(
+    session: AsyncSession, auth: Authenticator, tenant_id: uuid.UUID, text: str | None
+) -> None:
+    """Set the tenant's persona (its bot's character and rules), or remove it (``None``)."""
+    row = await get(session, tenant_id)
+    overrides = dict(row.settings or {})
+    if text is None:
+        overrides.pop("persona", None)
+    else:
+        overrides["persona"] = text
+    row.settings = overrides
+    await session.flush()
+    auth.forget(tenant_id)

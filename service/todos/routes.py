@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 
 from litestar import Controller, get, patch
 from litestar.params import Parameter
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.context import checked_moment, scope_of
 from service.http import RowId, errors
 from service.tenants.service import TenantContext
-from service.todos import repository, service
+from service.todos import service
 from service.todos.schemas import TodoInfo, TodoPatch
 
 
@@ -39,14 +38,8 @@ class TodoController(Controller):
         limit: int = Parameter(default=100, ge=1, le=1000),
     ) -> list[TodoInfo]:
         """Todos by status, conversation and due time."""
-        key = scope_of(group_id, user_id) if (group_id or user_id) else None
-        rows = await repository.listing(
-            session,
-            tenant.tenant_id,
-            status=status,
-            conversation_key=key,
-            due_before=checked_moment(due_before, "due_before"),
-            limit=limit,
+        rows = await service.listing(
+            session, tenant.tenant_id, status, group_id, user_id, due_before, limit
         )
         return [_info(r) for r in rows]
 
@@ -59,16 +52,7 @@ class TodoController(Controller):
         user_id: str | None = None,
     ) -> list[TodoInfo]:
         """Pending todos whose time has come (bots poll this, then PATCH them done)."""
-        key = scope_of(group_id, user_id) if (group_id or user_id) else None
-        rows = await repository.listing(
-            session,
-            tenant.tenant_id,
-            status="PENDING",
-            conversation_key=key,
-            due_before=datetime.now(UTC),
-            limit=1000,
-        )
-        return [_info(r) for r in rows]
+        return [_info(r) for r in await service.due(session, tenant.tenant_id, group_id, user_id)]
 
     @patch("/{todo_id:int}", responses=errors(404))
     async def change(

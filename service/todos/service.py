@@ -10,18 +10,23 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
+from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.context import checked_moment, scope_of
 from service.db.engine import Database
 from service.errors import Invalid, NotFound
 from service.queue import repository as jobs
+from service.queue.payloads import DeliverPayload
 from service.queue.worker import JobContext, PermanentJobError
 from service.settings import Settings
-from service.tenants.repository import get_tenant
+from service.tenants.service import find as get_tenant
 from service.todos import repository, webhook
 
 log = logging.getLogger("service.todos")
 
 DELIVER_JOB = "todos.deliver"
+# At most this many due todos in one answer.
+DUE_LIMIT = 1000
 # From a state, the states a todo may move to.
 TRANSITIONS = {
     "PENDING": {"COMPLETED", "CANCELLED", "EXPIRED"},
@@ -66,7 +71,7 @@ class Courier:
                     session,
                     row.tenant_id,
                     DELIVER_JOB,
-                    {"todo_id": row.id},
+                    DeliverPayload(todo_id=row.id),
                     max_attempts=self.settings.cognitive.queue.max_attempts,
                     dedupe_key=f"deliver:{row.id}",
                 )
@@ -74,7 +79,7 @@ class Courier:
 
     async def run_deliver(self, job: JobContext) -> dict[str, Any]:
         """POST the todo to the webhook; a non-2xx answer fails the attempt (retried)."""
-        todo_id = int(job.job.payload["todo_id"])
+        todo_id = DeliverPayload.of(job.job.payload).todo_id
         async with job.transaction() as session:
             todo = await repository.get(session, job.job.tenant_id, todo_id)
             tenant = await get_tenant(session, job.job.tenant_id)
@@ -111,6 +116,42 @@ class Courier:
                 session, job.job.tenant_id, todo_id, {"delivered_at": datetime.now(UTC)}
             )
         return {"delivered": todo_id}
+
+
+async def listing(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    status: str | None,
+    group_id: str | None,
+    user_id: str | None,
+    due_before: datetime | None,
+    limit: int,
+) -> list[dict[str, Any]]:
+    """Todos by status, conversation (a group's or a private chat's) and due time."""
+    key = scope_of(group_id, user_id) if (group_id or user_id) else None
+    return await repository.listing(
+        session,
+        tenant_id,
+        status=status,
+        conversation_key=key,
+        due_before=checked_moment(due_before, "due_before"),
+        limit=limit,
+    )
+
+
+async def due(
+    session: AsyncSession, tenant_id: uuid.UUID, group_id: str | None, user_id: str | None
+) -> list[dict[str, Any]]:
+    """Pending todos whose time has come (bots poll them, then mark them done)."""
+    key = scope_of(group_id, user_id) if (group_id or user_id) else None
+    return await repository.listing(
+        session,
+        tenant_id,
+        status="PENDING",
+        conversation_key=key,
+        due_before=datetime.now(UTC),
+        limit=DUE_LIMIT,
+    )
 
 
 def overdue_before(now: datetime, settings: Settings) -> datetime:

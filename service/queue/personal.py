@@ -1,0 +1,75 @@
+"""What the jobs table holds of people (see ``service.db.registry``): a hand-over's payload
+names its sender, quotes their words and their conversation. Erasure deletes a person's or a
+group's jobs and redacts others' jobs that name the person; export lists them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from service.db.registry import PERSON_FIELDS, PersonalTable, Redaction, names_filter
+from service.queue import repository
+
+
+async def _redact_jobs(r: Redaction) -> None:
+    """Jobs of the person's conversations: others' hand-overs keep their payload, without the
+    person's name and without the person's own messages quoted in them."""
+    redactor = r.redactor
+    uid = r.person_id
+
+    def owned(item: dict[str, Any]) -> bool:
+        return any(item.get(f) == uid for f in PERSON_FIELDS)
+
+    for row in await repository.jobs_of_conversations(
+        r.session, r.tenant_id, r.scope["groups"], r.scope["keys"]
+    ):
+        payload = redactor.json(row.payload, owned)
+        result = redactor.json(row.result, owned)
+        error = redactor.text(row.last_error) if row.last_error else row.last_error
+        if (payload, result, error) != (row.payload, row.result, row.last_error):
+            await repository.rewrite(r.session, r.tenant_id, row.id, payload, result, error)
+            r.count("jobs_redacted")
+
+
+JOBS = PersonalTable(
+    table="jobs",
+    personal=("payload", "result", "last_error"),
+    not_personal={
+        "kind": "a code from a fixed set",
+        "status": "a code from a fixed set",
+        "lease_owner": "the worker process holding the job",
+        "dedupe_key": "a key made of ids that runs a job once",
+    },
+    # Their hand-overs, their private chat's jobs, an export or erasure of them.
+    erase_user=(("jobs", repository.DELETE_JOBS_OF_PERSON),),
+    erase_group=(("jobs", repository.DELETE_JOBS_OF_GROUP),),
+    redact=_redact_jobs,
+    export_user=f"""
+           SELECT id, kind, status, attempts, payload, last_error, created_at,
+                  (payload -> 'context' ->> 'sender_id' = :u
+                   OR payload -> 'context' ->> 'user_id' = :u
+                   OR payload ->> 'conversation_key' = :pk) AS own
+           FROM jobs
+           WHERE tenant_id = :t AND status IN ('queued', 'running', 'failed') AND id <> :spare
+             AND (payload -> 'context' ->> 'sender_id' = :u
+                  OR payload -> 'context' ->> 'user_id' = :u
+                  OR payload ->> 'conversation_key' = :pk
+                  OR ((payload -> 'context' ->> 'group_id' = ANY(:groups)
+                       OR payload ->> 'conversation_key' = ANY(:keys))
+                      AND {names_filter("payload::text")}))
+           ORDER BY id""",
+    # The names in the context of their hand-overs; the names of others and of the bot.
+    own_names=(
+        """SELECT payload -> 'context' ->> 'sender_name' AS name FROM jobs
+    WHERE tenant_id = :t AND payload -> 'context' ->> 'sender_id' = :u
+      AND payload -> 'context' ->> 'sender_name' IS NOT NULL""",
+    ),
+    shared_names=(
+        """SELECT payload -> 'context' ->> 'sender_name' AS name FROM jobs
+    WHERE tenant_id = :t AND payload -> 'context' ->> 'sender_name' = ANY(:names)
+      AND payload -> 'context' ->> 'sender_id' IS DISTINCT FROM :u""",
+        """SELECT payload -> 'context' ->> 'bot_name' AS name FROM jobs
+    WHERE tenant_id = :t AND payload -> 'context' ->> 'bot_name' = ANY(:names)""",
+    ),
+)
+
+TABLES = (JOBS,)
