@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import functools
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
+from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
 
 from pydantic import BaseModel
 
@@ -64,12 +64,21 @@ from service.recall.schemas import (
 from service.tenants.schemas import CreatedKey, EffectiveSettings, KeyInfo, SettingsUpdate
 from service.todos.schemas import TodoInfo, TodoPatch
 
-if TYPE_CHECKING:
-    from service.client.async_client import MemoriaClient
-    from service.client.sync_client import SyncMemoriaClient
-
 T = TypeVar("T")
 P = ParamSpec("P")
+
+
+class AsyncRunner(Protocol):
+    """What ``MemoriaClient`` is to a route: it awaits a call."""
+
+    def _run(self, call: Call[T]) -> Coroutine[Any, Any, T]: ...
+
+
+class SyncRunner(Protocol):
+    """What ``SyncMemoriaClient`` is to a route: it runs a call and blocks."""
+
+    def _run(self, call: Call[T]) -> T: ...
+
 
 # Errors that a model can act on (wrong arguments, unknown tool, not allowed): ``tool_call``
 # hands them back as the tool's content instead of raising.
@@ -91,9 +100,9 @@ class route(Generic[P, T]):
     @overload
     def __get__(self, client: None, owner: type[Any]) -> route[P, T]: ...
     @overload
-    def __get__(self, client: MemoriaClient, owner: type[Any]) -> Callable[P, Awaitable[T]]: ...
+    def __get__(self, client: AsyncRunner, owner: type[Any]) -> Callable[P, Awaitable[T]]: ...
     @overload
-    def __get__(self, client: SyncMemoriaClient, owner: type[Any]) -> Callable[P, T]: ...
+    def __get__(self, client: SyncRunner, owner: type[Any]) -> Callable[P, T]: ...
 
     def __get__(self, client: Any, owner: type[Any]) -> Any:
         if client is None:

@@ -15,13 +15,19 @@ import contextlib
 import logging
 import uuid
 from collections.abc import Iterable
+from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
 
-if TYPE_CHECKING:
-    from service.db.engine import Database
+
+class Primary(Protocol):
+    """The database the batch is written to (a ``Database``): its owner's transactions."""
+
+    def system(self) -> AbstractAsyncContextManager[AsyncSession]: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +52,7 @@ def _touch_sql(table: str) -> str:
 class LastUse:
     """An in-process batch of "row used at" times, written to the primary database."""
 
-    def __init__(self, db: Database, *, every_seconds: float = 5.0, max_ids: int = 1000) -> None:
+    def __init__(self, db: Primary, *, every_seconds: float = 5.0, max_ids: int = 1000) -> None:
         self._db = db
         self._every = every_seconds
         self._max = max_ids

@@ -8,6 +8,7 @@ dimension, use ``create_statements`` here.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -64,3 +65,18 @@ class VectorIndex:
     def drop_sql(self) -> str:
         """The DROP INDEX statement."""
         return f"DROP INDEX {self.name}"
+
+
+# Half-precision copies of unit vectors (the events' and the messages' scans) rank candidates;
+# the full-precision vectors decide.
+#
+# How far approx + 1 may sit from the true distance, for n dimensions (a worst case, not an
+# estimate). Rounding to half precision moves each unit vector by at most 2^-11 of its length
+# plus 2^-25 per subnormal component, so for unit u, v and their rounded copies u', v':
+# |u'.v' - u.v| <= |u'-u| + |v'-v| + |u'-u||v'-v|. Float32 arithmetic adds at most n 2^-24
+# to the inner product, 2n 2^-24 to the cosine, and n 2^-24 to each normalization. With
+# approx = -(u'.v') (pgvector's <#>) and distance = 1 - u.v: |approx + 1 - distance| <= this.
+def half_precision_error(n: int) -> float:
+    """The most a unit vector's half-precision inner product can miss, in ``n`` dimensions."""
+    rounding = 2**-11 + math.sqrt(n) * 2**-25
+    return 1.1 * (2 * rounding + rounding**2 + 5 * n * 2**-24)  # 1.2e-3 at 384 dimensions

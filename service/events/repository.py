@@ -14,6 +14,7 @@ import numpy as np
 from sqlalchemy import TextClause, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.db.vector_index import half_precision_error
 from service.errors import Invalid
 from service.retrieval.terms import terms, to_tsquery_literal, to_tsvector_literal
 
@@ -136,19 +137,7 @@ async def get_event(
 # Nearest events, exactly. Truth is pgvector's cosine distance between the full-precision
 # vectors in ``events``; the scan reads the unit-length half-precision copies in event_vectors
 # (half the bytes, contiguous per conversation) and ranks by inner product, then the best
-# candidates are re-scored exactly.
-#
-# How far approx + 1 may sit from the true distance, for n dimensions (a worst case, not an
-# estimate). Rounding to half precision moves each unit vector by at most 2^-11 of its length
-# plus 2^-25 per subnormal component, so for unit u, v and their rounded copies u', v':
-# |u'.v' - u.v| <= |u'-u| + |v'-v| + |u'-u||v'-v|. Float32 arithmetic adds at most n 2^-24
-# to the inner product, 2n 2^-24 to the cosine, and n 2^-24 to each normalization. With
-# approx = -(u'.v') (pgvector's <#>) and distance = 1 - u.v: |approx + 1 - distance| <= this.
-def half_precision_error(n: int) -> float:
-    """The most a unit vector's half-precision inner product can miss, in ``n`` dimensions."""
-    rounding = 2**-11 + math.sqrt(n) * 2**-25
-    return 1.1 * (2 * rounding + rounding**2 + 5 * n * 2**-24)  # 1.2e-3 at 384 dimensions
-
+# candidates are re-scored exactly, within ``half_precision_error``.
 
 # Candidates re-scored beyond ``limit``: enough that the proof below almost always closes on
 # the first pass (the k-th distance must sit twice the error below the last candidate's).

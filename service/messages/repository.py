@@ -13,7 +13,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db.engine import uses_citus
-from service.events.repository import half_precision_error
+from service.db.vector_index import half_precision_error
 from service.retrieval.terms import to_tsquery_literal
 
 # One statement for the whole batch; duplicates (by conversation and message_id) are skipped.
