@@ -76,6 +76,7 @@ from service.db.embedded import embedded_url, stop_embedded
 from service.messages import repository
 from service.messages.search import MAX_QUERY_TERMS, SEARCH_PLAN, stream_of
 from service.retrieval.neighbours import StreamPassage, StreamWeights, stream_features
+from service.retrieval.neighbours import dialogue as reads_as_dialogue
 from service.retrieval.terms import ENGLISH_STOPWORDS, query_terms
 from service.settings import Settings
 
@@ -498,6 +499,7 @@ class Asked:
     matrices: dict[str, np.ndarray[Any, Any]]  # by variant of the ranking (VARIANTS)
     relevant: frozenset[str]
     lexical: list[str]  # the candidates by the service's BM25 alone, best first
+    dialogues: dict[str, bool]  # by variant: whether the stream reads as a dialogue
 
 
 # The ranking as shipped, and with one of its choices undone (to see what each one earns).
@@ -555,13 +557,14 @@ def features_of(streams: list[Candidates], names: list[str]) -> list[Asked]:
     each of the VARIANTS."""
     out = []
     for c in streams:
-        matrices = {}
+        matrices, dialogues = {}, {}
         picked: list[int] = []
         for variant, weights in VARIANTS.items():
+            dialogues[variant] = reads_as_dialogue(c.passages, weights.dialogue_speakers)
             picked, features = stream_features(c.passages, c.idfs, weights)
             matrices[variant] = np.array([features[n] for n in names]).T
         ids = [c.ids[i] for i in picked]
-        out.append(Asked(c.dataset, c.category, ids, matrices, c.relevant, c.lexical))
+        out.append(Asked(c.dataset, c.category, ids, matrices, c.relevant, c.lexical, dialogues))
     return out
 
 
@@ -573,10 +576,20 @@ def lexical_side(asked: list[Asked], dataset: str) -> Scores:
     return scores
 
 
+def shipped_weights(names: list[str], in_dialogue: bool = True) -> np.ndarray[Any, Any]:
+    """The default weights (of a dialogue, or of a stream of many senders) as a vector."""
+    shipped = StreamWeights().feature_weights(in_dialogue)
+    return np.array([shipped[n] for n in names])
+
+
 def measure(
-    asked: list[Asked], weights: np.ndarray[Any, Any], variant: str = "shipped"
+    asked: list[Asked],
+    weights: np.ndarray[Any, Any],
+    variant: str = "shipped",
+    group: np.ndarray[Any, Any] | None = None,
 ) -> dict[str, tuple[float, float]]:
-    """hit@10 and rec@10 per dataset under ``weights`` (features of ``variant``)."""
+    """hit@10 and rec@10 per dataset under ``weights`` (features of ``variant``); with
+    ``group``, streams that are not dialogues are ranked by those weights instead."""
     hits: dict[str, list[float]] = defaultdict(list)
     recalls: dict[str, list[float]] = defaultdict(list)
     for a in asked:
@@ -584,7 +597,8 @@ def measure(
             hits[a.dataset].append(0.0)
             recalls[a.dataset].append(0.0)
             continue
-        order = np.argsort(-(a.matrices[variant] @ weights), kind="stable")[:10]
+        used = weights if group is None or a.dialogues[variant] else group
+        order = np.argsort(-(a.matrices[variant] @ used), kind="stable")[:10]
         got = {a.ids[i] for i in order} & a.relevant
         hits[a.dataset].append(1.0 if got else 0.0)
         recalls[a.dataset].append(len(got) / len(a.relevant))
@@ -626,8 +640,9 @@ def cross_validate(asked: list[Asked], names: list[str]) -> None:
     print(f"  {'':<18} {'held-out':>9} {'in-sample':>10} {'defaults':>9} {'lexical':>8}  (hit@10)")
     everything = fit(asked, names)
     in_sample = measure(asked, everything)
-    current = np.array([StreamWeights().feature_weights()[n] for n in names])
-    defaults = measure(asked, current)
+    current = shipped_weights(names)
+    group = shipped_weights(names, in_dialogue=False)
+    defaults = measure(asked, current, group=group)
     fitted = {}
     for held in sets:
         train = [a for a in asked if a.dataset != held]
@@ -642,9 +657,10 @@ def cross_validate(asked: list[Asked], names: list[str]) -> None:
         print(f"  without {held}: {shown(fitted[held])}")
     print(f"  fitted on all: {shown(everything)}")
     print(f"  shipped:       {shown(current)}")
+    print(f"  shipped, not a dialogue: {shown(group)}")
     print("\nThe shipped weights with one choice undone (hit@10)")
     for variant in VARIANTS:
-        figures = measure(asked, current, variant)
+        figures = measure(asked, current, variant, group)
         print(f"  {variant:<22} " + "  ".join(f"{d} {figures[d][0]:.3f}" for d in sets))
 
 
@@ -713,12 +729,14 @@ def replay(streams: list[Candidates]) -> None:
     category, the variants and the leave-one-dataset-out fit."""
     names = list(StreamWeights().feature_weights())
     asked = features_of(streams, names)
-    current = np.array([StreamWeights().feature_weights()[n] for n in names])
+    current = shipped_weights(names)
+    group = shipped_weights(names, in_dialogue=False)
     for name in dict.fromkeys(a.dataset for a in asked):
         overall, by_category = Scores(), defaultdict(Scores)
         for a in asked:
             if a.dataset == name:
-                order = np.argsort(-(a.matrices["shipped"] @ current), kind="stable")[:10]
+                used = current if a.dialogues["shipped"] else group
+                order = np.argsort(-(a.matrices["shipped"] @ used), kind="stable")[:10]
                 found = [a.ids[i] for i in order]
                 overall.add(found, set(a.relevant))
                 by_category[a.category].add(found, set(a.relevant))

@@ -209,6 +209,50 @@ def test_in_a_two_person_dialogue_the_reply_still_gains_from_its_neighbours() ->
     assert alone[7] == pytest.approx(alone[25])
 
 
+# The dialogue weights applied to every stream, as the ranking was before groups had their own.
+_DIALOGUE_WEIGHTS_EVERYWHERE = StreamWeights(
+    group_lexical=StreamWeights().lexical,
+    group_neighbour_similarity=StreamWeights().neighbour_similarity,
+    group_neighbour_lexical=StreamWeights().neighbour_lexical,
+)
+
+
+def test_in_a_group_the_rare_exact_terms_beat_another_speakers_closer_meaning() -> None:
+    """Among a dozen people, the message holding the question's rare terms outranks another
+    person's message much closer in meaning; a dialogue of the same messages ranks exactly as
+    before, where closeness in meaning wins."""
+    sims = [0.80] * 12
+    sims[8] = 0.92  # close in meaning, none of the asked terms
+    matches = {2: ("tesla", 4.0)}  # the asked rare term
+    idfs = {"tesla": 3.0}
+
+    group = _group([f"user-{n:03d}" for n in range(12)], sims, matches)
+    scores = score_stream(group, idfs)
+    assert scores[2] is not None and scores[8] is not None
+    assert scores[2] == max(s for s in scores if s is not None)
+    before = score_stream(group, idfs, _DIALOGUE_WEIGHTS_EVERYWHERE)
+    assert before[2] is not None and before[8] is not None
+    assert before[8] > before[2]  # what the group weights change
+
+    pair = _group(["alice", "bob"] * 6, sims, matches)
+    in_dialogue = score_stream(pair, idfs)
+    assert in_dialogue == pytest.approx(score_stream(pair, idfs, _DIALOGUE_WEIGHTS_EVERYWHERE))
+    assert in_dialogue[2] is not None and in_dialogue[8] is not None
+    assert in_dialogue[8] > in_dialogue[2]
+
+
+def test_the_group_weights_follow_the_number_of_senders() -> None:
+    """Four senders are still a dialogue, five are a group; unknown senders count as one."""
+    weights = StreamWeights()
+    four = _group(["a", "b", "c", "d"] * 3, [0.8] * 12, {})
+    five = _group(["a", "b", "c", "d", "e"] * 3, [0.8] * 15, {})
+    unknown = [StreamPassage(0.8, 0.0, at=60.0 * n) for n in range(50)]
+    assert weights.for_stream(four) == weights.feature_weights()
+    assert weights.for_stream(unknown) == weights.feature_weights()
+    assert weights.for_stream(five) == weights.feature_weights(in_dialogue=False)
+    assert weights.for_stream(five)["lexical"] > weights.for_stream(four)["lexical"]
+
+
 def test_a_run_of_one_senders_messages_stays_together_in_a_big_group() -> None:
     """In a big group, one person's consecutive messages are still each other's context."""
     senders = [f"u{n}" for n in range(10)]

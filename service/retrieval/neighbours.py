@@ -70,17 +70,33 @@ class StreamWeights:
     # consecutive messages are mostly different people's unrelated news, so a neighbour
     # counts only in a run of one sender's messages.
     dialogue_speakers: int = 4
+    # Outside a dialogue the sought message is one person's, holding the asked detail, among
+    # many others' news close to it in meaning: there the message's own terms weigh more, its
+    # sender-run neighbours' terms not at all. (Chosen on MemDaily's group pools, leaving one
+    # kind of question out at a time; dialogues never use these.)
+    group_lexical: float = 10.0
+    group_neighbour_similarity: float = 20.0
+    group_neighbour_lexical: float = 0.0
 
-    def feature_weights(self) -> dict[str, float]:
-        """The weights by feature name."""
+    def feature_weights(self, in_dialogue: bool = True) -> dict[str, float]:
+        """The weights by feature name, for a dialogue or (``in_dialogue=False``) for a
+        stream of many senders."""
         return {
             "similarity": self.similarity,
-            "neighbour_similarity": self.neighbour_similarity,
-            "lexical": self.lexical,
+            "neighbour_similarity": (
+                self.neighbour_similarity if in_dialogue else self.group_neighbour_similarity
+            ),
+            "lexical": self.lexical if in_dialogue else self.group_lexical,
             "window_lexical": self.window_lexical,
-            "neighbour_lexical": self.neighbour_lexical,
+            "neighbour_lexical": (
+                self.neighbour_lexical if in_dialogue else self.group_neighbour_lexical
+            ),
             "speaker": self.speaker,
         }
+
+    def for_stream(self, passages: Sequence[StreamPassage]) -> dict[str, float]:
+        """The weights by feature name for these passages, by the stream's shape."""
+        return self.feature_weights(dialogue(passages, self.dialogue_speakers))
 
     @property
     def context(self) -> int:
@@ -190,7 +206,7 @@ def score_stream(
     picked, features = stream_features(passages, idfs, w)
     if not picked:
         return out
-    fused = weighted_fusion(features, w.feature_weights())
+    fused = weighted_fusion(features, w.for_stream(passages))
     for i, score in zip(picked, fused, strict=True):
         out[i] = score
     return out
