@@ -122,6 +122,9 @@ async def hand_over(api: EventApi, dataset: Dataset) -> list[int]:
     jobs = []
     for context, messages in dataset.chats:
         where = {k: v for k, v in context.items() if k in ("request_type", "group_id", "user_id")}
+        # A request id is the tenant's idempotency key: turn ids repeat across chats
+        # (LoCoMo's "D1:3" is in every conversation), so the chat is part of it.
+        chat = where.get("group_id") or where.get("user_id")
         for message in messages:
             body = {
                 **where,
@@ -130,7 +133,7 @@ async def hand_over(api: EventApi, dataset: Dataset) -> list[int]:
                 "timestamp": message["sent_at"],
                 "timezone": "UTC",
                 "request_id": re.sub(
-                    r"[^A-Za-z0-9_.-]", ".", f"{dataset.name}.{message['message_id']}"
+                    r"[^A-Za-z0-9_.-]", ".", f"{dataset.name}.{chat}.{message['message_id']}"
                 ),
                 "observations": [message["text"]],
             }
