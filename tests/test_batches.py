@@ -182,7 +182,7 @@ async def test_a_poisoned_job_fails_alone_and_its_batch_mates_are_stored(
     )
     failed = {r["id"]: r["last_error"] for r in rows if r["status"] == "failed"}
     assert set(failed) == {unreadable, unwritable}
-    assert "malformed end job payload" in failed[unreadable]
+    assert "malformed EndPayload" in failed[unreadable]
     assert all(r["status"] == "done" for r in rows if r["id"] not in failed)
     stored = {
         r["request_id"]
