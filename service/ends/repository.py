@@ -9,31 +9,24 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.queue import repository as jobs
+
 # The whole hand-over in one statement on the hot path: the memo (if any) and the historian's
 # job (if wanted), each idempotent — the memo by (request_id, end_seq), the job by its
-# dedupe key. The outer SELECT runs on the statement's snapshot, so `existing` finds only a
-# job from an earlier call, never the one inserted here.
-ACCEPT_END = """
-WITH memo AS (
+# dedupe key. Parameters: $1 the tenant, $2–$6 the job's (see queue.repository), then
+# $7 conversation_key, $8 request_type, $9 group_id, $10 user_id, $11 sender_id,
+# $12 request_id, $13 end_seq, $14 memo, $15 said_at.
+ACCEPT_END = jobs.enqueue_beside(
+    """
     INSERT INTO memos (tenant_id, conversation_key, request_type, group_id, user_id, sender_id,
                        request_id, end_seq, memo, said_at)
-    SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10
-    WHERE $9 <> ''
+    SELECT $1, $7, $8, $9, $10, $11, $12, $13, $14, $15
+    WHERE $14 <> ''
     ON CONFLICT (tenant_id, request_id, end_seq) DO NOTHING
     RETURNING id
-), job AS (
-    INSERT INTO jobs (tenant_id, kind, payload, max_attempts, dedupe_key)
-    SELECT $1, $11, CAST($12 AS jsonb), $13, $14
-    WHERE $15
-    ON CONFLICT (tenant_id, dedupe_key) DO NOTHING
-    RETURNING id
+    """,
+    existing_field="event_ids",
 )
-SELECT (SELECT id FROM job) AS created,
-       existing.id AS existing,
-       existing.payload -> 'event_ids' AS existing_event_ids
-FROM (SELECT 1) AS one
-LEFT JOIN jobs AS existing ON existing.tenant_id = $1 AND existing.dedupe_key = $14
-"""
 
 _RECENT = text(
     """

@@ -114,17 +114,16 @@ async def finish(
 # An expired export is as good as gone, even before the prune reaches it.
 _GET = text(
     """
-    SELECT e.id, e.kind, e.requested_by, e.job_id, e.size_bytes, e.manifest, e.created_at,
-           e.ready_at, e.expires_at, j.status AS job_status, j.last_error AS job_error
-    FROM exports AS e
-    LEFT JOIN jobs AS j ON j.tenant_id = e.tenant_id AND j.id = e.job_id
-    WHERE e.tenant_id = :t AND e.id = :id AND e.expires_at > now()
+    SELECT id, kind, requested_by, job_id, size_bytes, manifest, created_at, ready_at,
+           expires_at
+    FROM exports
+    WHERE tenant_id = :t AND id = :id AND expires_at > now()
     """
 )
 
 
 async def get(session: AsyncSession, tenant_id: uuid.UUID, export_id: int) -> dict[str, Any] | None:
-    """One unexpired export of a tenant, with the state of its job."""
+    """One unexpired export of a tenant."""
     row = (await session.execute(_GET, {"t": tenant_id, "id": export_id})).first()
     return dict(row._mapping) if row is not None else None
 

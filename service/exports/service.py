@@ -151,10 +151,12 @@ async def ready(
     if row is None:
         raise NotFound("no such export (or it expired)", field="export_id")
     if row["ready_at"] is None:
-        job_id, status = row["job_id"], row["job_status"] or "gone"
-        if status == "failed":
+        job_id = row["job_id"]
+        job = await jobs.get_job(session, tenant_id, job_id) if job_id is not None else None
+        status = job["status"] if job is not None else "gone"
+        if job is not None and status == "failed":
             raise Conflict(
-                f"the export could not be written: its job {job_id} failed ({row['job_error']})",
+                f"the export could not be written: its job {job_id} failed ({job['last_error']})",
                 field="export_id",
             )
         raise Conflict(

@@ -86,6 +86,37 @@ async def enqueue(
     return int(existing.scalar_one()), False
 
 
+def enqueue_beside(write: str, *, existing_field: str) -> str:
+    """One statement (for asyncpg's positional parameters) that runs a caller's write and
+    enqueues a job, so the hot path pays one round trip: ``write`` is a data-modifying CTE
+    body (named ``write``) that uses $1 (the tenant) and its own parameters from $7 on; the
+    job takes $2 kind, $3 payload (JSON text), $4 max_attempts, $5 dedupe key, and is made
+    only when $6 is true. Both halves are idempotent: the write by its own ON CONFLICT, the
+    job by its dedupe key.
+
+    The row has ``created`` (the new job's id), or ``existing`` and ``existing_<field>`` (that
+    field of its payload) for the job an earlier call made. The outer SELECT runs on the
+    statement's snapshot, so ``existing`` never finds the job inserted here."""
+    if not existing_field.isidentifier():
+        raise ValueError(f"not a payload field name: {existing_field!r}")
+    return f"""
+WITH write AS (
+{write}
+), job AS (
+    INSERT INTO jobs (tenant_id, kind, payload, max_attempts, dedupe_key)
+    SELECT $1, $2, CAST($3 AS jsonb), $4, $5
+    WHERE $6
+    ON CONFLICT (tenant_id, dedupe_key) DO NOTHING
+    RETURNING id
+)
+SELECT (SELECT id FROM job) AS created,
+       existing.id AS existing,
+       existing.payload -> '{existing_field}' AS existing_{existing_field}
+FROM (SELECT 1) AS one
+LEFT JOIN jobs AS existing ON existing.tenant_id = $1 AND existing.dedupe_key = $5
+"""
+
+
 # Claim up to :limit due jobs for this worker.
 # - FOR UPDATE SKIP LOCKED: concurrent workers take disjoint jobs without waiting on each other.
 # - ORDER BY matches ix_jobs_claimable, whose WHERE matches this one, so it is an index scan.
@@ -447,6 +478,28 @@ async def work_status(
         if row.status == "failed" or error is None:
             error = row.last_error or error
     return counts, error
+
+
+_OPEN_WORK = text(
+    """
+    SELECT tenant_id, payload FROM jobs
+    WHERE status IN ('queued', 'running') AND kind = ANY(:kinds)
+      AND payload @> CAST(:match AS jsonb)
+    """
+)
+
+
+async def open_work(
+    session: AsyncSession, kinds: list[str], match: dict[str, Any]
+) -> list[tuple[uuid.UUID, dict[str, Any]]]:
+    """The queued or running jobs of these kinds whose payload contains ``match``:
+    (tenant, payload)."""
+    params = {"kinds": kinds, "match": json.dumps(match)}
+    rows = await session.execute(_OPEN_WORK, params)
+    return [
+        (r.tenant_id, json.loads(r.payload) if isinstance(r.payload, str) else r.payload)
+        for r in rows
+    ]
 
 
 # Failed jobs of one piece of work get a fresh set of attempts (an operator fixed the cause).

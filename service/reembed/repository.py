@@ -255,25 +255,16 @@ async def table_progress(session: AsyncSession, run_id: int) -> list[TableProgre
     return out
 
 
-async def passes_without_jobs(
-    session: AsyncSession, run_id: int, kind: str
-) -> list[tuple[uuid.UUID, str, int]]:
-    """Unfinished passes with no job queued or running (their job failed for good, or was
-    deleted, e.g. by an erasure whose pattern matched its payload): (tenant, table, batches)."""
+async def open_passes(session: AsyncSession, run_id: int) -> list[tuple[uuid.UUID, str, int]]:
+    """The run's unfinished passes: (tenant, table, batches so far)."""
     rows = await session.execute(
         text(
             """
-            SELECT p.tenant_id, p.table_name, p.batches FROM reembed_progress p
-            WHERE p.run_id = :run_id AND p.finished_at IS NULL
-              AND NOT EXISTS (
-                  SELECT 1 FROM jobs j
-                  WHERE j.tenant_id = p.tenant_id AND j.kind = :kind
-                    AND j.status IN ('queued', 'running')
-                    AND j.payload @> jsonb_build_object('run_id', p.run_id, 'table', p.table_name)
-              )
+            SELECT tenant_id, table_name, batches FROM reembed_progress
+            WHERE run_id = :run_id AND finished_at IS NULL
             """
         ),
-        {"run_id": run_id, "kind": kind},
+        {"run_id": run_id},
     )
     return [(r.tenant_id, r.table_name, int(r.batches)) for r in rows]
 

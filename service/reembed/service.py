@@ -266,9 +266,15 @@ async def resume(db: Database, settings: Settings) -> int:
             raise NotFound("no re-embedding run is going on")
         queued = await jobs.retry_work(session, KINDS, {"run_id": run.id})
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
-        for tenant_id, table, batches in await repository.passes_without_jobs(
-            session, run.id, BATCH_JOB
-        ):
+        # A pass whose job failed for good, or was deleted (e.g. by an erasure whose pattern
+        # matched its payload), is carried on by a new one.
+        carried = {
+            (tenant_id, payload.get("table"))
+            for tenant_id, payload in await jobs.open_work(session, [BATCH_JOB], {"run_id": run.id})
+        }
+        for tenant_id, table, batches in await repository.open_passes(session, run.id):
+            if (tenant_id, table) in carried:
+                continue
             await _enqueue_batch(session, settings, tenant_id, run.id, table, batches, again=stamp)
             queued += 1
         if run.status == "embedding" and await repository.unfinished_passes(session, run.id) == 0:
