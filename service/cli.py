@@ -14,18 +14,32 @@ import sys
 import threading
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, NoReturn
+from pathlib import Path
+from typing import Any, NoReturn
 
 import uvicorn
+from sqlalchemy.engine import make_url
 
-from service.db.engine import Database
-from service.errors import MemoriaError
+from service import mcp_server
+from service.apidocs import CONSOLE_PATH, DOCS_PATH, service_version
+from service.app import create_app
+from service.db.embedded import stop_embedded
+from service.db.engine import Database, resolve_database_url
+from service.db.migrate import upgrade_to_head
+from service.embedding import LOCAL_MODEL, build_embedder, vector_space
+from service.errors import ConfigurationError, MemoriaError
+from service.health.probes import serve_probes
+from service.importer.coerce import parse_chat
+from service.importer.service import import_undefined
+from service.jobs import build_runtime
 from service.observability import configure_logging
+from service.privacy.service import export_stream, export_tenant
+from service.queue.repository import status_counts
+from service.reembed import service as reembed
+from service.reembed.service import RunReport
+from service.runtime import Runtime
 from service.settings import EmbeddingModelSettings, Settings, load_settings
-
-if TYPE_CHECKING:
-    from service.reembed.service import RunReport
-    from service.runtime import Runtime
+from service.tenants.service import create_key, create_tenant, list_all, revoke_by_prefix
 
 log = logging.getLogger("service.cli")
 
@@ -166,8 +180,6 @@ def _exit_now(code: int) -> NoReturn:
     chunk (many seconds on a busy machine) only to throw the vectors away. What the exit
     hooks would do that matters is done here: the embedded server is stopped if this process
     was the last to use it, and the output is flushed."""
-    from service.db.embedded import stop_embedded
-
     stop_embedded()
     logging.shutdown()
     sys.stdout.flush()
@@ -216,9 +228,6 @@ def _log_level(settings: Settings, command: str) -> str:
 
 
 def _serve(settings: Settings, args: argparse.Namespace) -> int:
-    from service.app import create_app
-    from service.jobs import build_runtime
-
     if args.host:
         settings.host = args.host
     if args.port is not None:
@@ -287,10 +296,6 @@ def _base_url(host: str, port: int) -> str:
 
 def _announce(settings: Settings, runtime: Runtime, url: str) -> None:
     """Where the service is, once it answers: its URL, console, docs, data, worker."""
-    from sqlalchemy.engine import make_url
-
-    from service.apidocs import CONSOLE_PATH, DOCS_PATH, service_version
-
     if settings.database_url:
         database = make_url(settings.database_url).render_as_string(hide_password=True)
     else:
@@ -326,11 +331,9 @@ def _announce(settings: Settings, runtime: Runtime, url: str) -> None:
 
 
 def _mcp(args: argparse.Namespace) -> int:
-    from service.mcp_server import Conversation, serve
-
     # stdout is the protocol's channel under stdio: logs go to stderr, warnings only.
     configure_logging("WARNING", "text")
-    defaults = Conversation(
+    defaults = mcp_server.Conversation(
         group_id=args.group_id,
         user_id=args.user_id,
         sender_id=args.sender_id,
@@ -359,7 +362,7 @@ def _mcp(args: argparse.Namespace) -> int:
             )
     try:
         asyncio.run(
-            serve(
+            mcp_server.serve(
                 args.api_url,
                 api_key,
                 defaults,
@@ -379,17 +382,12 @@ def _exit_cleanly(signum: int, frame: object) -> None:
 
 
 def _migrate(settings: Settings) -> int:
-    from service.db.engine import resolve_database_url
-    from service.db.migrate import upgrade_to_head
-
     upgrade_to_head(resolve_database_url(settings), settings)
     print("database is at the newest migration")
     return 0
 
 
 async def _worker(settings: Settings, args: argparse.Namespace) -> int:
-    from service.jobs import build_runtime
-
     if args.concurrency:
         settings.cognitive.queue.concurrency = args.concurrency
     if args.nice:
@@ -399,8 +397,6 @@ async def _worker(settings: Settings, args: argparse.Namespace) -> int:
     worker = runtime.start_worker()
     probes = None
     if args.health_port is not None:
-        from service.health.probes import serve_probes
-
         probes = await serve_probes(runtime, args.health_host, args.health_port)
     stopped = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -449,8 +445,6 @@ async def _admin(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def _tenants_create(db: Database, settings: Settings, args: argparse.Namespace) -> None:
-    from service.tenants.service import create_tenant
-
     async with db.system() as session:
         tenant, key = await create_tenant(session, args.name, {}, settings)
     print(f"tenant_id: {tenant.id}")
@@ -459,8 +453,6 @@ async def _tenants_create(db: Database, settings: Settings, args: argparse.Names
 
 
 async def _tenants_list(db: Database, settings: Settings, args: argparse.Namespace) -> None:
-    from service.tenants.service import list_all
-
     async with db.system() as session:
         rows = await list_all(session)
     for tenant in rows:
@@ -468,8 +460,6 @@ async def _tenants_list(db: Database, settings: Settings, args: argparse.Namespa
 
 
 async def _keys_create(db: Database, settings: Settings, args: argparse.Namespace) -> None:
-    from service.tenants.service import create_key
-
     try:
         tenant_id = uuid.UUID(args.tenant)
     except ValueError:
@@ -481,16 +471,12 @@ async def _keys_create(db: Database, settings: Settings, args: argparse.Namespac
 
 
 async def _keys_revoke(db: Database, settings: Settings, args: argparse.Namespace) -> None:
-    from service.tenants.service import revoke_by_prefix
-
     async with db.system() as session:
         key = await revoke_by_prefix(session, args.prefix)
     print(f"revoked {key.prefix} of tenant {key.tenant_id}")
 
 
 async def _jobs(db: Database, settings: Settings, args: argparse.Namespace) -> None:
-    from service.queue.repository import status_counts
-
     async with db.system() as session:
         counts, oldest = await status_counts(session)
     for status, count in counts.items():
@@ -499,10 +485,6 @@ async def _jobs(db: Database, settings: Settings, args: argparse.Namespace) -> N
 
 
 async def _export(db: Database, settings: Settings, args: argparse.Namespace) -> None:
-    from pathlib import Path
-
-    from service.privacy.service import export_stream, export_tenant
-
     try:
         tenant_id = uuid.UUID(args.tenant)
     except ValueError:
@@ -527,13 +509,6 @@ async def _export(db: Database, settings: Settings, args: argparse.Namespace) ->
 
 
 async def _import(db: Database, settings: Settings, args: argparse.Namespace) -> None:
-    from pathlib import Path
-
-    from service.embedding import build_embedder
-    from service.importer.coerce import parse_chat
-    from service.importer.service import import_undefined
-    from service.reembed.service import settle
-
     try:
         tenant_id = uuid.UUID(args.tenant)
     except ValueError:
@@ -541,7 +516,7 @@ async def _import(db: Database, settings: Settings, args: argparse.Namespace) ->
     memo_chat = parse_chat(args.memo_conversation) if args.memo_conversation else None
     # The stored vectors' model, which a re-embedding may have changed from the configured one.
     async with db.system() as session:
-        embedding, warning = await settle(session, settings.models.embedding)
+        embedding, warning = await reembed.settle(session, settings.models.embedding)
     if warning:
         log.warning("%s", warning)
     embedder = build_embedder(embedding)
@@ -582,8 +557,6 @@ class ProgressBar:
 
 
 async def _reembed(settings: Settings, args: argparse.Namespace) -> int:
-    from service.reembed import service as reembed
-
     db = Database.from_settings(settings)
     try:
         if args.cancel:
@@ -618,16 +591,13 @@ async def _reembed(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _reembed_target(settings: Settings, args: argparse.Namespace) -> EmbeddingModelSettings:
-    from service.embedding import LOCAL_MODEL
-    from service.reembed.service import target_settings
-
     provider = args.provider or ("openai" if args.api_url else settings.models.embedding.provider)
     if provider == "local":
         if args.model not in (None, LOCAL_MODEL):
             raise MemoriaError(f"the local provider has one model, {LOCAL_MODEL}")
     elif not args.model:
         raise MemoriaError("give --model (or --status, --cancel, --resume)")
-    return target_settings(
+    return reembed.target_settings(
         settings.models.embedding,
         provider=provider,
         model=args.model,
@@ -639,9 +609,6 @@ def _reembed_target(settings: Settings, args: argparse.Namespace) -> EmbeddingMo
 async def _probe(target: EmbeddingModelSettings) -> None:
     """Embed one text with the new model before anything changes: a wrong URL, name or
     dimension is reported here rather than by failing jobs."""
-    from service.embedding import build_embedder, vector_space
-    from service.errors import ConfigurationError
-
     model, dimensions = vector_space(target)
     embedder = build_embedder(target)
     try:
@@ -680,12 +647,10 @@ def _describe(report: RunReport) -> str:
 
 async def _follow(db: Database, run_id: int) -> int:
     """A progress bar until the run is switched (0), cancelled or stalled (1)."""
-    from service.reembed.service import report as read_report
-
     tty = sys.stdout.isatty()
     shown = ""
     while True:
-        report = await read_report(db, run_id)
+        report = await reembed.report(db, run_id)
         if report is None:
             raise MemoriaError(f"run {run_id} is gone")
         done = sum(t.rows_done for t in report.tables)

@@ -31,6 +31,7 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 
+from service.db.embedded import embedded_url
 from service.db.last_use import LastUse
 from service.errors import Conflict, Invalid, MemoriaError, Unavailable
 from service.settings import Settings
@@ -139,8 +140,6 @@ def resolve_database_url(settings: Settings) -> str:
     """``MEMORIA_DATABASE_URL`` when set, else the embedded server under ``MEMORIA_DATA_DIR``."""
     if settings.database_url:
         return normalize_url(settings.database_url)
-    from service.db.embedded import embedded_url
-
     return embedded_url(settings.data_dir)
 
 
