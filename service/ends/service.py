@@ -85,6 +85,11 @@ async def accept_end(
         row = await conn.fetchrow(
             repository.ACCEPT_END,
             tenant.tenant_id,
+            END_JOB,
+            json.dumps(payload.model_dump(mode="json"), ensure_ascii=False),
+            settings.cognitive.queue.max_attempts,
+            dedupe_key(request.request_id, request.end_seq),
+            enqueue,
             request.conversation_key,
             request.request_type,
             request.group_id,
@@ -94,11 +99,6 @@ async def accept_end(
             request.end_seq,
             request.memo,
             moment,
-            END_JOB,
-            json.dumps(payload.model_dump(mode="json"), ensure_ascii=False),
-            settings.cognitive.queue.max_attempts,
-            dedupe_key(request.request_id, request.end_seq),
-            enqueue,
         )
     base: dict[str, Any] = {
         "request_id": request.request_id,
@@ -132,6 +132,18 @@ async def recent_memos(
     limit: int,
 ) -> list[MemoInfo]:
     """A conversation's memo log, newest first."""
-    key = scope_of(group_id, user_id)
-    rows = await repository.recent_memos(session, tenant_id, key, limit)
+    return await memo_log(session, tenant_id, scope_of(group_id, user_id), limit)
+
+
+async def memo_log(
+    session: AsyncSession, tenant_id: uuid.UUID, conversation_key: str, limit: int
+) -> list[MemoInfo]:
+    """The newest memos of a conversation (by its key), newest first."""
+    rows = await repository.recent_memos(session, tenant_id, conversation_key, limit)
     return [MemoInfo(**row) for row in rows]
+
+
+async def record_memo(session: AsyncSession, row: dict[str, Any]) -> bool:
+    """Add a memo from elsewhere (an import), idempotent by (request_id, end_seq) like the
+    hand-over's; False when that memo is already there."""
+    return await repository.record_memo(session, row)

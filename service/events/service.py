@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from typing import Any
 
+import numpy as np
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.context import checked_moment, scope_of
@@ -50,3 +52,68 @@ async def get(session: AsyncSession, tenant_id: uuid.UUID, event_id: str) -> Eve
     if row is None:
         raise NotFound("no such event")
     return EventInfo(**row)
+
+
+# ---------------------------------------------------------------- writes and ranked reads
+# The historian and the importer write events through ``store``; the event ranking
+# (service.recall.ranking) reads candidates through the rest, always within the tenant and
+# the conversations it names: the hard filter of every event read.
+
+
+async def store(session: AsyncSession, rows: list[dict[str, Any]]) -> None:
+    """Write events (insert, or replace those of the same id), in the caller's transaction."""
+    await repository.upsert_events(session, rows)
+
+
+async def nearest(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    conversation_keys: list[str],
+    vector: np.ndarray[Any, Any],
+    limit: int,
+    time_from: datetime | None = None,
+    time_to: datetime | None = None,
+) -> list[dict[str, Any]]:
+    """The ``limit`` events of these conversations nearest in meaning, nearest first."""
+    return await repository.nearest_events(
+        session, tenant_id, conversation_keys, vector, limit, time_from, time_to
+    )
+
+
+async def lexical(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    conversation_keys: list[str],
+    query_terms: list[str],
+    limit: int,
+    time_from: datetime | None = None,
+    time_to: datetime | None = None,
+) -> list[dict[str, Any]]:
+    """The ``limit`` events of these conversations best matching the terms by BM25, the terms
+    common to a large share of all events left out where every match cannot be scored."""
+    return await repository.lexical_events(
+        session,
+        tenant_id,
+        conversation_keys,
+        query_terms,
+        limit,
+        time_from,
+        time_to,
+        common=await repository.common_terms(session),
+    )
+
+
+async def neighbours(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    event_ids: list[str],
+    vector: np.ndarray[Any, Any],
+    reach: int,
+    time_from: datetime | None = None,
+    time_to: datetime | None = None,
+) -> list[dict[str, Any]]:
+    """The events told within ``reach`` before and after each of ``event_ids`` in its own
+    conversation, with their similarity to ``vector``."""
+    return await repository.neighbour_events(
+        session, tenant_id, event_ids, vector, reach, time_from, time_to
+    )

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from service.memories.repository import ScopeFilter
+from service.memories.scope import ScopeFilter
 
 
 @dataclass

@@ -27,9 +27,9 @@ from service.historian.profiles import ProfileMerger, Target, about_the_group, f
 from service.llm import ChatModel
 from service.memories import service as memories
 from service.memories.upkeep import enqueue_consolidation
-from service.messages import repository
+from service.messages import service as messages
 from service.messages.service import EXTRACT_JOB, enqueue_extraction
-from service.profiles import repository as profile_rows
+from service.profiles import service as profiles
 from service.profiles.document import ProfileKey
 from service.profiles.service import Fact
 from service.queue.payloads import ExtractPayload
@@ -187,14 +187,14 @@ class Extractor:
         limit = self.settings.cognitive.extraction.max_batch
         tenant_id = job.job.tenant_id
         async with job.transaction() as session:
-            mark, unread = await repository.unread_messages(session, tenant_id, key, upto, limit)
+            mark, unread = await messages.unread(session, tenant_id, key, upto, limit)
             zone = await _tenant_zone(session, tenant_id)
-            group_name = await repository.group_name(session, tenant_id, key)
+            group_name = await messages.group_name(session, tenant_id, key)
         targets = extraction_targets(key, unread, zone, llm=self.llm is not None)
 
         async def read(profile: ProfileKey) -> dict[str, Any] | None:
             async with job.transaction() as session:
-                return await profile_rows.get(session, tenant_id, profile)
+                return await profiles.find(session, tenant_id, profile)
 
         moment = datetime.now(UTC).astimezone(zone)
         merger = ProfileMerger(self.embedder, self.llm, self.settings)
@@ -214,7 +214,7 @@ class Extractor:
             )
         notes += plan.notes
         async with job.finishing() as session:
-            again, _ = await repository.unread_messages(session, tenant_id, key, upto, limit)
+            again, _ = await messages.unread(session, tenant_id, key, upto, limit)
             versions: dict[str, int] = {}
             memory_changes: dict[str, int] = {}
             if unread and again == mark:  # nobody processed these meanwhile
@@ -242,7 +242,7 @@ class Extractor:
                         session, tenant_id, key, conversation, days, zone, job.job.id
                     )
                 last = unread[-1].seq
-                await repository.advance_extracted(session, tenant_id, key, last)
+                await messages.mark_read(session, tenant_id, key, last)
                 if last < upto:
                     # More than one batch: the rest goes to a follow-up job.
                     await enqueue_extraction(
@@ -276,7 +276,7 @@ class Extractor:
         assert conversation.group_id is not None
         written = 0
         for day in sorted(days):
-            texts = await repository.texts_of_day(session, tenant_id, key, day, zone)
+            texts = await messages.texts_of_day(session, tenant_id, key, day, zone)
             content = day_summary(day, texts, conversation.group_name)
             if content is None:
                 continue
@@ -297,9 +297,7 @@ class Extractor:
         """The pause trigger: extraction for conversations quiet for ``pause_minutes``."""
         extraction = self.settings.cognitive.extraction
         async with self.db.system() as session:
-            quiet = await repository.take_quiet_conversations(
-                session, extraction.pause_minutes * 60, limit=500
-            )
+            quiet = await messages.take_quiet(session, extraction.pause_minutes * 60, limit=500)
             for row in quiet:
                 await enqueue_extraction(
                     session,

@@ -17,11 +17,10 @@ from datetime import UTC, date, datetime, time, tzinfo
 from typing import Any
 
 import numpy as np
-from sqlalchemy import and_
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.embedding import Embedder
-from service.errors import Invalid
+from service.errors import Invalid, NotFound
 from service.historian.conversation import Conversation, Operation, Plan
 from service.historian.gate import gate
 from service.historian.memory_tools import (
@@ -35,12 +34,11 @@ from service.historian.memory_tools import (
 from service.historian.profiles import about_the_group, shared
 from service.historian.prompts import MEMORY_SYSTEM, memory_prompt
 from service.llm import ChatModel
-from service.memories import repository
-from service.memories.models import Memory
+from service.memories import service as memories
 from service.privacy import pii
 from service.retrieval.terms import COMMON_CHINESE_CHARS, ENGLISH_STOPWORDS
 from service.settings import Settings
-from service.todos import repository as todos
+from service.todos import service as todos
 
 __all__ = [
     "Conversation",
@@ -115,24 +113,18 @@ class MemoryKeeper:
         """The active memories nearest to each new item (this conversation's scopes only),
         and the conversation's pending todos."""
         found: dict[int, dict[str, Any]] = {}
-        active = and_(conversation.filter.where(), Memory.is_active.is_(True))
         for vector in vectors:
-            for row in await repository.nearest(
+            # Compared with, not used: their last use stays as it was.
+            for row in await memories.search_in_scope(
                 session,
                 tenant_id,
+                conversation.filter,
                 vector,
-                where=active,
                 limit=self.settings.cognitive.memory.retrieve_top_k,
+                mark_used=False,
             ):
                 found.setdefault(int(row["id"]), row)
-        pending = await todos.listing(
-            session,
-            tenant_id,
-            status="PENDING",
-            conversation_key=conversation.key,
-            due_before=None,
-            limit=50,
-        )
+        pending = await todos.pending(session, tenant_id, conversation.key, limit=50)
         return found, pending
 
     async def decide(
@@ -283,7 +275,7 @@ class MemoryKeeper:
             )
             try:
                 counts[await tool.apply(writing, op.args)] += 1
-            except Invalid as exc:
+            except (Invalid, NotFound) as exc:  # e.g. a todo closed or erased meanwhile
                 plan.notes.append(f"{op.tool}: skipped at apply: {exc.message}")
         return dict(counts)
 

@@ -21,7 +21,7 @@ from service.memories import service as memories
 from service.memories.models import CATEGORIES, SCOPES
 from service.privacy import pii
 from service.settings import MemorySettings
-from service.todos import repository as todos
+from service.todos import service as todos
 
 
 @dataclass(frozen=True)
@@ -293,7 +293,7 @@ def _check_add_todo(args: dict[str, Any], scene: Scene) -> dict[str, Any]:
 async def _apply_add_todo(writing: Writing, args: dict[str, Any]) -> str:
     conversation = writing.conversation
     when = args.get("trigger_time")
-    await todos.insert(
+    await todos.add(
         writing.session,
         writing.tenant_id,
         {
@@ -326,7 +326,7 @@ ADD_TODO = Tool(
 
 def _todo_status(status: str) -> Callable[[Writing, dict[str, Any]], Awaitable[str]]:
     async def apply(writing: Writing, args: dict[str, Any]) -> str:
-        await todos.update(writing.session, writing.tenant_id, args["todo_id"], {"status": status})
+        await todos.patch(writing.session, writing.tenant_id, args["todo_id"], {"status": status})
         return f"todos_{status.lower()}"
 
     return apply

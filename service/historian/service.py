@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.context import ConversationContext
 from service.embedding import Embedder
-from service.events import repository as events
+from service.events import service as events
 from service.historian.absolutize import Person, Situation, absolutize
 from service.historian.memories import Conversation, MemoryKeeper, Plan
 from service.historian.profiles import (
@@ -29,7 +29,7 @@ from service.historian.rewrite import Situation as PromptSituation
 from service.llm import ChatModel, LLMError
 from service.observability import GATE
 from service.privacy import pii
-from service.profiles import repository as profile_rows
+from service.profiles import service as profiles
 from service.profiles.document import ProfileKey
 from service.profiles.service import Fact
 from service.queue.payloads import EndPayload
@@ -196,7 +196,7 @@ class Historian:
 
         async def read(key: ProfileKey) -> dict[str, Any] | None:
             async with job.transaction() as session:
-                return await profile_rows.get(session, job.job.tenant_id, key)
+                return await profiles.find(session, job.job.tenant_id, key)
 
         if work.observed:
             async with job.transaction() as session:
@@ -235,7 +235,7 @@ class Historian:
             if self.llm is not None and any(t.facts for w in works for t in w.targets):
                 async with batch.transaction() as session:
                     keys = [t.key for w in works for t in w.targets]
-                    rows = await profile_rows.get_many(session, batch.tenant_id, keys)
+                    rows = await profiles.find_many(session, batch.tenant_id, keys)
             if any(work.observed for work in works):
                 async with batch.transaction() as session:
                     for work in works:
@@ -375,7 +375,7 @@ class Historian:
     ) -> None:
         """Every write of these jobs in the caller's transaction: events, profiles (one
         write per profile), memories; each job's result."""
-        await events.upsert_events(session, [row for work in works for row in work.rows])
+        await events.store(session, [row for work in works for row in work.rows])
         profile_works = [
             ProfileWork(
                 work.targets,

@@ -21,11 +21,10 @@ from typing import Any
 
 from service.db.engine import Database
 from service.embedding import Embedder
-from service.ends import repository as memo_rows
 from service.ends.schemas import loose_bool
-from service.ends.service import accept_end, dedupe_key, event_ids
+from service.ends.service import accept_end, dedupe_key, event_ids, record_memo
 from service.errors import Conflict, MemoriaError
-from service.events.repository import upsert_events
+from service.events.service import store as store_events
 from service.importer import repository
 from service.importer.coerce import Chat, identifier, text_or_none
 from service.importer.report import Report
@@ -33,7 +32,7 @@ from service.importer.source import ProfileHistory, Skip, Source, StoredEvent
 from service.importer.undefined import FORMAT, read_source
 from service.privacy import pii
 from service.privacy.service import was_erased
-from service.profiles import repository as profile_rows
+from service.profiles import service as profiles
 from service.profiles.consolidate import digest
 from service.profiles.document import parse
 from service.settings import Settings
@@ -152,8 +151,8 @@ class _Writer:
     async def _profile(self, history: ProfileHistory) -> None:
         key, newest = history.key, history.versions[-1]
         async with self.db.tenant(self.tenant_id) as session:
-            row = await profile_rows.get(session, self.tenant_id, key)
-            kept = await profile_rows.revisions(session, self.tenant_id, key) if row else []
+            row = await profiles.find(session, self.tenant_id, key)
+            kept = await profiles.revisions(session, self.tenant_id, key) if row else []
         if row is not None:
             if newest.document in {row["document"], *(r["document"] for r in kept)}:
                 self.report.present["profiles"] += 1
@@ -168,24 +167,16 @@ class _Writer:
         self.report.imported["revisions"] += min(len(history.versions) - 1, keep)
         if self.dry_run:
             return
-        profiles = [parse(v.document, expected=key) for v in history.versions]
-        [vector] = await self.embedder.passages([digest(profiles[-1].body)])
+        newest_profile = parse(newest.document, expected=key)
+        [vector] = await self.embedder.passages([digest(newest_profile.body)])
+        versions = [
+            (v.document, {"by": "import", "source": FORMAT, "file": v.origin})
+            for v in history.versions
+        ]
         async with self.db.tenant(self.tenant_id) as session:
-            version: int | None = None
-            for n, (source, profile) in enumerate(zip(history.versions, profiles, strict=True)):
-                version = await profile_rows.write(
-                    session,
-                    self.tenant_id,
-                    profile,
-                    source.document,
-                    # Only the current text is searched; older ones need no vector.
-                    vector if n == len(profiles) - 1 else None,
-                    expected=version,
-                    replaced_by={"by": "import", "source": FORMAT, "file": source.origin},
-                    keep=keep,
-                )
-                if version is None:
-                    raise Conflict(f"the profile of {key.describe()} appeared meanwhile")
+            await profiles.restore_history(
+                session, self.tenant_id, key, versions, vector, keep=keep
+            )
 
     # ------------------------------------------------------------ events
 
@@ -217,7 +208,7 @@ class _Writer:
                     for (event, text), vector in zip(fresh, vectors, strict=True)
                 ]
                 async with self.db.tenant(self.tenant_id) as session:
-                    await upsert_events(session, rows)
+                    await store_events(session, rows)
             self.progress("events", min(start + BATCH, len(events)), len(events))
 
     def _event_row(self, event: StoredEvent, text: str, vector: Any) -> dict[str, Any]:
@@ -286,7 +277,7 @@ class _Writer:
                         "memo": memo.text,
                         "said_at": memo.said_at,
                     }
-                    added = await memo_rows.record_memo(session, row)
+                    added = await record_memo(session, row)
                     self.report.imported["memos"] += added
                     self.report.present["memos"] += not added
             self.progress("memos", min(start + 500, len(memos)), len(memos))

@@ -16,10 +16,10 @@ from service.embedding.base import Vector
 from service.errors import Invalid, NotFound
 from service.memories import repository
 from service.memories.models import CATEGORIES, SCOPES, Memory
-from service.memories.repository import ScopeFilter as ScopeFilter
 from service.memories.schemas import (
     MemorySearch,
 )
+from service.memories.scope import ScopeFilter as ScopeFilter
 from service.privacy import pii
 from service.retrieval.terms import near_duplicate
 from service.settings import MemorySettings

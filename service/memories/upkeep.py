@@ -10,13 +10,12 @@ from sqlalchemy import text
 
 from service.db.engine import Database
 from service.memories import service
-from service.memories.repository import ScopeFilter
+from service.memories.scope import ScopeFilter
 from service.queue import repository as jobs
 from service.queue.payloads import ConsolidatePayload, NoPayload
 from service.queue.worker import JobContext
 from service.settings import Settings
-from service.todos import repository as todos
-from service.todos.service import overdue_before
+from service.todos import service as todos
 
 MAINTAIN_JOB = "memories.maintain"
 CONSOLIDATE_JOB = "memories.consolidate"
@@ -54,7 +53,7 @@ class Upkeep:
                 session, job.job.tenant_id, self.settings.cognitive.memory, now
             )
             result["todos_expired"] = await todos.expire_overdue(
-                session, job.job.tenant_id, overdue_before(now, self.settings)
+                session, job.job.tenant_id, now, self.settings
             )
             job.result = result
         return result

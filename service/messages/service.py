@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import uuid
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime, tzinfo
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -191,3 +192,39 @@ class Archivist:
                 await repository.set_embeddings(session, job.job.tenant_id, rows, vectors, lexicals)
             done += len(rows)
         return {"embedded": done}
+
+
+# ---------------------------------------------------------------- the extraction's reads
+# What the historian's extraction job (service.historian.extraction) reads of a conversation
+# and marks as read, in its own transaction.
+
+
+async def unread(
+    session: AsyncSession, tenant_id: uuid.UUID, key: str, upto: int, limit: int
+) -> tuple[int, list[Any]]:
+    """Lock the conversation's bookkeeping (one extraction at a time); its high-water mark
+    and up to ``limit`` messages after it, up to ``upto``."""
+    return await repository.unread_messages(session, tenant_id, key, upto, limit)
+
+
+async def mark_read(session: AsyncSession, tenant_id: uuid.UUID, key: str, seq: int) -> None:
+    """The conversation's messages up to ``seq`` are extracted."""
+    await repository.advance_extracted(session, tenant_id, key, seq)
+
+
+async def group_name(session: AsyncSession, tenant_id: uuid.UUID, key: str) -> str | None:
+    """The last name a group was seen under."""
+    return await repository.group_name(session, tenant_id, key)
+
+
+async def texts_of_day(
+    session: AsyncSession, tenant_id: uuid.UUID, key: str, day: date, zone: tzinfo
+) -> list[str]:
+    """The texts of a conversation's messages on one local day."""
+    return await repository.texts_of_day(session, tenant_id, key, day, zone)
+
+
+async def take_quiet(session: AsyncSession, quiet_seconds: float, limit: int) -> list[Any]:
+    """Conversations of every tenant quiet for ``quiet_seconds`` with messages not yet
+    extracted, their pending count reset (each is taken once)."""
+    return await repository.take_quiet_conversations(session, quiet_seconds, limit)

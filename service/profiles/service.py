@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.context import ConversationContext, scope_of
 from service.embedding import Embedder
+from service.embedding.base import Vector
 from service.errors import Conflict, Forbidden, Invalid, NotFound
 from service.privacy import pii
 from service.profiles import repository
@@ -75,6 +76,13 @@ async def find(
     return await repository.get(session, tenant_id, key)
 
 
+async def find_many(
+    session: AsyncSession, tenant_id: uuid.UUID, keys: list[ProfileKey]
+) -> dict[str, dict[str, Any]]:
+    """The current rows of these profiles by key (``ProfileKey.key``); missing ones absent."""
+    return await repository.get_many(session, tenant_id, keys)
+
+
 async def get(session: AsyncSession, tenant_id: uuid.UUID, key: ProfileKey) -> dict[str, Any]:
     """A profile's current row; ``NotFound`` when there is none."""
     row = await find(session, tenant_id, key)
@@ -133,6 +141,35 @@ async def replace_by_hand(
         replaced_by={"by": "api", "key_prefix": tenant.key_prefix},
         keep=keep,
     )
+
+
+async def restore_history(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    key: ProfileKey,
+    versions: list[tuple[str, dict[str, Any]]],
+    vector: Vector,
+    *,
+    keep: int,
+) -> None:
+    """Write a new profile's history as it was elsewhere (an import): each (document, origin)
+    in order, the last one current with ``vector`` (older texts are not searched, so they need
+    none); ``keep`` of them stay as revisions. ``Conflict`` if the profile appeared meanwhile."""
+    profiles = [parse(document, expected=key) for document, _ in versions]
+    version: int | None = None
+    for n, ((document, origin), profile) in enumerate(zip(versions, profiles, strict=True)):
+        version = await repository.write(
+            session,
+            tenant_id,
+            profile,
+            document,
+            vector if n == len(profiles) - 1 else None,
+            expected=version,
+            replaced_by=origin,
+            keep=keep,
+        )
+        if version is None:
+            raise Conflict(f"the profile of {key.describe()} appeared meanwhile")
 
 
 def load(row: dict[str, Any]) -> Profile:

@@ -41,7 +41,7 @@ import numpy as np
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.embedding.base import Calibration
-from service.events import repository as events
+from service.events import service as events
 from service.llm.base import LLMError
 from service.llm.rerank import Reranker
 from service.retrieval.fusion import scale_by_max, time_decayed, unit_vector
@@ -234,7 +234,7 @@ async def lexical_candidates(
     the query is being embedded."""
     if search.top_k <= 0 or q.lexical_weight <= 0:
         return []
-    return await events.lexical_events(
+    return await events.lexical(
         session,
         tenant_id,
         search.conversation_keys,
@@ -242,7 +242,6 @@ async def lexical_candidates(
         search.pool(q),
         search.time_from,
         search.time_to,
-        common=await events.common_terms(session),
     )
 
 
@@ -262,7 +261,7 @@ async def rank_events(
     dense side (searched here) and the ``lexical`` candidates."""
     if search.top_k <= 0:
         return []
-    dense = await events.nearest_events(
+    dense = await events.nearest(
         session,
         tenant_id,
         search.conversation_keys,
@@ -280,7 +279,7 @@ async def rank_events(
         )
     candidates = fuse(dense, lexical, q.lexical_weight, calibration)
     if q.lexical_weight > 0 and candidates:
-        around = await events.neighbour_events(
+        around = await events.neighbours(
             session,
             tenant_id,
             [e.row["id"] for e in candidates],

@@ -25,12 +25,12 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from service.context import ConversationContext
 from service.embedding import Embedder
 from service.embedding.base import Vector
-from service.ends import repository as memos
+from service.ends import service as memos
 from service.errors import Forbidden, Invalid
 from service.llm.rerank import Reranker
 from service.memories import service as memory_rules
 from service.memories.service import ScopeFilter
-from service.profiles import repository as profiles
+from service.profiles import service as profiles
 from service.profiles.document import ProfileKey
 from service.recall.ranking import EventQuery, RankedEvent, lexical_candidates, rank_events
 from service.recall.schemas import (
@@ -44,7 +44,7 @@ from service.recall.schemas import (
 from service.settings import QuerySettings
 from service.tenants.service import TenantContext
 from service.text import message_content
-from service.todos import repository as todos
+from service.todos import service as todos
 
 T = TypeVar("T")
 
@@ -206,14 +206,7 @@ class Reader:
     async def _todos(
         self, session: AsyncSession, tenant: TenantContext, conversation_key: str, zone: tzinfo
     ) -> list[ContextItem]:
-        rows = await todos.listing(
-            session,
-            tenant.tenant_id,
-            status="PENDING",
-            conversation_key=conversation_key,
-            due_before=None,
-            limit=10,
-        )
+        rows = await todos.pending(session, tenant.tenant_id, conversation_key, limit=10)
         return [
             ContextItem(
                 id=f"todo:{t['id']}",
@@ -245,7 +238,7 @@ class Reader:
             if person:
                 member = ProfileKey("member", person, request.group_id)
         wanted = [key for key in (user, group, member) if key is not None]
-        rows = await profiles.get_many(session, tenant.tenant_id, wanted)
+        rows = await profiles.find_many(session, tenant.tenant_id, wanted)
         injected.user_profile = self._profile(rows, user)
         injected.group_profile = self._profile(rows, group)
         injected.member_profile = self._profile(rows, member)
@@ -272,15 +265,13 @@ class Reader:
     ) -> list[ContextItem]:
         if q.recent_end_summaries_inject_k <= 0:
             return []
-        rows = await memos.recent_memos(
-            session, tenant.tenant_id, key, q.recent_end_summaries_inject_k
-        )
+        rows = await memos.memo_log(session, tenant.tenant_id, key, q.recent_end_summaries_inject_k)
         return [
             ContextItem(
-                id=f"memo:{r['request_id']}:{r['end_seq']}",
+                id=f"memo:{r.request_id}:{r.end_seq}",
                 kind="memo",
-                text=r["memo"],
-                meta={"said_at": r["said_at"].astimezone(zone).isoformat()},
+                text=r.memo,
+                meta={"said_at": r.said_at.astimezone(zone).isoformat()},
             )
             for r in reversed(rows)  # oldest first, as a log reads
         ]

@@ -55,6 +55,25 @@ async def patch(
     return updated
 
 
+async def add(session: AsyncSession, tenant_id: uuid.UUID, row: dict[str, Any]) -> int:
+    """A new pending todo of a conversation (the historian's ``add_todo``); returns its id."""
+    return await repository.insert(session, tenant_id, row)
+
+
+async def pending(
+    session: AsyncSession, tenant_id: uuid.UUID, conversation_key: str, limit: int
+) -> list[dict[str, Any]]:
+    """A conversation's pending todos, soonest first: what the bot and the historian are shown."""
+    return await repository.listing(
+        session,
+        tenant_id,
+        status="PENDING",
+        conversation_key=conversation_key,
+        due_before=None,
+        limit=limit,
+    )
+
+
 @dataclass
 class Courier:
     """Delivers due todos to a tenant's webhook, through the jobs queue (with its retries)."""
@@ -157,3 +176,10 @@ async def due(
 def overdue_before(now: datetime, settings: Settings) -> datetime:
     """Pending todos triggered before this are expired by maintenance."""
     return now - timedelta(days=settings.cognitive.memory.todo_expire_after_days)
+
+
+async def expire_overdue(
+    session: AsyncSession, tenant_id: uuid.UUID, now: datetime, settings: Settings
+) -> int:
+    """Expire the tenant's pending todos whose time passed long ago; returns how many."""
+    return await repository.expire_overdue(session, tenant_id, overdue_before(now, settings))
