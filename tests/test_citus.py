@@ -186,7 +186,7 @@ async def test_one_tenants_requests_are_router_queries(
     response = await client.post("/v1/messages", json=chat(0, 5), headers=tenant.headers)
     assert response.status_code == 202, response.text
 
-    # The per-turn context, the event and message searches and the end hand-over of one
+    # The per-turn context, the event and message searches, the end hand-over and its job, of one
     # tenant: every statement Citus executes for them touches one shard.
     before = await counters(db_url)
     ask = {**GROUP, "message": "<message><content>asyncio 连接池怎么配置？</content></message>"}
@@ -212,6 +212,9 @@ async def test_one_tenants_requests_are_router_queries(
         headers=tenant.headers,
     )
     assert end.status_code == 202, end.text
+    # And the historian's work on it: its event (a batch of one tenant's rows), profiles, memories.
+    job = await until_finished(client, tenant, end.json()["job_id"])
+    assert job["status"] == "done", job
     after = await counters(db_url)
     assert after[0] > before[0]  # Citus did execute them, one shard each
     assert after[1] == before[1], "a single tenant's request ran a multi-shard query"

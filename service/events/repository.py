@@ -21,8 +21,9 @@ from service.retrieval.terms import terms, to_tsquery_literal, to_tsvector_liter
 # Upsert by event id: a retried job rewrites the same rows instead of adding new ones. The same
 # statement keeps the event's search vector (event_vectors) in step: written when there is an
 # embedding, removed when a rewrite leaves none. updated_at takes EXCLUDED's (its default, now()):
-# Citus refuses now() itself in DO UPDATE. One statement writes many rows ({values}: one
-# parenthesized row of parameters per event, the parameters numbered by row).
+# Citus refuses now() itself in DO UPDATE. One statement writes many rows of one tenant
+# ({values}: one parenthesized row of parameters per event, numbered by row, all with the one
+# :tenant_id, so that on Citus the whole statement is routed to that tenant's shard).
 _UPSERT_SQL = """
     WITH written AS (
         INSERT INTO events (tenant_id, id, conversation_key, request_type, group_id, user_id,
@@ -47,10 +48,11 @@ _UPSERT_SQL = """
             embedding = EXCLUDED.embedding
     )
     DELETE FROM event_vectors v USING written w
-    WHERE w.embedding IS NULL AND v.tenant_id = w.tenant_id AND v.event_id = w.id
+    WHERE w.embedding IS NULL AND v.tenant_id = :tenant_id AND w.tenant_id = :tenant_id
+      AND v.event_id = w.id
     """
 
-_ROW = """(:tenant_id_{n}, :id_{n}, :conversation_key_{n}, :request_type_{n}, :group_id_{n},
+_ROW = """(:tenant_id, :id_{n}, :conversation_key_{n}, :request_type_{n}, :group_id_{n},
           :user_id_{n}, :sender_id_{n}, :request_id_{n}, :end_seq_{n}, :kind_{n},
           :perspective_{n}, :text_{n}, :source_text_{n}, :is_absolute_{n},
           CAST(:warnings_{n} AS jsonb), CAST(:occurred_at_{n} AS timestamptz), :timezone_{n},
@@ -69,25 +71,27 @@ def _upsert(rows: int) -> TextClause:
 
 
 async def upsert_events(session: AsyncSession, rows: list[dict[str, Any]]) -> None:
-    """Write events, many rows per statement, with their lexical terms. Rows with the same
-    id: the last one is written."""
+    """Write events, many rows of one tenant per statement, with their lexical terms. Rows
+    with the same id: the last one is written."""
     latest = {(row["tenant_id"], row["id"]): row for row in rows}  # one row per id and statement
-    prepared = [
-        {
-            **row,
-            "warnings": json.dumps(row["warnings"], ensure_ascii=False),
-            "message_ids": json.dumps(row["message_ids"], ensure_ascii=False),
-            "metadata": json.dumps(row["metadata"], ensure_ascii=False),
-            "lexical": to_tsvector_literal(terms(row["text"])),
-        }
-        for row in latest.values()
-    ]
-    for start in range(0, len(prepared), UPSERT_ROWS):
-        chunk = prepared[start : start + UPSERT_ROWS]
-        params = {
-            f"{name}_{n}": value for n, row in enumerate(chunk) for name, value in row.items()
-        }
-        await session.execute(_upsert(len(chunk)), params)
+    tenants: dict[uuid.UUID, list[dict[str, Any]]] = {}
+    for row in latest.values():
+        tenants.setdefault(row["tenant_id"], []).append(
+            {
+                **{name: value for name, value in row.items() if name != "tenant_id"},
+                "warnings": json.dumps(row["warnings"], ensure_ascii=False),
+                "message_ids": json.dumps(row["message_ids"], ensure_ascii=False),
+                "metadata": json.dumps(row["metadata"], ensure_ascii=False),
+                "lexical": to_tsvector_literal(terms(row["text"])),
+            }
+        )
+    for tenant_id, prepared in tenants.items():
+        for start in range(0, len(prepared), UPSERT_ROWS):
+            chunk = prepared[start : start + UPSERT_ROWS]
+            params = {
+                f"{name}_{n}": value for n, row in enumerate(chunk) for name, value in row.items()
+            }
+            await session.execute(_upsert(len(chunk)), {"tenant_id": tenant_id, **params})
 
 
 _COLUMNS = """id, conversation_key, request_type, group_id, user_id, sender_id, request_id,
@@ -426,6 +430,8 @@ async def lexical_events(
 # An event's neighbours: the events told just before and after it in its conversation (in
 # time order, ties in the order they were written), under the same time filters. The ranking
 # reads a short reply ("Sure, next week!") together with the turn that names its topic.
+# The tenant is bound in the subqueries too: a join condition alone does not let Citus route
+# the statement to the tenant's one shard.
 @cache
 def _neighbours(time_from: bool, time_to: bool) -> TextClause:
     bounds = ""
@@ -440,14 +446,14 @@ def _neighbours(time_from: bool, time_to: bool) -> TextClause:
         SELECT DISTINCT ON (n.id) n.*
         FROM events c CROSS JOIN LATERAL (
             (SELECT {columns}, {similarity} FROM events e
-             WHERE e.tenant_id = c.tenant_id AND e.conversation_key = c.conversation_key
+             WHERE e.tenant_id = :tenant_id AND e.conversation_key = c.conversation_key
                AND (e.occurred_at, e.created_at, e.id) < (c.occurred_at, c.created_at, c.id)
                {bounds}
              ORDER BY e.occurred_at DESC, e.created_at DESC, e.id DESC
              LIMIT :reach)
             UNION ALL
             (SELECT {columns}, {similarity} FROM events e
-             WHERE e.tenant_id = c.tenant_id AND e.conversation_key = c.conversation_key
+             WHERE e.tenant_id = :tenant_id AND e.conversation_key = c.conversation_key
                AND (e.occurred_at, e.created_at, e.id) > (c.occurred_at, c.created_at, c.id)
                {bounds}
              ORDER BY e.occurred_at, e.created_at, e.id
