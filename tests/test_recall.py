@@ -20,7 +20,13 @@ from service.app import create_app
 from service.embedding import Calibration, calibration
 from service.events import repository as events
 from service.memories import repository as memory_rows
-from service.recall.ranking import RankedEvent, decay_scores, fuse, without_duplicates
+from service.recall.ranking import (
+    RankedEvent,
+    decay_scores,
+    fuse,
+    with_neighbours,
+    without_duplicates,
+)
 from service.recall.schemas import ContextRequest
 from service.recall.service import build_query, estimate_tokens
 from service.settings import EmbeddingModelSettings, QuerySettings
@@ -118,6 +124,44 @@ def test_relevance_is_read_on_the_embedders_own_scale() -> None:
     assert tuned.similarity(0.4) == pytest.approx(0.5) and tuned.similarity(0.9) == 1.0
     with pytest.raises(ValidationError):
         EmbeddingModelSettings(similarity_floor=0.9, similarity_ceiling=0.8)
+
+
+def _told(senders: list[str], sims: list[float], texts: list[str]) -> list[dict[str, Any]]:
+    """Events of one group told a minute apart, with their similarity to the query."""
+    at = NOW - timedelta(days=3)
+    return [
+        {
+            "id": f"e{n:02d}",
+            "distance": 1 - sim,
+            "occurred_at": at + timedelta(minutes=n),
+            "created_at": at + timedelta(minutes=n),
+            "conversation_key": "group:g1",
+            "sender_id": sender,
+            "text": text,
+            "kind": "observation",
+        }
+        for n, (sender, sim, text) in enumerate(zip(senders, sims, texts, strict=True))
+    ]
+
+
+def test_a_many_sender_groups_events_are_weighed_as_the_message_search_weighs_them() -> None:
+    """Among a dozen people's news, the event holding the asked rare term wins over others
+    closer in meaning (the group's weights: its own terms count most, other people's
+    messages are not its context); the same events told by two people read as a dialogue,
+    where the close neighbourhood carries a reply."""
+    sims = [0.80, 0.80, 0.85, 0.80, 0.80, 0.80, 0.88, 0.89, 0.86, 0.89, 0.88, 0.80]
+    texts = ["今天天气不错"] * 12
+    texts[2] = "my new car is a tesla"
+
+    def best(senders: list[str]) -> str:
+        rows = _told(senders, sims, texts)
+        lexical = [{**rows[2], "bm25": 4.0, "terms": ["tesla"], "idfs": [3.0]}]
+        candidates = fuse(rows, lexical, 0.3)
+        with_neighbours(candidates, lexical, [], 0.3)
+        return max(candidates, key=lambda e: e.relevance).row["id"]
+
+    assert best([f"user-{n:03d}" for n in range(12)]) == "e02"
+    assert best(["alice", "bob"] * 6) == "e08"
 
 
 def test_near_duplicate_events_are_returned_once() -> None:

@@ -121,7 +121,8 @@ def with_neighbours(
     lexical_weight: float,
     calibration: Calibration = Calibration(),  # noqa: B008 (frozen, shared safely)
 ) -> None:
-    """Rank the candidates with the message search's features and weights: each event with
+    """Rank the candidates with the message search's features and weights (a dialogue's, or a
+    many-sender group's, by the senders present): each event with
     the events told just before and after it (``around``) in its conversation, BM25 from the
     ``lexical`` candidates (see ``service.retrieval.neighbours``).
 
@@ -166,20 +167,17 @@ def with_neighbours(
         )
     w = StreamWeights()
     picked, features = stream_features(passages, idfs, w)
-    dense_weight = w.similarity + w.neighbour_similarity
-    lexical_weights = w.lexical + w.window_lexical + w.neighbour_lexical
+    # A dialogue's weights, or a many-sender group's, as the message search weighs them.
+    weight = w.for_stream(passages)
+    dense = ("similarity", "neighbour_similarity")
+    lexical_side = ("lexical", "window_lexical", "neighbour_lexical")
+    dense_weight = sum(weight[name] for name in dense)
+    lexical_weights = sum(weight[name] for name in lexical_side)
     for n, at in enumerate(picked):
         event = ranked[stream[at]["id"]]
-        cosine = (
-            w.similarity * features["similarity"][n]
-            + w.neighbour_similarity * features["neighbour_similarity"][n]
-        ) / dense_weight
+        cosine = sum(weight[name] * features[name][n] for name in dense) / dense_weight
         sim = calibration.similarity(cosine)
-        lex = (
-            w.lexical * features["lexical"][n]
-            + w.window_lexical * features["window_lexical"][n]
-            + w.neighbour_lexical * features["neighbour_lexical"][n]
-        ) / lexical_weights
+        lex = sum(weight[name] * features[name][n] for name in lexical_side) / lexical_weights
         event.relevance = sim + lexical_weight * lex * (1.0 - sim)
         if event.row.get("kind") == "memo":
             event.relevance *= MEMO_WEIGHT
