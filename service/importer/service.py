@@ -167,12 +167,16 @@ class _Writer:
         self.report.imported["revisions"] += min(len(history.versions) - 1, keep)
         if self.dry_run:
             return
-        newest_profile = parse(newest.document, expected=key)
-        [vector] = await self.embedder.passages([digest(newest_profile.body)])
+        # Every version is checked before anything is embedded or written.
         versions = [
-            (v.document, {"by": "import", "source": FORMAT, "file": v.origin})
+            (
+                parse(v.document, expected=key),
+                v.document,
+                {"by": "import", "source": FORMAT, "file": v.origin},
+            )
             for v in history.versions
         ]
+        [vector] = await self.embedder.passages([digest(versions[-1][0].body)])
         async with self.db.tenant(self.tenant_id) as session:
             await profiles.restore_history(
                 session, self.tenant_id, key, versions, vector, keep=keep

@@ -147,23 +147,23 @@ async def restore_history(
     session: AsyncSession,
     tenant_id: uuid.UUID,
     key: ProfileKey,
-    versions: list[tuple[str, dict[str, Any]]],
+    versions: list[tuple[Profile, str, dict[str, Any]]],
     vector: Vector,
     *,
     keep: int,
 ) -> None:
-    """Write a new profile's history as it was elsewhere (an import): each (document, origin)
-    in order, the last one current with ``vector`` (older texts are not searched, so they need
-    none); ``keep`` of them stay as revisions. ``Conflict`` if the profile appeared meanwhile."""
-    profiles = [parse(document, expected=key) for document, _ in versions]
+    """Write a new profile's history as it was elsewhere (an import): each (parsed profile,
+    its document, its origin) in order, the last one current with ``vector`` (older texts are
+    not searched, so they need none); ``keep`` of them stay as revisions. ``Conflict`` if the
+    profile appeared meanwhile."""
     version: int | None = None
-    for n, ((document, origin), profile) in enumerate(zip(versions, profiles, strict=True)):
+    for n, (profile, document, origin) in enumerate(versions):
         version = await repository.write(
             session,
             tenant_id,
             profile,
             document,
-            vector if n == len(profiles) - 1 else None,
+            vector if n == len(versions) - 1 else None,
             expected=version,
             replaced_by=origin,
             keep=keep,
