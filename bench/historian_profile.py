@@ -33,6 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 from sqlalchemy import event
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -42,7 +43,7 @@ from bench.measure import ROOT
 from service.db.embedded import embedded_url, stop_embedded
 from service.db.engine import Database
 from service.db.migrate import upgrade_to_head
-from service.runtime import Runtime
+from service.jobs import build_runtime
 from service.settings import Settings
 from service.tenants.service import TenantContext, create_tenant
 from tests.conftest import plain_dsn
@@ -61,6 +62,9 @@ STEPS = [
     "service.embedding:CurrentEmbedder.passages",
     "service.events.repository:upsert_events",
     "service.historian.profiles:ProfileMerger.write",
+    "service.historian.profiles:ProfileMerger.write_many",
+    "service.historian.service:Historian._write",
+    "service.historian.service:Historian._begin",
     "service.historian.memories:MemoryKeeper.retrieve",
     "service.historian.memories:MemoryKeeper.apply",
     "service.queue.repository:complete",
@@ -113,8 +117,9 @@ def statement_kind(statement: str) -> str:
     return head
 
 
-def time_steps(steps: list[str]) -> dict[str, list[float]]:
-    """Wrap each step found so that its wall time is recorded: name → [seconds, calls]."""
+def time_steps(steps: list[str], calls: list[tuple[str, float, float]]) -> dict[str, list[float]]:
+    """Wrap each step found so that its wall time is recorded: name → [seconds, calls], and
+    each call as (name, start in epoch seconds, seconds) in ``calls``."""
     spent: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     for step in steps:
         module_name, _, path = step.partition(":")
@@ -129,13 +134,15 @@ def time_steps(steps: list[str]) -> dict[str, list[float]]:
         def timed(original: Callable[..., Any], label: str) -> Callable[..., Any]:
             @functools.wraps(original)
             async def wrapper(*args: Any, **kwargs: Any) -> Any:
-                started = time.perf_counter()
+                started, begun = time.perf_counter(), time.time()
                 try:
                     return await original(*args, **kwargs)
                 finally:
                     entry = spent[label]
-                    entry[0] += time.perf_counter() - started
+                    seconds = time.perf_counter() - started
+                    entry[0] += seconds
                     entry[1] += 1
+                    calls.append(("step " + label, begun, seconds))
 
             return wrapper
 
@@ -172,15 +179,24 @@ async def run(args: argparse.Namespace, llm_url: str) -> None:
     await enqueue(db, tenant, settings, args.jobs)
     await db.dispose()
 
-    runtime = Runtime.build(settings)
+    runtime = build_runtime(settings)
     statements: Counter[str] = Counter()
+    # Every statement's kind, start (epoch seconds) and wall time, to compare the windows.
+    timed: list[tuple[str, float, float]] = []
 
     def count(*event_args: Any) -> None:
-        statement, many = event_args[2], event_args[5]
-        statements[statement_kind(statement) + (" (many)" if many else "")] += 1
+        statement, many, context = event_args[2], event_args[5], event_args[4]
+        kind = statement_kind(statement) + (" (many)" if many else "")
+        statements[kind] += 1
+        context._bench_started = (kind, time.time())
+
+    def finish(*event_args: Any) -> None:
+        kind, begun = getattr(event_args[4], "_bench_started", ("?", time.time()))
+        timed.append((kind, begun, time.time() - begun))
 
     event.listen(runtime.db.engine.sync_engine, "before_cursor_execute", count)
-    spent = time_steps(STEPS)
+    event.listen(runtime.db.engine.sync_engine, "after_cursor_execute", finish)
+    spent = time_steps(STEPS, timed)
     profiler = cProfile.Profile()
     try:
         await runtime.start(migrate=False, run_worker=False)
@@ -192,6 +208,7 @@ async def run(args: argparse.Namespace, llm_url: str) -> None:
         await drained(plain_dsn(url), args.jobs)
         profiler.disable()
         wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+        windows = await finish_windows(plain_dsn(url), min(args.window, args.jobs // 2))
         await runtime.close(timeout=5)
     finally:
         stop_embedded()
@@ -208,10 +225,62 @@ async def run(args: argparse.Namespace, llm_url: str) -> None:
     print(f"SQL statements per job: {sum(statements.values()) / jobs:.2f}")
     for kind, n in statements.most_common():
         print(f"  {n / jobs:6.2f}  {kind}")
+    print_windows(timed, windows)
     if args.cprofile:
         out = io.StringIO()
         pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(args.top)
         print(out.getvalue())
+
+
+async def finish_windows(dsn: str, window: int) -> dict[str, tuple[float, float, int]]:
+    """The first and the last ``window`` jobs to finish: name → (from, to, jobs), epoch seconds."""
+    connection = await asyncpg.connect(dsn)
+    try:
+        began = await connection.fetchval("SELECT extract(epoch FROM min(started_at)) FROM jobs")
+        finished = [
+            float(r[0])
+            for r in await connection.fetch(
+                "SELECT extract(epoch FROM finished_at) FROM jobs WHERE status = 'done'"
+                " ORDER BY finished_at"
+            )
+        ]
+    finally:
+        await connection.close()
+    if len(finished) < 2 * window or window == 0:
+        return {}
+    return {
+        "first": (float(began), finished[window - 1], window),
+        "last": (finished[-window - 1], finished[-1], window),
+    }
+
+
+def print_windows(
+    timed: list[tuple[str, float, float]], windows: dict[str, tuple[float, float, int]]
+) -> None:
+    """SQL wall ms per job by statement kind in the first and the last window: which
+    statement grows as the tables do."""
+    if not windows:
+        return
+    per_job: dict[str, dict[str, float]] = {name: defaultdict(float) for name in windows}
+    for kind, begun, seconds in timed:
+        for name, (start, end, jobs) in windows.items():
+            if start <= begun <= end:
+                per_job[name][kind] += 1000 * seconds / jobs
+    first, last = per_job["first"], per_job["last"]
+    rates = {name: jobs / max(end - start, 1e-9) for name, (start, end, jobs) in windows.items()}
+    print(
+        f"jobs/s: first window {rates['first']:.1f}, last window {rates['last']:.1f}"
+        f" (ratio {rates['last'] / rates['first']:.2f})"
+    )
+    print(
+        "SQL and step wall ms per job, first window -> last window (concurrent statements"
+        " overlap; the steps include their statements):"
+    )
+    sql_first = sum(v for k, v in first.items() if not k.startswith("step "))
+    sql_last = sum(v for k, v in last.items() if not k.startswith("step "))
+    print(f"  {sql_first:8.2f} -> {sql_last:8.2f}  all SQL")
+    for kind in sorted(set(first) | set(last), key=lambda k: -(last[k] - first[k])):
+        print(f"  {first[kind]:8.2f} -> {last[kind]:8.2f}  {kind}")
 
 
 async def main() -> None:
@@ -222,6 +291,7 @@ async def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--cprofile", action="store_true")
     parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--window", type=int, default=1000)
     args = parser.parse_args()
     with fake_llm() as url:
         await run(args, url)

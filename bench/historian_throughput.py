@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -136,19 +137,43 @@ async def enqueue(db: Database, tenant: TenantContext, settings: Settings, count
         await asyncio.gather(*(accept_end(db, tenant, r, settings) for r in batch))
 
 
-async def drained(dsn: str, count: int) -> None:
-    """Wait until every job is done or failed."""
+async def drained(
+    dsn: str, count: int, sample: Callable[[], tuple[float, float]] | None = None
+) -> list[tuple[int, float, float]]:
+    """Wait until every job is done or failed. With ``sample`` (CPU seconds of the worker and
+    of PostgreSQL so far), every half second's (jobs finished, worker CPU, PostgreSQL CPU)."""
     connection = await asyncpg.connect(dsn)
+    samples: list[tuple[int, float, float]] = []
     try:
         while True:
             done = await connection.fetchval(
                 "SELECT count(*) FROM jobs WHERE status IN ('done', 'failed')"
             )
+            if sample is not None:
+                samples.append((done, *sample()))
             if done >= count:
-                return
+                return samples
             await asyncio.sleep(0.5)
     finally:
         await connection.close()
+
+
+def window_cpu(samples: list[tuple[int, float, float]], count: int) -> str:
+    """CPU ms per job of the worker and of PostgreSQL over the first and the last WINDOW
+    jobs (from the half-second samples): which side grows when the pace falls."""
+    window = min(WINDOW, count // 2)
+
+    def per_job(low: int, high: int) -> tuple[float, float]:
+        start = max((s for s in samples if s[0] <= low), key=lambda s: s[0], default=samples[0])
+        end = min((s for s in samples if s[0] >= high), key=lambda s: s[0], default=samples[-1])
+        jobs = max(end[0] - start[0], 1)
+        return 1000 * (end[1] - start[1]) / jobs, 1000 * (end[2] - start[2]) / jobs
+
+    first, last = per_job(0, window), per_job(count - window, count)
+    return (
+        f"worker {first[0]:.1f} -> {last[0]:.1f} ms, PostgreSQL {first[1]:.1f} -> {last[1]:.1f}"
+        f" ms (first {window} -> last {window} jobs)"
+    )
 
 
 async def report(dsn: str) -> dict[str, Any]:
@@ -238,8 +263,12 @@ async def run(args: argparse.Namespace, mode: str, llm: FakeLLM) -> None:
     ]
     dsn = plain_dsn(url)
     pg_before = postgres_cpu(data_dir / "pg")
+
+    def sample() -> tuple[float, float]:
+        return sum(cpu_seconds(p.pid) for p in procs), postgres_cpu(data_dir / "pg")
+
     try:
-        await drained(dsn, args.jobs)
+        samples = await drained(dsn, args.jobs, sample)
         worker_cpu = sum(cpu_seconds(proc.pid) for proc in procs)
         pg_cpu = postgres_cpu(data_dir / "pg") - pg_before
         load = os.getloadavg()[0]
@@ -264,7 +293,7 @@ async def run(args: argparse.Namespace, mode: str, llm: FakeLLM) -> None:
     print(
         f"      CPU per job: worker {1000 * worker_cpu / args.jobs:.1f} ms (start-up included),"
         f" PostgreSQL {1000 * pg_cpu / args.jobs:.1f} ms; load average {load:.1f}"
-        f" on {os.cpu_count()} cores",
+        f" on {os.cpu_count()} cores; {window_cpu(samples, args.jobs)}",
         flush=True,
     )
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import asyncpg
 import pytest
+from sqlalchemy import event as sql_event
 
 from service.db.engine import Database
 from service.embedding import build_embedder
@@ -307,3 +308,34 @@ async def test_a_batch_killed_in_its_writes_runs_again_and_writes_everything_onc
         tenant.tenant_id,
     )
     assert history[0]["n"] == len(memories)
+
+
+async def test_the_rules_read_memories_by_meaning_only_for_the_duplicate_rule(
+    setup: Setup, db_url: str
+) -> None:
+    """Offline, nothing compares a new item with the memories near it but the duplicate rule
+    at write: one read by meaning per item, however many memories there are (a second read,
+    for a comparison nobody makes, grew with the memories and slowed every job)."""
+    dsn = plain_dsn(db_url)
+    tenant = await setup.tenant("reads")
+    await setup.queue(tenant, 24, "r")
+    reads: list[str] = []
+
+    def seen(*args: Any) -> None:
+        statement = args[2]
+        if "FROM memories" in statement and "<=>" in statement:
+            reads.append(statement)
+
+    sql_event.listen(setup.db.engine.sync_engine, "before_cursor_execute", seen)
+    try:
+        await drain(setup.worker(batches=True), dsn, tenant.tenant_id, 24)
+    finally:
+        sql_event.remove(setup.db.engine.sync_engine, "before_cursor_execute", seen)
+    added = await fetch(
+        dsn,
+        "SELECT count(*) AS n FROM memory_history WHERE tenant_id = $1"
+        " AND action IN ('add', 'noop_duplicate')",
+        tenant.tenant_id,
+    )
+    assert added[0]["n"] > 0
+    assert len(reads) == added[0]["n"]

@@ -198,7 +198,7 @@ class Historian:
             async with job.transaction() as session:
                 return await profiles.find(session, job.job.tenant_id, key)
 
-        if work.observed:
+        if self._compares(work):
             async with job.transaction() as session:
                 await self._retrieve(session, work)
         await self._decide(work, read)
@@ -236,10 +236,10 @@ class Historian:
                 async with batch.transaction() as session:
                     keys = [t.key for w in works for t in w.targets]
                     rows = await profiles.find_many(session, batch.tenant_id, keys)
-            if any(work.observed for work in works):
+            if any(self._compares(work) for work in works):
                 async with batch.transaction() as session:
                     for work in works:
-                        if work.observed:
+                        if self._compares(work):
                             await self._retrieve(session, work)
         except Exception as exc:
             for work in works:
@@ -347,6 +347,12 @@ class Historian:
         work.targets = end_targets(work.context, facts, llm=self.llm is not None)
         work.conversation = end_conversation(work.context, work.moment)
 
+    def _compares(self, work: EndWork) -> bool:
+        """Whether the memory step reads the memories near the job's items: only the LLM
+        compares with them; the rules add each item (the duplicate rule still checks it at
+        write), so their read would grow with the memories for nothing."""
+        return self.llm is not None and bool(work.observed)
+
     async def _retrieve(self, session: AsyncSession, work: EndWork) -> None:
         """The memories near the job's accepted observations, and the pending todos."""
         assert work.conversation is not None
@@ -373,9 +379,31 @@ class Historian:
         works: list[EndWork],
         embedder: Embedder,
     ) -> None:
-        """Every write of these jobs in the caller's transaction: events, profiles (one
-        write per profile), memories; each job's result."""
+        """Every write of these jobs in the caller's transaction: events, memories, profiles
+        (one write per profile); each job's result. The profiles come last: their rows are
+        locked until the commit, and other jobs writing the same people wait for that."""
         await events.store(session, [row for work in works for row in work.rows])
+        keeper = MemoryKeeper(embedder, self.llm, self.settings)
+        changes, notes = [], []
+        for work in works:
+            assert work.conversation is not None
+            notes_before = len(work.plan.notes)
+            changes.append(
+                await keeper.apply(
+                    session,
+                    tenant_id,
+                    work.conversation,
+                    work.plan,
+                    {"by": "job", "job_id": work.job.job.id},
+                    {"event_ids": work.ids, "message_ids": work.context.message_ids},
+                    [
+                        {"event_ids": [event_id], "message_ids": work.context.message_ids}
+                        for _, _, event_id, _ in work.accepted
+                    ],
+                )
+            )
+            notes.append(work.plan.notes[notes_before:])
+            del work.plan.notes[notes_before:]  # a write tried again adds them once
         profile_works = [
             ProfileWork(
                 work.targets,
@@ -392,24 +420,9 @@ class Historian:
         ]
         merger = ProfileMerger(embedder, self.llm, self.settings)
         versions = await merger.write_many(session, tenant_id, profile_works)
-        keeper = MemoryKeeper(embedder, self.llm, self.settings)
-        for work, work_versions in zip(works, versions, strict=True):
-            assert work.conversation is not None
-            notes_before = len(work.plan.notes)
-            memory_changes = await keeper.apply(
-                session,
-                tenant_id,
-                work.conversation,
-                work.plan,
-                {"by": "job", "job_id": work.job.job.id},
-                {"event_ids": work.ids, "message_ids": work.context.message_ids},
-                [
-                    {"event_ids": [event_id], "message_ids": work.context.message_ids}
-                    for _, _, event_id, _ in work.accepted
-                ],
-            )
-            apply_notes = work.plan.notes[notes_before:]
-            del work.plan.notes[notes_before:]  # a write tried again adds them once
+        for work, work_versions, memory_changes, apply_notes in zip(
+            works, versions, changes, notes, strict=True
+        ):
             outcomes = work.outcomes
             work.job.result = {
                 "event_ids": work.ids,

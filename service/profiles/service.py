@@ -381,15 +381,17 @@ async def apply_merges(
     keep: int,
 ) -> dict[str, int | None]:
     """``apply_merge`` for several profiles (key, merge, cause), one key once: one read for
-    all of them, one locking read of those that change (merged again if they moved since),
-    one embedder call for every changed digest. Returns the new version (None: unchanged)
-    by key."""
+    all of them, one embedder call for every changed digest, then one locking read of those
+    that change (merged again if they moved since, their new digests embedded then). The
+    embedding is done before the lock, so that other jobs writing the same profiles do not
+    wait for it. Returns the new version (None: unchanged) by key."""
     keys = [key for key, _, _ in merges]
     rows = await repository.get_many(session, tenant_id, keys)
     versions: dict[str, int | None] = {key.key: None for key in keys}
     planned = [
         p for key, merge, cause in merges if (p := await _plan(key, merge, cause, rows)) is not None
     ]
+    embedded = await _embedded({}, planned, embedder)
     if planned:
         # Lock what is about to change; a profile written meanwhile is merged again on the
         # newer text, so that the swap below cannot lose its race.
@@ -404,10 +406,11 @@ async def apply_merges(
             again = await _plan(p.key, p.merge, p.cause, locked)
             if again is not None:
                 planned.append(again)
+        if moved:
+            embedded = await _embedded(embedded, planned, embedder)
     planned.sort(key=lambda p: p.key.key)
-    vectors = iter(await embedder.passages([p.digest for p in planned if p.embed]))
     for p in planned:
-        vector = next(vectors) if p.embed else None
+        vector = embedded[p.digest] if p.embed else None
         version = await repository.write(
             session,
             tenant_id,
@@ -425,6 +428,16 @@ async def apply_merges(
             )
         versions[p.key.key] = version
     return versions
+
+
+async def _embedded(
+    known: dict[str, Vector], planned: list[_Planned], embedder: Embedder
+) -> dict[str, Vector]:
+    """``known`` with the vectors of the planned digests that need one, in one call."""
+    missing = list(dict.fromkeys(p.digest for p in planned if p.embed and p.digest not in known))
+    if missing:
+        known = {**known, **dict(zip(missing, await embedder.passages(missing), strict=True))}
+    return known
 
 
 async def _plan(
