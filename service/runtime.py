@@ -180,7 +180,9 @@ class Runtime:
         queue = self.settings.cognitive.queue
         self.worker_process = WorkerProcess(
             worker_command(os.getpid(), self.config, self.settings.worker_nice),
-            worker_environment(self.db.url),
+            worker_environment(
+                self.db.url, embedding_threads=self.settings.models.embedding.threads
+            ),
             # The child's own shutdown: the jobs in hand's grace, then closing its pools.
             stop_seconds=queue.shutdown_seconds + 15,
         )

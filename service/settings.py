@@ -172,7 +172,13 @@ class EmbeddingModelSettings(_Section):
     max_retries: int = Field(3, ge=0, le=10)
     batch_size: int = Field(64, ge=1, le=2048)
     query_cache_size: int = Field(2048, ge=0)
-    threads: int = Field(0, ge=0, le=256, description="local model threads; 0 = all cores")
+    threads: int = Field(
+        0,
+        ge=0,
+        le=256,
+        description="local model threads; 0 = all cores (all but one in the worker process"
+        " beside the API)",
+    )
     # The model's cosine scale (see service.embedding.base.Calibration): what an unrelated
     # pair and a clearly related pair score. Unset: the local model's measured values, and
     # raw cosines (0 and 1) for an API model; bench/similarity_calibration.py measures them.

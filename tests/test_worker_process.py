@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
 import sys
 import time
 
@@ -60,3 +62,21 @@ async def test_stop_ends_a_child_that_ignores_sigterm_after_the_grace() -> None:
     assert time.monotonic() - started < 5
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert child.restarts == 0  # a stop is not a death to recover from
+
+
+def test_the_worker_beside_the_api_leaves_it_a_core_for_its_calls() -> None:
+    """The local model of serve's worker runs on all cores but one (its embeddings of a
+    backlog would otherwise delay the bot's calls), unless the threads are configured."""
+    read = _python(
+        "from service.settings import Settings; print(Settings().models.embedding.threads)"
+    )
+    base = {k: v for k, v in os.environ.items() if not k.startswith("MEMORIA_")}
+
+    def threads(env: dict[str, str]) -> int:
+        return int(subprocess.run(read, env=env, capture_output=True, text=True, check=True).stdout)
+
+    cores = os.cpu_count() or 1
+    assert threads(worker_environment("postgresql+asyncpg://nowhere/db", base)) == max(1, cores - 1)
+    configured = {**base, "MEMORIA_MODELS__EMBEDDING__THREADS": "3"}
+    chosen = worker_environment("postgresql+asyncpg://nowhere/db", configured, embedding_threads=3)
+    assert threads(chosen) == 3
