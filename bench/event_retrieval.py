@@ -17,7 +17,10 @@ every embedder and tenant, not fitted to these questions.
 
 Before events were ranked with their neighbours, on conv-26 and conv-30 (302 questions,
 --without-profiles, offline historian): events/search hit@5 0.649, hit@10 0.715, rec@10
-0.671; /v1/context the same; MADial (262 test turns) hit@10 0.924.
+0.671; /v1/context the same; MADial (262 test turns) hit@10 0.924. With the neighbours and
+lexical_weight 0.5 (all five LoCoMo dev conversations, --without-profiles): LoCoMo hit@5
+0.740, hit@10 0.797; MADial 0.821 / 0.939; MemDaily dev 0.711 / 0.815 (at 0.3: 0.692 /
+0.783, 0.847 / 0.935, 0.711 / 0.797).
 
 Run: python bench/event_retrieval.py [--data DIR] [--cache /tmp/vectors]
      [--only locomo,madial,memdaily] [--conversations 2] [--without-profiles]
