@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -19,6 +20,7 @@ from service.db.migrate import upgrade_to_head
 from service.errors import Invalid
 from service.events import repository as events_repository
 from service.events.repository import nearest_events, upsert_events
+from service.retrieval.terms import query_terms, terms
 from service.settings import Settings
 from service.tenants.service import create_tenant
 from tests.conftest import DatabaseFactory
@@ -372,6 +374,39 @@ async def test_neighbour_events_are_the_ones_told_around_it_in_its_conversation(
     assert sorted(r["id"] for r in clipped) == ["g:1-1", "g:1-2", "g:1-3", "g:1-4"]
     assert sorted(r["id"] for r in tied) == ["g:3-20", "g:3-22"]
     assert len(many) == len({r["id"] for r in many}) == 10
+
+
+async def test_neighbours_carry_the_asked_terms_they_hold_as_the_ranking_would_count_them(
+    db: Database,
+) -> None:
+    """The window's term counts come from the stored terms of each neighbour, not from
+    segmenting a thousand texts again per query: the same counts, repeats included."""
+    rng = np.random.default_rng(32)
+    tenant = await new_tenant_id(db, "terms")
+    texts = [
+        "张三(10001) 在杭州西湖划船，西湖很美",
+        "Caroline painted a sunset; painting calms her",
+        "李四买了猫粮",
+        "nothing asked here",
+        "西湖边的 painting class",
+    ]
+    rows = [
+        {**event_row(tenant, f"t-{n}", "g:t", START + timedelta(minutes=n), v), "text": t}
+        for n, (t, v) in enumerate(zip(texts, unit(rng, len(texts)), strict=True))
+    ]
+    async with db.tenant(tenant) as session:
+        await upsert_events(session, rows)
+    asked = query_terms("西湖 painting 猫粮")
+    async with db.tenant(tenant) as session:
+        around = await events_repository.neighbour_events(
+            session, tenant, ["t-2"], unit(rng, 1)[0], 2, terms=asked
+        )
+    assert sorted(r["id"] for r in around) == ["t-0", "t-1", "t-3", "t-4"]
+    for row in around:
+        counted = dict(zip(row["hit_terms"] or [], row["hit_counts"] or [], strict=True))
+        expected = Counter(t for t in terms(row["text"]) if t in asked)
+        assert counted == expected, row["text"]
+    assert dict(zip(around[0]["hit_terms"], around[0]["hit_counts"], strict=True))["西湖"] == 2
 
 
 async def test_an_answer_event_is_found_through_the_turn_it_answers(db: Database) -> None:

@@ -441,6 +441,14 @@ def _neighbours(time_from: bool, time_to: bool) -> TextClause:
         bounds += " AND e.occurred_at < :time_to"
     columns = "e.id, e.conversation_key, e.sender_id, e.kind, e.text, e.occurred_at, e.created_at"
     similarity = "coalesce(1 - (e.embedding <=> CAST(:query AS vector)), 0) AS similarity"
+    # The asked terms it holds and how often, from its stored terms (the same segmentation
+    # the ranking would do again in Python for every neighbour).
+    asked = "t.lexeme = ANY(CAST(:terms AS text[]))"
+    similarity += f"""
+        , (SELECT array_agg(t.lexeme ORDER BY t.lexeme) FROM unnest(e.lexical) t
+           WHERE {asked}) AS hit_terms
+        , (SELECT array_agg(coalesce(cardinality(t.positions), 1) ORDER BY t.lexeme)
+           FROM unnest(e.lexical) t WHERE {asked}) AS hit_counts"""
     return text(
         f"""
         SELECT DISTINCT ON (n.id) n.*
@@ -473,10 +481,13 @@ async def neighbour_events(
     reach: int,
     time_from: datetime | None = None,
     time_to: datetime | None = None,
+    *,
+    terms: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """The events within ``reach`` before and after each of ``event_ids`` in its
     conversation (each once), with their cosine ``similarity`` to ``query`` (0 without a
-    vector)."""
+    vector), and which of ``terms`` each holds: ``hit_terms`` with their ``hit_counts``
+    (None for none)."""
     if not event_ids or reach <= 0:
         return []
     params: dict[str, Any] = {
@@ -484,6 +495,7 @@ async def neighbour_events(
         "ids": list(event_ids),
         "query": np.asarray(query, dtype=np.float32).ravel(),
         "reach": reach,
+        "terms": list(terms or []),
     }
     if time_from is not None:
         params["time_from"] = time_from

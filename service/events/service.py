@@ -111,9 +111,11 @@ async def neighbours(
     reach: int,
     time_from: datetime | None = None,
     time_to: datetime | None = None,
+    *,
+    terms: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """The events told within ``reach`` before and after each of ``event_ids`` in its own
-    conversation, with their similarity to ``vector``."""
+    conversation, with their similarity to ``vector`` and which of ``terms`` they hold."""
     return await repository.neighbour_events(
-        session, tenant_id, event_ids, vector, reach, time_from, time_to
+        session, tenant_id, event_ids, vector, reach, time_from, time_to, terms=terms
     )

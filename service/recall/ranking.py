@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -148,7 +149,11 @@ def with_neighbours(
     passages = []
     for row in stream:
         found = ranked.get(row["id"])
-        counts = Counter(t for t in terms(row["text"]) if t in idfs) if idfs else Counter()
+        counts: Mapping[str, int] = {}
+        if idfs and "hit_terms" in row:  # a neighbour: counted by the database
+            counts = dict(zip(row["hit_terms"] or [], row["hit_counts"] or [], strict=True))
+        elif idfs:
+            counts = Counter(t for t in terms(row["text"]) if t in idfs)
         if found is not None:
             distance = row.get("distance")
             similarity = 1.0 - float(distance) if distance is not None else 0.0
@@ -285,6 +290,7 @@ async def rank_events(
             StreamWeights().context,
             search.time_from,
             search.time_to,
+            terms=sorted({t for row in lexical for t in row.get("terms") or []}),
         )
         with_neighbours(candidates, lexical, around, q.lexical_weight, calibration)
     decay_scores(candidates, now, search.half_life_days, q)
