@@ -144,7 +144,8 @@ async def test_the_archive_search_finds_the_same_candidates_either_way(db: Datab
         await store_messages(db, tenant, key, [line(rng, n) for n in range(size)], unit(rng, size))
     async with db.system() as session:
         await session.execute(text("ANALYZE messages"))
-    indexed_plan = dataclasses.replace(SEARCH_PLAN, direct_below=0)
+    # Through the GIN index, with room for every match of every term.
+    indexed_plan = dataclasses.replace(SEARCH_PLAN, direct_below=0, sampled_matches=10**6)
     for query in QUERIES:
         vector = unit(rng, 1)[0]
         words = query_terms(query)
@@ -157,6 +158,41 @@ async def test_the_archive_search_finds_the_same_candidates_either_way(db: Datab
                     session, tenant, "g:small", vector, words, indexed_plan, *bounds
                 )
             assert direct and rows_of(direct) == rows_of(indexed)
+
+
+async def test_a_big_conversation_reads_a_bounded_sample_of_common_words_and_every_rare_one(
+    db: Database,
+) -> None:
+    # Every message says the common words; three late ones also name a rare place.
+    rng = np.random.default_rng(9)
+    tenant = await new_tenant_id(db, "sampled-messages")
+    size = 1200
+    texts = [f"今天天气不错，我们去{PLACES[n % 6]}吧" for n in range(size)]
+    rare = (size - 300, size - 20, size - 1)
+    for n in rare:
+        texts[n] = f"今天天气不错，我们去冰岛看极光吧 ({n})"
+    await store_messages(db, tenant, "g:busy", texts, unit(rng, size))
+    async with db.system() as session:
+        await session.execute(text("ANALYZE messages"))
+    words = query_terms("今天天气怎么样，冰岛")
+    # As a conversation past the direct bound is read: a sample of 60 messages a term.
+    plan = dataclasses.replace(
+        SEARCH_PLAN, direct_below=0, sampled_matches=60 * len(set(words)), dense_limit=1
+    )
+    assert messages_repository.term_sample(plan.sampled_matches, len(set(words))) == 60
+    for bounds, read_from in (((None, None), 0), ((START + timedelta(minutes=1000), None), 1000)):
+        async with db.tenant(tenant) as session:
+            found = await messages_repository.search_candidates(
+                session, tenant, "g:busy", unit(rng, 1)[0], words, plan, *bounds
+            )
+        scored = sorted((r for r in found if r.bm25 > 0), key=lambda r: -r.bm25)
+        # Every message naming the place in the range is found and ranks first lexically.
+        named = {f"m{n}" for n in rare if n >= read_from}
+        assert {r.message_id for r in scored[: len(named)]} == named
+        # The common words were looked up in a bounded sample, within the time range.
+        common = {r.seq for r in found if r.bm25 > 0 and r.terms and "冰岛" not in r.terms}
+        assert 0 < len(common) <= 60 * (len(set(words)) - 1)
+        assert all(r.seq > read_from for r in found if r.bm25 > 0)
 
 
 async def test_the_archive_finds_the_exact_nearest_messages_from_the_half_precision_copies(

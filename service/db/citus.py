@@ -26,7 +26,7 @@ a later migration adds is distributed too:
   its connections to the workers as the current role (``memoria_app`` after ``SET ROLE``).
   On a self-hosted cluster give that role a password in ``pg_dist_authinfo`` or ``.pgpass``;
   the local test cluster trusts 127.0.0.1;
-* the lexical-match functions of migration 0009 are replaced by versions that route their
+* the lexical-match functions of migrations 0009 and 0015 are replaced by versions that route their
   query to the tenant's shard (see ``_ROUTED_TERM_MATCHES``).
 
 The analytics views of ``sql/`` are not made here (an operator installs them after migrating):
@@ -212,7 +212,7 @@ def distribute_schema(connection: Connection) -> bool:
     return True
 
 
-# The lexical searches' functions (migration 0009) read events and messages as the owner,
+# The lexical searches' functions (migrations 0009 and 0015) read events and messages as the owner,
 # confined to the bound tenant by ``tenant_id = memoria_current_tenant()``. On Citus the
 # search's query, one tenant's, is sent whole to that tenant's worker, function call included,
 # and there the function's own query is a distributed query nested in a shard's query, which
@@ -240,15 +240,20 @@ _ROUTED_TERM_MATCHES = (
     $$
     """,
     """
-    CREATE OR REPLACE FUNCTION memoria_message_term_matches(conversation_key text, terms tsquery)
-    RETURNS TABLE (seq bigint)
+    CREATE OR REPLACE FUNCTION memoria_message_term_sample(
+        conversation_key text, terms tsquery, time_from timestamptz, time_to timestamptz,
+        max_matches integer
+    ) RETURNS TABLE (seq bigint, lexical tsvector)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path = pg_catalog, public SET citus.allow_nested_distributed_execution = on AS $$
     BEGIN
         RETURN QUERY EXECUTE
-            'SELECT m.seq FROM messages m'
+            'SELECT m.seq, m.lexical FROM messages m'
             ' WHERE m.tenant_id = $1 AND m.conversation_key = $2 AND m.lexical @@ $3'
-        USING memoria_current_tenant(), conversation_key, terms;
+            ' AND ($4 IS NULL OR m.sent_at >= $4) AND ($5 IS NULL OR m.sent_at <= $5)'
+            ' LIMIT $6'
+        USING memoria_current_tenant(), conversation_key, terms, time_from, time_to,
+              max_matches;
     END
     $$
     """,

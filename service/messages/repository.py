@@ -239,6 +239,12 @@ async def set_embeddings(
 # less than the GIN index's lists of a common term over the whole table.
 DIRECT_LEXICAL_BELOW = 5000
 
+# A conversation that big is matched a term at a time through the GIN index, reading at most
+# this many messages in all (shared among the query's terms, but at least MIN_TERM_SAMPLE a
+# term): ~20 us each, so the lexical side stays near 40 ms however big the group.
+SAMPLED_MATCHES = 2000
+MIN_TERM_SAMPLE = 50
+
 # Candidates re-scored beyond the dense limit, so that the proof closes on the first pass.
 DENSE_EXTRA = 24
 
@@ -253,32 +259,33 @@ _SEARCH = text(
         FROM conversations
         WHERE tenant_id = :tenant_id AND conversation_key = :conversation_key
     ),
-    -- Messages containing any query term (the GIN index), with the query terms they hold.
-    -- A conversation of fewer than :direct_below messages is read by its own index and the
-    -- terms checked row by row; a bigger one through the GIN index, which for a small
-    -- conversation would visit every message of the table holding a common query term.
-    -- The same messages either way; only one branch runs.
+    -- Messages containing any query term, with their terms. A conversation of fewer than
+    -- :direct_below messages is read by its own index and the terms checked row by row;
+    -- a bigger one through the GIN index, one term at a time and at most :per_term
+    -- messages a term: every message of a rare term, a sample of a common one's (in a
+    -- group of 50,000 the common words of a question match thousands, which barely differ
+    -- in score; each one found is still scored on every query term). Only one branch runs.
     matched AS MATERIALIZED (
-        SELECT m.seq FROM messages m
+        SELECT m.seq, m.lexical FROM messages m
         WHERE (SELECT documents < CAST(:direct_below AS integer) FROM stats)
           AND m.tenant_id = :tenant_id AND m.conversation_key = :conversation_key
           AND m.lexical @@ CAST(:tsquery AS tsquery)
+          AND (CAST(:time_from AS timestamptz) IS NULL OR m.sent_at >= :time_from)
+          AND (CAST(:time_to AS timestamptz) IS NULL OR m.sent_at <= :time_to)
         UNION ALL
-        -- The GIN index, through the tenant-bound function (see migration 0009).
-        SELECT x.seq
-        FROM memoria_message_term_matches(:conversation_key, CAST(:tsquery AS tsquery)) x
+        -- The GIN index, through the tenant-bound function (see migration 0015).
+        SELECT DISTINCT ON (x.seq) x.seq, x.lexical
+        FROM unnest(CAST(:term_queries AS text[])) q(term),
+             memoria_message_term_sample(
+                 :conversation_key, CAST(q.term AS tsquery), CAST(:time_from AS timestamptz),
+                 CAST(:time_to AS timestamptz), CAST(:per_term AS integer)) x
         WHERE NOT coalesce((SELECT documents < CAST(:direct_below AS integer) FROM stats), false)
     ),
     hits AS MATERIALIZED (
-        SELECT m.seq, t.lexeme AS term, coalesce(cardinality(t.positions), 1) AS tf,
-               length(m.lexical) AS length
-        FROM matched x
-        JOIN messages m ON m.tenant_id = :tenant_id AND m.conversation_key = :conversation_key
-                       AND m.seq = x.seq,
-             unnest(m.lexical) t
+        SELECT x.seq, t.lexeme AS term, coalesce(cardinality(t.positions), 1) AS tf,
+               length(x.lexical) AS length
+        FROM matched x, unnest(x.lexical) t
         WHERE t.lexeme = ANY(CAST(:terms AS text[]))
-          AND (CAST(:time_from AS timestamptz) IS NULL OR m.sent_at >= :time_from)
-          AND (CAST(:time_to AS timestamptz) IS NULL OR m.sent_at <= :time_to)
     ),
     idf AS (
         SELECT h.term,
@@ -406,6 +413,13 @@ class SearchPlan:
     b: float
     # Conversations smaller than this are matched row by row, not through the GIN index.
     direct_below: int = DIRECT_LEXICAL_BELOW
+    # Bigger ones: messages looked up by their terms, at most, shared among the query terms.
+    sampled_matches: int = SAMPLED_MATCHES
+
+
+def term_sample(budget: int, terms: int) -> int:
+    """Messages read for each query term of a big conversation."""
+    return max(MIN_TERM_SAMPLE, budget // max(terms, 1))
 
 
 def _unit(query: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
@@ -432,6 +446,8 @@ async def search_candidates(
         "query": query,
         "terms": terms,
         "tsquery": to_tsquery_literal(terms) if terms else None,
+        "term_queries": [to_tsquery_literal([t]) for t in dict.fromkeys(terms)],
+        "per_term": term_sample(plan.sampled_matches, len(set(terms))),
         "time_from": time_from,
         "time_to": time_to,
         "dense_limit": plan.dense_limit,
