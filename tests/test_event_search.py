@@ -448,3 +448,60 @@ async def test_an_answer_event_is_found_through_the_turn_it_answers(db: Database
     assert order[0] == "e2"
     assert order.index("e3") < order.index("e7")
     assert len(order) == len(set(order)) == 10
+
+
+async def test_a_reply_neither_side_finds_is_ranked_through_the_turn_it_answers(
+    db: Database,
+) -> None:
+    """A two-person chat in one sitting: the reply right after the turn that names the topic
+    holds no query word and is farther in meaning than forty other events, so neither the
+    dense nor the lexical side brings it, yet it is shown, whole, above all forty: the events
+    next to a candidate are ranked too. Events of another sitting are not."""
+    from service.recall.ranking import EventQuery, lexical_candidates, rank_events
+    from service.settings import QuerySettings
+
+    rng = np.random.default_rng(41)
+    tenant = await new_tenant_id(db, "acme")
+    query = unit(rng, 1)[0]
+    lines = [(f"今天吃什么好呢，第{n}顿", 0.5) for n in range(150)]
+    for n in range(0, 120, 3):
+        lines[n] = (f"周末一起去看第{n}部电影吗", 0.78)  # closer in meaning than the reply
+    lines[130] = ("我们下周去杭州西湖划船吧", 0.9)
+    lines[131] = ("好呀，我来安排", 0.75)  # the answer: no query word of its own
+    rows = [
+        {
+            **event_row(tenant, f"e{n}", "g:1", START + timedelta(minutes=n), near(query, c, rng)),
+            "sender_id": ("alice", "bob")[n % 2],
+            "text": text,
+        }
+        for n, (text, c) in enumerate(lines)
+    ]
+    # The same reply a day later, after an unrelated turn: another sitting.
+    later = START + timedelta(days=1)
+    rows += [
+        {
+            **event_row(tenant, "late-turn", "g:1", later, near(query, 0.5, rng)),
+            "text": "今天吃什么好呢",
+        },
+        {
+            **event_row(
+                tenant, "late-reply", "g:1", later + timedelta(hours=2), near(query, 0.75, rng)
+            ),
+            "text": "好呀，我来安排",
+        },
+    ]
+    async with db.tenant(tenant) as session:
+        await upsert_events(session, rows)
+        q = QuerySettings(time_decay_enabled=False)
+        search = EventQuery("西湖划船", ["g:1"], 10, 60.0)
+        lexical = await lexical_candidates(session, tenant, search, q)
+        ranked = await rank_events(session, tenant, search, query, lexical, q, START)
+    order = [e.row["id"] for e in ranked]
+    assert order[0] == "e130"
+    assert "e131" in order
+    assert order.index("e131") < min(
+        order.index(f"e{n}") for n in range(0, 120, 3) if f"e{n}" in order
+    )
+    assert "late-reply" not in order
+    reply = ranked[order.index("e131")].row
+    assert reply.keys() == ranked[0].row.keys() and reply["text"] == "好呀，我来安排"

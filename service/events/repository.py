@@ -130,6 +130,22 @@ async def list_events(
 _GET = text(f"SELECT {_COLUMNS} FROM events WHERE tenant_id = :tenant_id AND id = :id")
 
 
+_BY_IDS = text(
+    f"SELECT {_COLUMNS}, embedding FROM events"
+    " WHERE tenant_id = :tenant_id AND id = ANY(CAST(:ids AS text[]))"
+)
+
+
+async def events_by_ids(
+    session: AsyncSession, tenant_id: uuid.UUID, event_ids: list[str]
+) -> dict[str, dict[str, Any]]:
+    """Events by id, each with its ``embedding``: the ones found."""
+    if not event_ids:
+        return {}
+    rows = await session.execute(_BY_IDS, {"tenant_id": tenant_id, "ids": list(event_ids)})
+    return {r.id: dict(r._mapping) for r in rows}
+
+
 async def get_event(
     session: AsyncSession, tenant_id: uuid.UUID, event_id: str
 ) -> dict[str, Any] | None:

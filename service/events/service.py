@@ -103,6 +103,13 @@ async def lexical(
     )
 
 
+async def by_ids(
+    session: AsyncSession, tenant_id: uuid.UUID, event_ids: list[str]
+) -> dict[str, dict[str, Any]]:
+    """Events by id (with their vectors), the ones found."""
+    return await repository.events_by_ids(session, tenant_id, event_ids)
+
+
 async def neighbours(
     session: AsyncSession,
     tenant_id: uuid.UUID,

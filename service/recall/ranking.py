@@ -19,7 +19,10 @@
    the message search's features and weights (``service.retrieval.neighbours``): each with
    the events told just before and after it in its conversation (a short answer after the
    turn naming its topic), the query's terms over its window, in the same fusion on the
-   similarity scale (see ``with_neighbours``). The decay's threshold reads the event's own
+   similarity scale (see ``with_neighbours``). The events within ``SPREAD`` of a candidate
+   in its sitting are ranked as candidates too, as the message search ranks a seed's
+   neighbours: the answer to a question is often the short reply after the turn naming its
+   topic, which neither side finds on its own. The decay's threshold reads the event's own
    similarity.
 3. The seeds' time decay, ``final = relevance × (1 + boost × 0.5^(age / half_life))`` for
    events with ``sim ≥ time_decay_min_similarity``.
@@ -34,7 +37,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -46,7 +49,12 @@ from service.events import service as events
 from service.llm.base import LLMError
 from service.llm.rerank import Reranker
 from service.retrieval.fusion import scale_by_max, time_decayed, unit_vector
-from service.retrieval.neighbours import StreamPassage, StreamWeights, stream_features
+from service.retrieval.neighbours import (
+    StreamPassage,
+    StreamWeights,
+    stream_features,
+    within_spread,
+)
 from service.retrieval.terms import near_duplicate, query_terms, terms
 from service.settings import QuerySettings
 
@@ -61,6 +69,9 @@ MAX_QUERY_TERMS = 64
 # term search is for. A memo ranks as if this much as relevant as its text would make it, so
 # a statement about the same thing comes first.
 MEMO_WEIGHT = 0.85
+# The events this close to a candidate in its conversation are ranked too, as the message
+# search ranks a seed's neighbours.
+SPREAD = 2
 
 
 @dataclass
@@ -121,7 +132,8 @@ def with_neighbours(
     around: list[dict[str, Any]],
     lexical_weight: float,
     calibration: Calibration = Calibration(),  # noqa: B008 (frozen, shared safely)
-) -> None:
+    spread: int = 0,
+) -> list[RankedEvent]:
     """Rank the candidates with the message search's features and weights (a dialogue's, or a
     many-sender group's, by the senders present): each event with
     the events told just before and after it (``around``) in its conversation, BM25 from the
@@ -132,7 +144,11 @@ def with_neighbours(
     mean of its own BM25, its window's and its neighbours' (each relative to the best
     candidate's), and the relevance ``sim + w × lex × (1 - sim)``. An event with neither
     neighbours nor query words keeps its own similarity as its relevance; a memo weighs
-    ``MEMO_WEIGHT`` of it."""
+    ``MEMO_WEIGHT`` of it.
+
+    The events within ``spread`` of a candidate in its sitting (``within_spread``) are
+    ranked too: the reply that answers the turn naming the topic. They are returned, new
+    candidates whose rows hold only the neighbours' columns."""
     rows: dict[str, dict[str, Any]] = {r["id"]: r for r in around}
     for event in candidates:
         rows[event.row["id"]] = event.row
@@ -171,6 +187,13 @@ def with_neighbours(
             )
         )
     w = StreamWeights()
+    added = []
+    for at in within_spread(passages, spread, w) if spread > 0 else []:
+        passages[at] = replace(passages[at], candidate=True)
+        sim = calibration.similarity(passages[at].similarity)
+        event = RankedEvent(row=stream[at], similarity=sim, lexical=0.0, relevance=sim)
+        ranked[stream[at]["id"]] = event
+        added.append(event)
     picked, features = stream_features(passages, idfs, w)
     # A dialogue's weights, or a many-sender group's, as the message search weighs them.
     weight = w.for_stream(passages)
@@ -186,6 +209,7 @@ def with_neighbours(
         event.relevance = sim + lexical_weight * lex * (1.0 - sim)
         if event.row.get("kind") == "memo":
             event.relevance *= MEMO_WEIGHT
+    return added
 
 
 def decay_scores(
@@ -287,17 +311,41 @@ async def rank_events(
             tenant_id,
             [e.row["id"] for e in candidates],
             vector,
-            StreamWeights().context,
+            StreamWeights().context + SPREAD,
             search.time_from,
             search.time_to,
             terms=sorted({t for row in lexical for t in row.get("terms") or []}),
         )
-        with_neighbours(candidates, lexical, around, q.lexical_weight, calibration)
+        candidates += with_neighbours(
+            candidates, lexical, around, q.lexical_weight, calibration, SPREAD
+        )
     decay_scores(candidates, now, search.half_life_days, q)
     candidates.sort(key=lambda e: (-e.score, e.row["id"]))
+    candidates = await _whole_rows(session, tenant_id, candidates, search.pool(q))
     if reranker is not None and q.enable_rerank and candidates:
         await _rerank(reranker, search, candidates, now, q, warnings)
     return without_duplicates(candidates, search.top_k)
+
+
+async def _whole_rows(
+    session: AsyncSession, tenant_id: Any, ranked: list[RankedEvent], head: int
+) -> list[RankedEvent]:
+    """The ranked candidates, the first ``head`` with whole rows: neighbours ranked among
+    them came with the columns the ranking reads, and the ones that may be shown get their
+    row and vector (for the duplicate check). One deleted meanwhile is dropped."""
+    partial = [e for e in ranked[:head] if "embedding" not in e.row]
+    if not partial:
+        return ranked
+    found = await events.by_ids(session, tenant_id, [e.row["id"] for e in partial])
+    gone = set()
+    for event in partial:
+        row = found.get(event.row["id"])
+        if row is None:
+            gone.add(event.row["id"])
+        else:
+            # As the dense side gives it: the exact cosine distance.
+            event.row = {**row, "distance": 1.0 - float(event.row["similarity"])}
+    return [e for e in ranked if e.row["id"] not in gone]
 
 
 async def _rerank(

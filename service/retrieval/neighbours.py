@@ -145,6 +145,21 @@ def _episodes(
     return bounds[episode], bounds[episode + 1]
 
 
+def within_spread(
+    passages: Sequence[StreamPassage], spread: int, weights: StreamWeights
+) -> list[int]:
+    """Positions of the passages that are not candidates but sit within ``spread`` of one in
+    its episode: the reply after the turn that names the topic, worth ranking too."""
+    starts, ends = _episodes(
+        passages, weights.episode_gap, by_sender=not dialogue(passages, weights.dialogue_speakers)
+    )
+    near: set[int] = set()
+    for n, passage in enumerate(passages):
+        if passage.candidate:
+            near.update(range(max(int(starts[n]), n - spread), min(int(ends[n]), n + spread + 1)))
+    return sorted(n for n in near if not passages[n].candidate)
+
+
 def _scale_by_max(values: npt.NDArray[np.float64]) -> list[float]:
     return scale_by_max(values.tolist())
 
