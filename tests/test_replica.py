@@ -434,3 +434,22 @@ async def test_many_reads_and_odd_tables(db_url: str) -> None:
         assert db.last_use.waiting == 0
     finally:
         await db.dispose()
+
+
+async def test_a_read_that_used_nothing_does_not_stop_the_others_being_written(
+    db_url: str,
+) -> None:
+    # Most context calls of a new group find no memory: recording "none used" must not leave
+    # a batch that breaks every later flush (the times of every tenant would stay unwritten).
+    settings = make_settings(db_url, last_used_flush_seconds=3600)
+    async with serve_app(create_app(settings, migrate=False, run_worker=False)) as client:
+        tenant = await new_tenant(client)
+        memory = await _add_memory(client, tenant, "用户A(10001) 喜欢下围棋")
+        last_use = _runtime(client).db.last_use
+        for _ in range(100):
+            last_use.record("memories", uuid.uuid4(), [])
+        assert (await _search(client, tenant, "围棋")).status_code == 200
+        await last_use.flush()
+        assert last_use.waiting == 0
+    sql = "SELECT last_used_at IS NOT NULL FROM memories WHERE id = $1"
+    assert await _fetchval(db_url, sql, memory["id"]) is True

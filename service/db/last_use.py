@@ -79,6 +79,10 @@ class LastUse:
         if table not in TABLES:
             raise ValueError(f"no last-used time is kept for table {table!r}")
         when = at or datetime.now(UTC)
+        ids = list(ids)
+        if not ids:
+            # A read that used nothing (no memory matched) leaves no empty batch behind.
+            return
         batch = self._waiting.setdefault((table, tenant_id), {})
         for row_id in ids:
             if row_id not in batch:
@@ -121,6 +125,8 @@ class LastUse:
             return
         async with self._db.system() as session:
             for (table, tenant_id), used in waiting.items():
+                if not used:
+                    continue
                 # One statement per table and tenant (one shard on Citus); the batch's latest
                 # time stands for all its rows: a few seconds' precision is plenty here.
                 await session.execute(
