@@ -239,7 +239,7 @@ def instrument() -> None:
     ranking.without_duplicates = timed(active, "dedupe", ranking.without_duplicates)
     service._assemble = timed(active, "assemble", service._assemble)
     archive.rank_candidates = timed(active, "rank", archive.rank_candidates)
-    archive.mmr = timed(active, "mmr", fusion.mmr)
+    archive.first_distinct = timed(active, "dedupe", fusion.first_distinct)
 
 
 async def seed_archive(db: Database, tenant_id: Any, size: int, rng: np.random.Generator) -> str:

@@ -182,6 +182,21 @@ async def test_meaning_finds_what_words_miss_and_duplicates_are_dropped(
     assert "m1" in {h["message_id"] for h in meaning} or "m10" in {h["message_id"] for h in meaning}
 
 
+async def test_everyones_news_that_reads_alike_is_each_its_own_result(
+    embedded: tuple[AppClient, TenantHandle], db_url: str
+) -> None:
+    """The local model puts "bought a new TV" and "bought a new fridge" above 0.97: in a group
+    where people's news reads alike, each is its own result; a repeat of the same words is
+    one."""
+    client, tenant = embedded
+    bought = ["我在超市买了一台新电视", "我在超市买了一台新冰箱", "我在超市买了一台新洗衣机"]
+    chat = [("小王", bought[0]), ("小李", bought[1]), ("小张", bought[2]), ("小王", bought[0])]
+    await store(client, tenant, {**GROUP, "messages": messages(chat)})
+    await wait_for(lambda: all_embedded(db_url))
+    hits = await search(client, tenant, query="谁在超市买了东西？", top_k=5)
+    assert sorted(h["text"] for h in hits) == sorted(bought)
+
+
 def test_recency_lifts_close_matches_only() -> None:
     """The design's decay on the fused score: a fresh close match gains, a weak one does not."""
     now = datetime(2026, 3, 1, tzinfo=UTC)

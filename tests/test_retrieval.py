@@ -10,7 +10,7 @@ import pytest
 from service.embedding.base import Calibration
 from service.retrieval.fusion import (
     decay,
-    mmr,
+    first_distinct,
     reciprocal_rank_fusion,
     scale_by_max,
     scale_min_max,
@@ -116,17 +116,26 @@ def test_similarity_is_read_on_the_models_scale() -> None:
     assert e5.similarity(0.80) < 0.35 < e5.similarity(0.87)
 
 
-def test_mmr_drops_a_near_duplicate() -> None:
-    a = np.array([1.0, 0.0, 0.0])
-    almost_a = np.array([0.999, 0.0447, 0.0])
-    b = np.array([0.0, 1.0, 0.0])
-    vectors = np.stack([a, almost_a / np.linalg.norm(almost_a), b]).astype(np.float32)
-    relevance = [0.9, 0.89, 0.5]
-    assert mmr(relevance, vectors, 3) == [0, 1, 2]  # plain relevance order
-    assert mmr(relevance, vectors, 3, duplicate_threshold=0.97) == [0, 2]
-    # Diversity prefers the different item over the near-duplicate.
-    assert mmr(relevance, vectors, 2, diversity=0.5) == [0, 2]
-    assert mmr([], vectors[:0], 3) == []
+def test_only_the_same_statement_is_dropped_not_news_that_reads_alike() -> None:
+    a = np.array([1.0, 0.0, 0.0], dtype=np.float32)
+    almost_a = np.array([0.999, 0.0447, 0.0], dtype=np.float32)
+    almost_a /= np.linalg.norm(almost_a)
+    b = np.array([0.0, 1.0, 0.0], dtype=np.float32)
+    texts = [
+        "我在超市买了一台新电视",
+        "我在超市买了一台新冰箱",
+        "我在超市买了一台新电视。",
+        "周末去爬山",
+    ]
+    vectors = [a, almost_a, almost_a, b]
+    # The fridge is as close in meaning as the repeat, but other news: kept.
+    assert first_distinct(texts, vectors, 4, 0.97) == [0, 1, 3]
+    assert first_distinct(texts, vectors, 2, 0.97) == [0, 1]
+    # On another occasion the same words are another happening.
+    assert first_distinct(texts, vectors, 4, 0.97, lambda n, m: False) == [0, 1, 2, 3]
+    # Without vectors only the same words (spacing and punctuation aside) repeat.
+    assert first_distinct(texts, [None] * 4, 4, 0.97) == [0, 1, 3]
+    assert first_distinct([], [], 3, 0.97) == []
 
 
 def test_idf_is_positive_and_falls_with_frequency() -> None:

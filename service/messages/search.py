@@ -6,7 +6,6 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-import numpy as np
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.context import scope_of
@@ -14,7 +13,7 @@ from service.embedding import Embedder
 from service.embedding.base import Calibration
 from service.messages import repository
 from service.messages.schemas import MessageHit, MessageSearch, MessageSearchResult
-from service.retrieval.fusion import mmr, scale_min_max, time_decayed, unit_vector
+from service.retrieval.fusion import first_distinct, scale_min_max, time_decayed, unit_vector
 from service.retrieval.neighbours import (
     BM25_B,
     BM25_K1,
@@ -37,8 +36,10 @@ SEARCH_PLAN = repository.SearchPlan(
     b=BM25_B,
 )
 # Candidates kept for the near-duplicate pass, per result asked for.
-MMR_POOL = 3
-# Two messages this close in meaning (cosine of their vectors) are one result.
+DUPLICATE_POOL = 3
+# Two messages this close in meaning (cosine of their vectors) AND in wording are one result
+# (see near_duplicate): in a group where everyone's news reads alike, e5 puts different
+# messages above 0.97, and meaning alone dropped the one asked about.
 DUPLICATE_COSINE = 0.97
 # Long queries (a chat history, a pasted paragraph) keep their most telling terms: enough to
 # match, at a bounded cost.
@@ -49,7 +50,7 @@ async def search(
     session: AsyncSession, tenant: TenantContext, request: MessageSearch, embedder: Embedder
 ) -> MessageSearchResult:
     """The conversation's archived messages best matching the query: dense and lexical
-    candidates, ranked with their neighbours, recency-boosted, near-duplicates dropped."""
+    candidates, ranked with their neighbours, recency-boosted, repeats dropped."""
     key = scope_of(request.group_id, request.user_id)
     warnings = []
     time_from, time_to = request.time_from, request.time_to
@@ -64,19 +65,18 @@ async def search(
     ranked = rank_candidates(
         rows, request.query, tenant.query, datetime.now(UTC), embedder.calibration
     )
-    pool = ranked[: request.top_k * MMR_POOL]
+    pool = ranked[: request.top_k * DUPLICATE_POOL]
     found = await repository.messages_by_seq(
         session, tenant.tenant_id, key, [seq for seq, _, _ in pool]
     )
     pool = [(seq, score, sim) for seq, score, sim in pool if seq in found]
     if not pool:
         return MessageSearchResult(messages=[], warnings=warnings)
-    vectors = np.stack([_unit(found[seq].embedding, len(vector)) for seq, _, _ in pool])
-    keep = mmr(
-        [score for _, score, _ in pool],
-        vectors,
+    keep = first_distinct(
+        [found[seq].text for seq, _, _ in pool],
+        [unit_vector(found[seq].embedding) for seq, _, _ in pool],
         request.top_k,
-        duplicate_threshold=DUPLICATE_COSINE,
+        DUPLICATE_COSINE,
     )
     hits = []
     for n in keep:
@@ -159,9 +159,3 @@ def rank_candidates(
     # Equal scores: the newer message first.
     ranked.sort(key=lambda item: (-item[1], -item[0]))
     return ranked
-
-
-def _unit(vector: Any, dimension: int) -> np.ndarray[Any, Any]:
-    # A message not embedded yet (found by its words) is a duplicate of nothing.
-    unit = unit_vector(vector)
-    return unit if unit is not None else np.zeros(dimension, dtype=np.float32)

@@ -48,14 +48,14 @@ from service.embedding.base import Calibration
 from service.events import service as events
 from service.llm.base import LLMError
 from service.llm.rerank import Reranker
-from service.retrieval.fusion import scale_by_max, time_decayed, unit_vector
+from service.retrieval.fusion import first_distinct, scale_by_max, time_decayed, unit_vector
 from service.retrieval.neighbours import (
     StreamPassage,
     StreamWeights,
     stream_features,
     within_spread,
 )
-from service.retrieval.terms import near_duplicate, query_terms, terms
+from service.retrieval.terms import query_terms, terms
 from service.settings import QuerySettings
 
 log = logging.getLogger(__name__)
@@ -231,27 +231,15 @@ def decay_scores(
 
 
 def without_duplicates(ranked: list[RankedEvent], k: int) -> list[RankedEvent]:
-    """The first ``k`` events, skipping any that repeats one already kept."""
-    kept: list[tuple[RankedEvent, np.ndarray[Any, Any] | None]] = []
-    for event in ranked:
-        if len(kept) == k:
-            break
-        vector = unit_vector(event.row.get("embedding"))
-        if any(
-            _same_day(event.row, other.row)
-            and near_duplicate(
-                event.row["text"],
-                other.row["text"],
-                float(vector @ other_vector)
-                if vector is not None and other_vector is not None
-                else 0.0,
-                DUPLICATE_COSINE,
-            )
-            for other, other_vector in kept
-        ):
-            continue
-        kept.append((event, vector))
-    return [event for event, _ in kept]
+    """The first ``k`` events, skipping any that repeats one already kept on its day."""
+    keep = first_distinct(
+        [event.row["text"] for event in ranked],
+        [unit_vector(event.row.get("embedding")) for event in ranked],
+        k,
+        DUPLICATE_COSINE,
+        lambda a, b: _same_day(ranked[a].row, ranked[b].row),
+    )
+    return [ranked[n] for n in keep]
 
 
 async def lexical_candidates(

@@ -1,4 +1,4 @@
-"""Putting rankings together: reciprocal-rank and weighted fusion, time decay, MMR.
+"""Putting rankings together: reciprocal-rank and weighted fusion, time decay, no repeats.
 
 Pure functions over plain numbers, so every search (messages, events, memories) ranks the
 same way and the arithmetic is tested without a database.
@@ -6,13 +6,14 @@ same way and the arithmetic is tested without a database.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 from pgvector import Vector
+
+from service.retrieval.terms import near_duplicate
 
 K = TypeVar("K", bound=Hashable)
 
@@ -94,35 +95,35 @@ def time_decayed(
     return score * (1.0 + boost * decay(age_seconds, half_life_days))
 
 
-def mmr(
-    relevance: Sequence[float],
-    vectors: npt.NDArray[np.float32],
+def first_distinct(
+    texts: Sequence[str],
+    vectors: Sequence[npt.NDArray[np.float32] | None],
     k: int,
-    *,
-    diversity: float = 0.0,
-    duplicate_threshold: float = 1.0,
+    threshold: float,
+    same_occasion: Callable[[int, int], bool] | None = None,
 ) -> list[int]:
-    """Maximal marginal relevance: pick ``k`` items, each maximizing
-    ``(1 - diversity) * relevance - diversity * (max cosine to the items already picked)``.
-
-    An item whose cosine to a picked one reaches ``duplicate_threshold`` is a near-duplicate
-    and never picked. ``vectors`` are unit rows; ``diversity = 0`` keeps the relevance order.
-    """
-    if not len(relevance):
-        return []
-    units = np.asarray(vectors, dtype=np.float32)
-    gram = units @ units.T
-    remaining = list(range(len(relevance)))
-    picked: list[int] = []
-    closest = np.full(len(relevance), -math.inf, dtype=np.float64)
-    while remaining and len(picked) < k:
-        best, best_value = -1, -math.inf
-        for n in remaining:
-            penalty = closest[n] if picked else 0.0
-            value = (1.0 - diversity) * relevance[n] - diversity * penalty
-            if value > best_value:
-                best, best_value = n, value
-        picked.append(best)
-        closest = np.maximum(closest, gram[best])
-        remaining = [n for n in remaining if n != best and closest[n] < duplicate_threshold]
-    return picked
+    """Positions of the first ``k`` items, in the order given, that repeat no item kept
+    before them: the same statement (``near_duplicate``: close in meaning, at ``threshold``
+    on their unit ``vectors``, AND in wording) on the same occasion (``same_occasion`` of
+    the two positions; any, without it). An item without a vector repeats only identical
+    words. Meaning alone would merge the different news of a group that all reads alike."""
+    kept: list[int] = []
+    for n, text in enumerate(texts):
+        if len(kept) == k:
+            break
+        vector = vectors[n]
+        if any(
+            (same_occasion is None or same_occasion(n, m))
+            and near_duplicate(
+                text,
+                texts[m],
+                float(vector @ other)
+                if vector is not None and (other := vectors[m]) is not None
+                else 0.0,
+                threshold,
+            )
+            for m in kept
+        ):
+            continue
+        kept.append(n)
+    return kept
