@@ -1,8 +1,10 @@
-"""The retrieval building blocks: terms, fusion, time decay, MMR, neighbour scoring."""
+"""The retrieval building blocks: terms, fusion, time decay, repeats, neighbour scoring."""
 
 from __future__ import annotations
 
 import math
+import random
+import time
 
 import numpy as np
 import pytest
@@ -136,6 +138,25 @@ def test_only_the_same_statement_is_dropped_not_news_that_reads_alike() -> None:
     # Without vectors only the same words (spacing and punctuation aside) repeat.
     assert first_distinct(texts, [None] * 4, 4, 0.97) == [0, 1, 3]
     assert first_distinct([], [], 3, 0.97) == []
+
+
+def test_a_flood_of_long_near_copies_is_told_apart_quickly() -> None:
+    """Thirty 20,000-character messages, each one character off the others and all close in
+    meaning: the repeat check over a search's pool stays fast, and they are one result."""
+    rng = random.Random(3)
+    base = [chr(0x4E00 + rng.randrange(3000)) for _ in range(20_000)]
+    texts = []
+    for _ in range(30):
+        copy = list(base)
+        copy[rng.randrange(20_000)] = "变"
+        texts.append("".join(copy))
+    vector = np.ones(4, dtype=np.float32) / 2
+    started = time.process_time()
+    kept = first_distinct(texts, [vector] * 30, 10, 0.97)
+    assert time.process_time() - started < 0.5
+    assert kept == [0]
+    # Lengths far apart are never the same wording.
+    assert first_distinct([texts[0], texts[0][:15_000]], [vector] * 2, 2, 0.97) == [0, 1]
 
 
 def test_idf_is_positive_and_falls_with_frequency() -> None:
