@@ -17,7 +17,8 @@ from sqlalchemy import text
 from service.db.engine import Database
 from service.events import repository as events_repository
 from service.messages import repository as messages_repository
-from service.messages.search import SEARCH_PLAN
+from service.messages.repository import SAMPLED_MATCHES
+from service.messages.search import MAX_QUERY_TERMS, SEARCH_PLAN
 from service.retrieval.terms import query_terms, terms, to_tsvector_literal
 from service.settings import Settings
 from service.tenants.service import create_tenant
@@ -180,6 +181,9 @@ async def test_a_big_conversation_reads_a_bounded_sample_of_common_words_and_eve
         SEARCH_PLAN, direct_below=0, sampled_matches=60 * len(set(words)), dense_limit=1
     )
     assert messages_repository.term_sample(plan.sampled_matches, len(set(words))) == 60
+    # A pasted paragraph's terms read about as many messages in all as a question's.
+    longest = MAX_QUERY_TERMS * messages_repository.term_sample(SAMPLED_MATCHES, MAX_QUERY_TERMS)
+    assert longest <= 1.05 * SAMPLED_MATCHES
     for bounds, read_from in (((None, None), 0), ((START + timedelta(minutes=1000), None), 1000)):
         async with db.tenant(tenant) as session:
             found = await messages_repository.search_candidates(
