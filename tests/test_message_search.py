@@ -297,3 +297,50 @@ async def test_the_migration_segments_existing_messages(databases: DatabaseFacto
         assert await conn.fetchval("SELECT term_count FROM conversations") == expected
     finally:
         await conn.close()
+
+
+def test_the_ranking_reads_no_similarity_beyond_the_candidates_close_neighbours() -> None:
+    """The search reads a neighbour's vector only within spread + similarity reach of a seed
+    (the rest of a window counts its words): whatever the farther rows' similarity, the
+    ranking is the same."""
+    import random
+
+    from service.messages.search import SEARCH_PLAN
+
+    rng = random.Random(5)
+    now = datetime(2026, 3, 1, tzinfo=UTC)
+    seeds = (10, 25)
+    near = SEARCH_PLAN.spread + SEARCH_PLAN.similarity_reach
+
+    def rows(far_similarity: float | None) -> list[SimpleNamespace]:
+        out = []
+        for seq in range(40):
+            away = min(abs(seq - s) for s in seeds)
+            similarity = 0.6 + 0.01 * ((seq * 7) % 30)
+            if away > near:
+                similarity = far_similarity if far_similarity is not None else rng.random()
+            out.append(
+                SimpleNamespace(
+                    seq=seq,
+                    candidate=away <= SEARCH_PLAN.spread,
+                    message_id=f"m{seq}",
+                    sender_id=str(seq % 2),
+                    sender_name=f"成员{seq % 2}",
+                    sent_at=now - timedelta(minutes=40 - seq),
+                    similarity=similarity,
+                    bm25=1.5 if seq in (11, 27) else 0.0,
+                    terms=["西湖"] if seq in (11, 27, 30) else None,
+                    tfs=[1] if seq in (11, 27, 30) else None,
+                    idfs=[2.0] if seq in (11, 27, 30) else None,
+                )
+            )
+        return out
+
+    settings = QuerySettings()
+    expected = rank_candidates(rows(0.0), "西湖", settings, now)
+    assert len(expected) == 10
+    for _ in range(5):
+        ranked = rank_candidates(rows(None), "西湖", settings, now)
+        # The same order and scores (to rounding: the windows are sums over the stream).
+        assert [seq for seq, _, _ in ranked] == [seq for seq, _, _ in expected]
+        assert [score for _, score, _ in ranked] == pytest.approx([s for _, s, _ in expected])

@@ -381,7 +381,10 @@ _SEARCH = text(
     )
     SELECT a.seq, a.distance <= CAST(:spread AS integer) AS candidate, m.message_id,
            m.sender_id, m.sender_name, m.sent_at,
-           coalesce(1 - (m.embedding <=> :query), 0) AS similarity,
+           -- Read (a vector out of line) only where the ranking reads it: the candidates and
+           -- their close neighbours; the rest of a window counts its words.
+           CASE WHEN a.distance <= CAST(:spread AS integer) + CAST(:similarity_reach AS integer)
+                THEN coalesce(1 - (m.embedding <=> :query), 0) ELSE 0 END AS similarity,
            coalesce(b.score, 0) AS bm25, b.terms, b.tfs, b.idfs
     FROM around a
     JOIN messages m ON m.tenant_id = :tenant_id AND m.conversation_key = :conversation_key
@@ -410,6 +413,7 @@ class SearchPlan:
     lexical_limit: int
     spread: int  # seeds' neighbours that are ranked too
     context: int  # neighbours a ranked message needs around it
+    similarity_reach: int  # the neighbours whose similarity it needs
     k1: float
     b: float
     # Conversations smaller than this are matched row by row, not through the GIN index.
@@ -458,6 +462,7 @@ async def search_candidates(
         "lexical_limit": plan.lexical_limit,
         "spread": plan.spread,
         "reach": plan.spread + plan.context,
+        "similarity_reach": plan.similarity_reach,
         "k1": plan.k1,
         "b": plan.b,
         "direct_below": plan.direct_below,

@@ -32,6 +32,7 @@ SEARCH_PLAN = repository.SearchPlan(
     lexical_limit=100,
     spread=2,
     context=StreamWeights().context,
+    similarity_reach=StreamWeights().similarity_reach,
     k1=BM25_K1,
     b=BM25_B,
 )
