@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from pgvector import Vector
@@ -433,6 +433,23 @@ def _unit(query: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     return (vector / norm if norm > 0 else vector).astype(np.float32)
 
 
+class CandidateRow(NamedTuple):
+    """A row of the candidate search, in its column order (plain tuples read ten times
+    faster than result rows, and a big group's search reads thousands of them)."""
+
+    seq: int
+    candidate: bool
+    message_id: str
+    sender_id: str | None
+    sender_name: str | None
+    sent_at: datetime
+    similarity: float
+    bm25: float
+    terms: list[str] | None
+    tfs: list[int] | None
+    idfs: list[float] | None
+
+
 async def search_candidates(
     session: AsyncSession,
     tenant_id: uuid.UUID,
@@ -442,7 +459,7 @@ async def search_candidates(
     plan: SearchPlan,
     time_from: datetime | None,
     time_to: datetime | None,
-) -> list[Any]:
+) -> list[CandidateRow]:
     """Seeds (dense and lexical) and their neighbourhoods in conversation order, each row
     with its similarity, BM25 score and the query terms it holds."""
     params = {
@@ -467,7 +484,7 @@ async def search_candidates(
         "b": plan.b,
         "direct_below": plan.direct_below,
     }
-    return list(await session.execute(_SEARCH, params))
+    return [CandidateRow._make(row) for row in await session.execute(_SEARCH, params)]
 
 
 async def messages_by_seq(

@@ -73,14 +73,14 @@ async def search(
     pool = [(seq, score, sim) for seq, score, sim in pool if seq in found]
     if not pool:
         return MessageSearchResult(messages=[], warnings=warnings)
-    rows = [found[seq] for seq, _, _ in pool]
+    shown = [found[seq] for seq, _, _ in pool]
     keep = first_distinct(
-        [row.text for row in rows],
-        [unit_vector(row.embedding) for row in rows],
+        [row.text for row in shown],
+        [unit_vector(row.embedding) for row in shown],
         request.top_k,
         DUPLICATE_COSINE,
         # The same words from two people are two messages (the one asked about is one).
-        lambda a, b: rows[a].sender_id == rows[b].sender_id,
+        lambda a, b: shown[a].sender_id == shown[b].sender_id,
     )
     hits = []
     for n in keep:

@@ -34,7 +34,7 @@ BM25_K1 = 1.2
 BM25_B = 0.75
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class StreamPassage:
     """One passage of the stream as a query sees it."""
 
