@@ -69,8 +69,8 @@ MAX_QUERY_TERMS = 64
 # term search is for. A memo ranks as if this much as relevant as its text would make it, so
 # a statement about the same thing comes first.
 MEMO_WEIGHT = 0.85
-# The events this close to a candidate in its conversation are ranked too, as the message
-# search ranks a seed's neighbours.
+# The events this close to a candidate in its sitting are ranked too, as the message search
+# ranks a seed's neighbours.
 SPREAD = 2
 
 
