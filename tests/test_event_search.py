@@ -409,12 +409,41 @@ async def test_neighbours_carry_the_asked_terms_they_hold_as_the_ranking_would_c
     assert dict(zip(around[0]["hit_terms"], around[0]["hit_counts"], strict=True))["西湖"] == 2
 
 
-async def test_an_answer_event_is_found_through_the_turn_it_answers(db: Database) -> None:
-    """Events of a two-person chat: the short answer right after the turn that names the
-    topic ranks above an unrelated event as close in meaning, through its neighbour."""
+def chat_rows(
+    tenant: uuid.UUID,
+    lines: list[tuple[str, str, float]],
+    query: np.ndarray,
+    rng: np.random.Generator,
+) -> list[dict[str, Any]]:
+    """Events of a chat in group g:1, a minute apart: (sender, text, cosine to ``query``)."""
+    return [
+        {
+            **event_row(tenant, f"e{n}", "g:1", START + timedelta(minutes=n), near(query, c, rng)),
+            "sender_id": sender,
+            "text": text,
+        }
+        for n, (sender, text, c) in enumerate(lines)
+    ]
+
+
+async def boat_trip_ranked(
+    db: Database, tenant: uuid.UUID, rows: list[dict[str, Any]], query: np.ndarray
+) -> list[Any]:
+    """The events stored, then what the event search shows for "西湖划船" (top 10, no decay)."""
     from service.recall.ranking import EventQuery, lexical_candidates, rank_events
     from service.settings import QuerySettings
 
+    async with db.tenant(tenant) as session:
+        await upsert_events(session, rows)
+        q = QuerySettings(time_decay_enabled=False)
+        search = EventQuery("西湖划船", ["g:1"], 10, 60.0)
+        lexical = await lexical_candidates(session, tenant, search, q)
+        return await rank_events(session, tenant, search, query, lexical, q, START)
+
+
+async def test_an_answer_event_is_found_through_the_turn_it_answers(db: Database) -> None:
+    """Events of a two-person chat: the short answer right after the turn that names the
+    topic ranks above an unrelated event as close in meaning, through its neighbour."""
     rng = np.random.default_rng(37)
     tenant = await new_tenant_id(db, "acme")
     query = unit(rng, 1)[0]
@@ -430,20 +459,7 @@ async def test_an_answer_event_is_found_through_the_turn_it_answers(db: Database
         ("alice", "明天再说", 0.80),
         ("bob", "好的", 0.80),
     ]
-    rows = [
-        {
-            **event_row(tenant, f"e{n}", "g:1", START + timedelta(minutes=n), near(query, c, rng)),
-            "sender_id": sender,
-            "text": text,
-        }
-        for n, (sender, text, c) in enumerate(lines)
-    ]
-    async with db.tenant(tenant) as session:
-        await upsert_events(session, rows)
-        q = QuerySettings(time_decay_enabled=False)
-        search = EventQuery("西湖划船", ["g:1"], 10, 60.0)
-        lexical = await lexical_candidates(session, tenant, search, q)
-        ranked = await rank_events(session, tenant, search, query, lexical, q, START)
+    ranked = await boat_trip_ranked(db, tenant, chat_rows(tenant, lines, query, rng), query)
     order = [e.row["id"] for e in ranked]
     assert order[0] == "e2"
     assert order.index("e3") < order.index("e7")
@@ -457,9 +473,6 @@ async def test_a_reply_neither_side_finds_is_ranked_through_the_turn_it_answers(
     holds no query word and is farther in meaning than forty other events, so neither the
     dense nor the lexical side brings it, yet it is shown, whole, above all forty: the events
     next to a candidate are ranked too. Events of another sitting are not."""
-    from service.recall.ranking import EventQuery, lexical_candidates, rank_events
-    from service.settings import QuerySettings
-
     rng = np.random.default_rng(41)
     tenant = await new_tenant_id(db, "acme")
     query = unit(rng, 1)[0]
@@ -468,14 +481,12 @@ async def test_a_reply_neither_side_finds_is_ranked_through_the_turn_it_answers(
         lines[n] = (f"周末一起去看第{n}部电影吗", 0.78)  # closer in meaning than the reply
     lines[130] = ("我们下周去杭州西湖划船吧", 0.9)
     lines[131] = ("好呀，我来安排", 0.75)  # the answer: no query word of its own
-    rows = [
-        {
-            **event_row(tenant, f"e{n}", "g:1", START + timedelta(minutes=n), near(query, c, rng)),
-            "sender_id": ("alice", "bob")[n % 2],
-            "text": text,
-        }
-        for n, (text, c) in enumerate(lines)
-    ]
+    rows = chat_rows(
+        tenant,
+        [(("alice", "bob")[n % 2], text, c) for n, (text, c) in enumerate(lines)],
+        query,
+        rng,
+    )
     # The same reply a day later, after an unrelated turn: another sitting.
     later = START + timedelta(days=1)
     rows += [
@@ -490,12 +501,7 @@ async def test_a_reply_neither_side_finds_is_ranked_through_the_turn_it_answers(
             "text": "好呀，我来安排",
         },
     ]
-    async with db.tenant(tenant) as session:
-        await upsert_events(session, rows)
-        q = QuerySettings(time_decay_enabled=False)
-        search = EventQuery("西湖划船", ["g:1"], 10, 60.0)
-        lexical = await lexical_candidates(session, tenant, search, q)
-        ranked = await rank_events(session, tenant, search, query, lexical, q, START)
+    ranked = await boat_trip_ranked(db, tenant, rows, query)
     order = [e.row["id"] for e in ranked]
     assert order[0] == "e130"
     assert "e131" in order

@@ -125,8 +125,6 @@ class LastUse:
             return
         async with self._db.system() as session:
             for (table, tenant_id), used in waiting.items():
-                if not used:
-                    continue
                 # One statement per table and tenant (one shard on Citus); the batch's latest
                 # time stands for all its rows: a few seconds' precision is plenty here.
                 await session.execute(

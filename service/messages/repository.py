@@ -462,14 +462,15 @@ async def search_candidates(
 ) -> list[CandidateRow]:
     """Seeds (dense and lexical) and their neighbourhoods in conversation order, each row
     with its similarity, BM25 score and the query terms it holds."""
+    distinct = list(dict.fromkeys(terms))
     params = {
         "tenant_id": tenant_id,
         "conversation_key": conversation_key,
         "query": query,
         "terms": terms,
         "tsquery": to_tsquery_literal(terms) if terms else None,
-        "term_queries": [to_tsquery_literal([t]) for t in dict.fromkeys(terms)],
-        "per_term": term_sample(plan.sampled_matches, len(set(terms))),
+        "term_queries": [to_tsquery_literal([t]) for t in distinct],
+        "per_term": term_sample(plan.sampled_matches, len(distinct)),
         "time_from": time_from,
         "time_to": time_to,
         "dense_limit": plan.dense_limit,

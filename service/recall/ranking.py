@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -49,12 +49,7 @@ from service.events import service as events
 from service.llm.base import LLMError
 from service.llm.rerank import Reranker
 from service.retrieval.fusion import first_distinct, scale_by_max, time_decayed, unit_vector
-from service.retrieval.neighbours import (
-    StreamPassage,
-    StreamWeights,
-    stream_features,
-    within_spread,
-)
+from service.retrieval.neighbours import StreamPassage, StreamWeights, stream_features
 from service.retrieval.terms import query_terms, terms
 from service.settings import QuerySettings
 
@@ -146,7 +141,7 @@ def with_neighbours(
     neighbours nor query words keeps its own similarity as its relevance; a memo weighs
     ``MEMO_WEIGHT`` of it.
 
-    The events within ``spread`` of a candidate in its sitting (``within_spread``) are
+    The events within ``spread`` of a candidate in its sitting (``stream_features``) are
     ranked too: the reply that answers the turn naming the topic. They are returned, new
     candidates whose rows hold only the neighbours' columns."""
     rows: dict[str, dict[str, Any]] = {r["id"]: r for r in around}
@@ -187,14 +182,14 @@ def with_neighbours(
             )
         )
     w = StreamWeights()
+    picked, features = stream_features(passages, idfs, w, spread)
     added = []
-    for at in within_spread(passages, spread, w) if spread > 0 else []:
-        passages[at] = replace(passages[at], candidate=True)
-        sim = calibration.similarity(passages[at].similarity)
-        event = RankedEvent(row=stream[at], similarity=sim, lexical=0.0, relevance=sim)
-        ranked[stream[at]["id"]] = event
-        added.append(event)
-    picked, features = stream_features(passages, idfs, w)
+    for at in picked:
+        if stream[at]["id"] not in ranked:  # within the spread of a candidate
+            sim = calibration.similarity(passages[at].similarity)
+            event = RankedEvent(row=stream[at], similarity=sim, lexical=0.0, relevance=sim)
+            ranked[stream[at]["id"]] = event
+            added.append(event)
     # A dialogue's weights, or a many-sender group's, as the message search weighs them.
     weight = w.for_stream(passages)
     dense = ("similarity", "neighbour_similarity")

@@ -145,19 +145,18 @@ def _episodes(
     return bounds[episode], bounds[episode + 1]
 
 
-def within_spread(
-    passages: Sequence[StreamPassage], spread: int, weights: StreamWeights
+def _picked(
+    passages: Sequence[StreamPassage],
+    spread: int,
+    starts: npt.NDArray[np.int64],
+    ends: npt.NDArray[np.int64],
 ) -> list[int]:
-    """Positions of the passages that are not candidates but sit within ``spread`` of one in
-    its episode: the reply after the turn that names the topic, worth ranking too."""
-    starts, ends = _episodes(
-        passages, weights.episode_gap, by_sender=not dialogue(passages, weights.dialogue_speakers)
-    )
-    near: set[int] = set()
-    for n, passage in enumerate(passages):
-        if passage.candidate:
-            near.update(range(max(int(starts[n]), n - spread), min(int(ends[n]), n + spread + 1)))
-    return sorted(n for n in near if not passages[n].candidate)
+    """Positions of the candidates and, with ``spread``, of the passages within that many of
+    one in its episode."""
+    picked = {n for n, p in enumerate(passages) if p.candidate}
+    for n in sorted(picked) if spread > 0 else []:
+        picked.update(range(max(int(starts[n]), n - spread), min(int(ends[n]), n + spread + 1)))
+    return sorted(picked)
 
 
 def _scale_by_max(values: npt.NDArray[np.float64]) -> list[float]:
@@ -165,9 +164,14 @@ def _scale_by_max(values: npt.NDArray[np.float64]) -> list[float]:
 
 
 def stream_features(
-    passages: Sequence[StreamPassage], idfs: Mapping[str, float], weights: StreamWeights
+    passages: Sequence[StreamPassage],
+    idfs: Mapping[str, float],
+    weights: StreamWeights,
+    spread: int = 0,
 ) -> tuple[list[int], dict[str, list[float]]]:
-    """The candidates' positions and their features, each scaled for fusion."""
+    """The candidates' positions and their features, each scaled for fusion. With
+    ``spread``, the passages within that many of a candidate in its episode are ranked too:
+    the reply after the turn that names the topic."""
     w = weights
     n = len(passages)
     sims = np.array([p.similarity for p in passages], dtype=np.float64)
@@ -197,7 +201,7 @@ def stream_features(
             total = _window_sums(counts_t[:, k], w.window, starts, ends)
             window += weight[k] * total * (BM25_K1 + 1.0) / (total + BM25_K1)
 
-    picked = [i for i, p in enumerate(passages) if p.candidate]
+    picked = _picked(passages, spread, starts, ends)
     at = np.array(picked, dtype=np.int64)
     features = {
         "similarity": sims[at].tolist(),
