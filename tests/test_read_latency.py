@@ -341,3 +341,40 @@ async def test_many_equal_vectors_still_give_the_exact_nearest_distances(db: Dat
     assert len(got) == plan.dense_limit
     assert np.allclose(got, exact[: plan.dense_limit], atol=1e-5)
     assert {f"m{n}" for n in range(300, 340)} <= {r.message_id for r in found}
+
+
+async def test_searches_are_planned_for_their_own_parameters_however_often_they_run(
+    db: Database,
+) -> None:
+    # asyncpg prepares every statement; PostgreSQL's default may then settle on one generic
+    # plan for all parameters, which made a many-sender group's archive search four times
+    # slower. Every session of the service plans each run for its parameters.
+    rng = np.random.default_rng(9)
+    tenant = await new_tenant_id(db, "custom-plans")
+    await store_messages(db, tenant, "g:plans", [line(rng, n) for n in range(300)], unit(rng, 300))
+    async with db.tenant(tenant) as session:
+        for query in QUERIES * 3:
+            await messages_repository.search_candidates(
+                session,
+                tenant,
+                "g:plans",
+                unit(rng, 1)[0],
+                query_terms(query),
+                SEARCH_PLAN,
+                None,
+                None,
+            )
+        plans = (
+            await session.execute(
+                text(
+                    "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+                    " WHERE statement LIKE '%dense_pool AS MATERIALIZED%'"
+                    " AND statement NOT LIKE '%pg_prepared_statements%'"
+                )
+            )
+        ).all()
+    assert plans and all(generic == 0 and custom >= 15 for generic, custom in plans), plans
+    for opened in (db.system(), db.tenant(tenant)):
+        async with opened as session:
+            mode = (await session.execute(text("SHOW plan_cache_mode"))).scalar_one()
+        assert mode == "force_custom_plan"

@@ -93,6 +93,10 @@ class QueryCache:
             self._items.move_to_end(text)
         return vector
 
+    def clear(self) -> None:
+        """Forget every vector."""
+        self._items.clear()
+
     def put(self, text: str, vector: Vector) -> None:
         """Remember a vector, evicting the least recent past the size."""
         if self._size <= 0:
