@@ -82,8 +82,14 @@ async def test_a_small_conversation_matches_the_same_events_without_the_gin_inde
                 indexed = await events_repository.lexical_events(
                     session, tenant, keys, words, 24, direct_below=0, **bounds
                 )
+                # A word said twice in the question is one term, each way.
+                repeated = await events_repository.lexical_events(
+                    session, tenant, keys, words + words, 24, **bounds
+                )
             assert direct, query
-            assert [(r["id"], r["bm25"]) for r in direct] == [(r["id"], r["bm25"]) for r in indexed]
+            scored = [(r["id"], r["bm25"]) for r in direct]
+            assert scored == [(r["id"], r["bm25"]) for r in indexed]
+            assert scored == [(r["id"], r["bm25"]) for r in repeated]
 
 
 async def store_messages(
