@@ -24,6 +24,7 @@ from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.db.rows import dicts
 from service.errors import TooManyRequests
 from service.guard import RateLimiter
 from service.privacy.keys import subject_hash
@@ -224,7 +225,7 @@ async def query(
         ),
         {"tenant_id": tenant_id, "since": since, "outcome": outcome, "limit": limit},
     )
-    return [dict(r._mapping) for r in rows]
+    return dicts(rows)
 
 
 async def prune(session: AsyncSession, retention_days: float) -> int:

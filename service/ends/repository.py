@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.db.rows import dicts
 from service.queue import repository as jobs
 
 # The whole hand-over in one statement on the hot path: the memo (if any) and the historian's
@@ -54,7 +55,7 @@ async def recent_memos(
         "limit": limit,
         "before": before,
     }
-    return [dict(r._mapping) for r in await session.execute(_RECENT, params)]
+    return dicts(await session.execute(_RECENT, params))
 
 
 # A memo from elsewhere (an import): idempotent by (request_id, end_seq) like the hot path's.

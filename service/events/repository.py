@@ -14,6 +14,7 @@ import numpy as np
 from sqlalchemy import TextClause, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.db.rows import dicts
 from service.db.vector_index import half_precision_error
 from service.errors import Invalid
 from service.retrieval.terms import terms, to_tsquery_literal, to_tsvector_literal
@@ -124,7 +125,7 @@ async def list_events(
         "before_at": before[0] if before else None,
         "before_id": before[1] if before else "",
     }
-    return [dict(r._mapping) for r in await session.execute(_LIST, params)]
+    return dicts(await session.execute(_LIST, params))
 
 
 _GET = text(f"SELECT {_COLUMNS} FROM events WHERE tenant_id = :tenant_id AND id = :id")
@@ -267,7 +268,7 @@ async def nearest_events(
         params["time_to"] = time_to
     bounds = (time_from is not None, time_to is not None)
 
-    rows = [dict(r._mapping) for r in await session.execute(_first_pass(*bounds), params)]
+    rows = dicts(await session.execute(_first_pass(*bounds), params))
     if not rows:
         return []
     pooled, horizon = rows[0].pop("pooled"), rows[0].pop("horizon")
@@ -281,7 +282,7 @@ async def nearest_events(
     if pooled < params["pool"] or horizon + 1.0 - error > kth:
         return rows
     params["ceiling"] = kth - 1.0 + error
-    return [dict(r._mapping) for r in await session.execute(_second_pass(*bounds), params)]
+    return dicts(await session.execute(_second_pass(*bounds), params))
 
 
 # Lexical candidates: events of the conversations holding any query term (the GIN index),
@@ -442,7 +443,7 @@ async def lexical_events(
         "time_to": time_to,
     }
     statement = _lexical(time_from is not None, time_to is not None)
-    return [dict(r._mapping) for r in await session.execute(statement, params)]
+    return dicts(await session.execute(statement, params))
 
 
 # An event's neighbours: the events told just before and after it in its conversation (in
@@ -527,4 +528,4 @@ async def neighbour_events(
     if time_to is not None:
         params["time_to"] = time_to
     statement = _neighbours(time_from is not None, time_to is not None)
-    return [dict(r._mapping) for r in await session.execute(statement, params)]
+    return dicts(await session.execute(statement, params))

@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.types import NullType
 
 from service.db.engine import LAST_USE
+from service.db.rows import dicts
 from service.memories.models import Memory
 
 _FIELDS = [
@@ -162,7 +163,7 @@ async def history(
         ),
         {"tenant_id": tenant_id, "memory_id": memory_id},
     )
-    return [dict(r._mapping) for r in rows]
+    return dicts(rows)
 
 
 async def listing(
@@ -181,7 +182,7 @@ async def listing(
         .order_by(Memory.id.desc())
         .limit(limit)
     )
-    return [dict(r._mapping) for r in await session.execute(query)]
+    return dicts(await session.execute(query))
 
 
 async def nearest(
@@ -203,7 +204,7 @@ async def nearest(
         .order_by(distance)
         .limit(limit)
     )
-    return [dict(r._mapping) for r in await session.execute(query)]
+    return dicts(await session.execute(query))
 
 
 async def vectors(
@@ -223,7 +224,7 @@ async def vectors(
         .order_by(Memory.id.desc())
         .limit(5000)
     )
-    return [dict(r._mapping) for r in await session.execute(query)]
+    return dicts(await session.execute(query))
 
 
 async def touch(session: AsyncSession, tenant_id: uuid.UUID, ids: list[int]) -> None:

@@ -10,6 +10,7 @@ import numpy as np
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.db.rows import dicts
 from service.profiles.document import Profile, ProfileKey
 
 _COLUMNS = """profile_key, entity_type, entity_id, group_id, name, tags, document, body,
@@ -179,7 +180,7 @@ async def revisions(
 ) -> list[dict[str, Any]]:
     """The kept previous texts, newest first."""
     rows = await session.execute(_REVISIONS, {"tenant_id": tenant_id, "key": key.key})
-    return [dict(r._mapping) for r in rows]
+    return dicts(rows)
 
 
 # A conversation's profiles: a group's own and its members', or a person's (private chat).
@@ -206,7 +207,7 @@ async def of_conversation(
 ) -> list[dict[str, Any]]:
     """The profiles of a group (its own, then its members') or of a person."""
     params = {"tenant_id": tenant_id, "group_id": group_id, "user_id": user_id, "limit": limit}
-    return [dict(r._mapping) for r in await session.execute(_CONVERSATION, params)]
+    return dicts(await session.execute(_CONVERSATION, params))
 
 
 _SEARCH = text(
@@ -253,4 +254,4 @@ async def search(
         "person": person,
         "scoped": scoped,
     }
-    return [dict(r._mapping) for r in await session.execute(_SEARCH, params)]
+    return dicts(await session.execute(_SEARCH, params))

@@ -17,6 +17,8 @@ from pydantic import BaseModel
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.db.rows import dicts
+
 
 def _rowcount(result: Any) -> int:
     """Rows touched by an UPDATE or DELETE."""
@@ -433,7 +435,7 @@ async def list_jobs(
 ) -> list[dict[str, Any]]:
     """A tenant's jobs, newest first, paginated by id."""
     params = {"tenant_id": tenant_id, "status": status, "before": before, "limit": limit}
-    return [dict(r._mapping) for r in await session.execute(_LIST, params)]
+    return dicts(await session.execute(_LIST, params))
 
 
 _GET = text(

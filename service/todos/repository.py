@@ -10,6 +10,8 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.db.rows import dicts
+
 _COLUMNS = """id, conversation_key, group_id, user_id, creator_id, assignee_id, description,
               trigger_time, status, evidence, delivered_at, created_at, updated_at, completed_at"""
 
@@ -97,7 +99,7 @@ async def listing(
             "limit": limit,
         },
     )
-    return [dict(r._mapping) for r in rows]
+    return dicts(rows)
 
 
 _EXPIRE = text(
