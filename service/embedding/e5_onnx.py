@@ -163,10 +163,10 @@ class E5Query:
             raise ValueError(f"{path}: not an e5 model file")
         r = _Reader(data)
         r.skip(8)
-        hidden, n_layers, self._heads, ff, vocab, self._max_positions, _types = (
+        hidden, n_layers, heads, ff, vocab, self._max_positions, _types = (
             r.number() for _ in range(7)
         )
-        self._eps = np.float32(r.real())
+        eps = r.real()
         r.number()
         self.dimension = hidden
         n_pieces, self._bos, self._eos, _pad, unk = (r.number() for _ in range(5))
@@ -206,9 +206,7 @@ class E5Query:
         self._word = _q4_rows(data, tensors["emb.word"], vocab, hidden)
         self._positions = floats("emb.pos", self._max_positions * hidden).reshape(-1, hidden)
         self._type = floats("emb.type", hidden)
-        graph = _encoder_graph(
-            data, tensors, hidden, ff, n_layers, self._heads, float(self._eps), floats
-        )
+        graph = _encoder_graph(data, tensors, hidden, ff, n_layers, heads, eps, floats)
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
@@ -232,8 +230,9 @@ class E5Query:
             ids = [self._bos, *chunk, self._eos]
             x = _dequantize(self._word[ids]) + self._positions[: len(ids)] + self._type
             (pooled,) = self._session.run(None, {"embeddings": x})
-            total += np.float32(max(len(chunk), 1)) * pooled
-            weights += max(len(chunk), 1)
+            weight = max(len(chunk), 1)
+            total += np.float32(weight) * pooled
+            weights += weight
         total *= np.float32(1.0 / weights)
         norm = np.float32(math.sqrt(max(float(total @ total), 1e-12)))
         return total / norm

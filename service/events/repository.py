@@ -143,8 +143,8 @@ async def events_by_ids(
     """Events by id, each with its ``embedding``: the ones found."""
     if not event_ids:
         return {}
-    rows = await session.execute(_BY_IDS, {"tenant_id": tenant_id, "ids": list(event_ids)})
-    return {r.id: dict(r._mapping) for r in rows}
+    rows = dicts(await session.execute(_BY_IDS, {"tenant_id": tenant_id, "ids": list(event_ids)}))
+    return {row["id"]: row for row in rows}
 
 
 async def get_event(

@@ -56,8 +56,8 @@ async def get_many(
     if not keys:
         return {}
     params = {"tenant_id": tenant_id, "keys": sorted({key.key for key in keys})}
-    rows = await session.execute(_GET_MANY_LOCKED if lock else _GET_MANY, params)
-    return {str(r.profile_key): dict(r._mapping) for r in rows}
+    rows = dicts(await session.execute(_GET_MANY_LOCKED if lock else _GET_MANY, params))
+    return {str(row["profile_key"]): row for row in rows}
 
 
 _INSERT = text(
