@@ -393,7 +393,8 @@ async def _worker(settings: Settings, args: argparse.Namespace) -> int:
     if args.nice:
         os.nice(args.nice)
     runtime = build_runtime(settings)
-    await runtime.start(migrate=False, run_worker=False)
+    # The historian's rare searches load the query path when they first need it.
+    await runtime.start(migrate=False, run_worker=False, answers_queries=False)
     worker = runtime.start_worker()
     probes = None
     if args.health_port is not None:

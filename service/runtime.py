@@ -74,6 +74,7 @@ class Runtime:
     _worker_task: asyncio.Task[None] | None = field(default=None, repr=False)
     _model_watch: asyncio.Task[None] | None = field(default=None, repr=False)
     _stored_space: tuple[str, int] | None = field(default=None, repr=False)
+    _warm_queries: bool = field(default=True, repr=False)
 
     @classmethod
     def build(
@@ -108,10 +109,19 @@ class Runtime:
             wiring=wiring,
         )
 
-    async def start(self, *, migrate: bool, run_worker: bool, worker_process: bool = False) -> None:
+    async def start(
+        self,
+        *,
+        migrate: bool,
+        run_worker: bool,
+        worker_process: bool = False,
+        answers_queries: bool = True,
+    ) -> None:
         """Migrate if asked, check the schema and the embedder, start the worker if asked: in
         this event loop, or with ``worker_process`` in a child process, once the schema is
-        migrated."""
+        migrated. A process that ``answers_queries`` (not a worker alone) loads the query
+        path of a local model at start."""
+        self._warm_queries = answers_queries
         if migrate:
             await upgrade_to_head_async(self.db.url, self.settings)
         if await current_revision(self.db) is None:
@@ -119,7 +129,7 @@ class Runtime:
             log.warning("the database has no schema yet; run `memoria migrate`")
         else:
             await self.settle_embedder()
-        await self.embedder.warm_up()
+        await self.embedder.warm_up(queries=self._warm_queries)
         self._model_watch = asyncio.create_task(self._watch_model(), name="model-watch")
         if run_worker:
             if worker_process:
@@ -149,7 +159,7 @@ class Runtime:
                 if stored is not None and stored != self._stored_space:
                     self._stored_space = stored  # one warning per change, not one per look
                     await self.settle_embedder()
-                    await self.embedder.warm_up()
+                    await self.embedder.warm_up(queries=self._warm_queries)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

@@ -82,6 +82,11 @@ TRICKY = [
     "\t\ttabs\nand\r\nnewlines\u3000全角空格",
     "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
     "",
+    # What a hostile user or a model's tool arguments can send: the longest text read, as one
+    # repeated letter (the tokenizer's longest spans), as characters no piece holds, mixed.
+    "a" * 2000,
+    "\U0010fffd" * 700,
+    ("西湖" + "\u200b" + "ab" + "\x01") * 300,
 ]
 
 
@@ -173,3 +178,58 @@ def test_the_engine_waits_passively_unless_the_operator_says_otherwise() -> None
             timeout=120,
         )
         assert done.stdout.strip() == expected
+
+
+async def test_a_worker_loads_the_query_path_only_when_it_first_asks() -> None:
+    # `memoria worker` starts with warm_up(queries=False): the historian's rare searches load
+    # the question path (about 150 MB) when they need it, and get the same vectors.
+    embedder = LocalEmbedder(EmbeddingModelSettings(query_cache_size=0))
+    await embedder.warm_up(queries=False)
+    assert embedder._query_model is None
+    late = await embedder.query(QUERIES[0])
+    await embedder.close()
+    eager = LocalEmbedder(EmbeddingModelSettings(query_cache_size=0))
+    await eager.warm_up()
+    assert eager._query_model is not None
+    assert np.array_equal(late, await eager.query(QUERIES[0]))
+    await eager.close()
+
+
+async def test_after_hundreds_of_questions_the_first_answer_is_the_same() -> None:
+    """At volume: hundreds of questions of every length (up to the 512 tokens a window holds)
+    leave no state behind and memory stops growing once the longest has been seen."""
+    embedder = LocalEmbedder(EmbeddingModelSettings(query_cache_size=0))
+    await embedder.warm_up()
+    first = await embedder.query(QUERIES[1])
+    words = [
+        "上次",
+        "去",
+        "杭州",
+        "西湖",
+        "划船",
+        "remind",
+        "me",
+        "what",
+        "we",
+        "said",
+        "about",
+        "badminton",
+        "😀",
+        "ＡＢＣ",
+    ]
+    rng = np.random.default_rng(5)
+
+    def rss_mb() -> int:
+        with open("/proc/self/status") as status:
+            line = next(row for row in status if row.startswith("VmRSS:"))
+        return int(line.split()[1]) // 1024
+
+    sizes = [int(rng.integers(1, 40)) for _ in range(300)] + [400] * 20
+    for n, size in enumerate(sizes):
+        await embedder.query(" ".join(rng.choice(words, size)) + f" {n}")
+    settled = rss_mb()
+    for n, size in enumerate(sizes):
+        await embedder.query(" ".join(rng.choice(words, size)) + f" again {n}")
+    assert rss_mb() - settled < 30, "memory kept growing with the same shapes of questions"
+    assert np.array_equal(first, await embedder.query(QUERIES[1]))
+    await embedder.close()

@@ -67,11 +67,12 @@ class CurrentEmbedder:
         """The vector of a search query, by the model in use."""
         return await self.inner.query(text)
 
-    async def warm_up(self) -> None:
-        """Load a local model before the first request needs it."""
+    async def warm_up(self, *, queries: bool = True) -> None:
+        """Load a local model before the first request needs it (its query path too, unless
+        not ``queries``)."""
         warm_up = getattr(self.inner, "warm_up", None)
         if warm_up is not None:
-            await warm_up()
+            await (warm_up() if queries else warm_up(queries=False))
 
     async def close(self) -> None:
         """Release the embedder in use and every one it replaced."""
