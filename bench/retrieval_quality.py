@@ -75,7 +75,7 @@ from service.context import scope_of
 from service.db.embedded import embedded_url, stop_embedded
 from service.messages import repository
 from service.messages.search import MAX_QUERY_TERMS, SEARCH_PLAN, stream_of
-from service.retrieval.neighbours import StreamPassage, StreamWeights, stream_features
+from service.retrieval.neighbours import Stream, StreamPassage, StreamWeights, stream_features
 from service.retrieval.neighbours import dialogue as reads_as_dialogue
 from service.retrieval.terms import ENGLISH_STOPWORDS, query_terms
 from service.runtime import settle_heap
@@ -516,7 +516,7 @@ class Candidates:
     dataset: str
     category: str
     ids: list[str]  # of every row of the stream
-    passages: list[StreamPassage]
+    passages: Stream | list[StreamPassage]  # older kept streams hold passages
     idfs: dict[str, float]
     relevant: frozenset[str]
     lexical: list[str]

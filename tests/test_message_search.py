@@ -6,17 +6,19 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
-from types import SimpleNamespace
 from typing import Any
 
 import asyncpg
+import numpy as np
 import pytest
 from alembic import command
 
 from service.app import create_app
 from service.db.migrate import alembic_config
 from service.embedding import calibration
-from service.messages.search import rank_candidates
+from service.messages.repository import CandidateRow
+from service.messages.search import rank_candidates, stream_of
+from service.retrieval.neighbours import StreamPassage, score_stream
 from service.retrieval.terms import terms
 from service.settings import EmbeddingModelSettings, QuerySettings, Settings
 from tests.conftest import (
@@ -206,8 +208,8 @@ def test_recency_lifts_close_matches_only() -> None:
         time_decay_half_life_days_tool=14.0, time_decay_boost=0.2, time_decay_min_similarity=0.35
     )
 
-    def row(seq: int, similarity: float, age_days: float) -> SimpleNamespace:
-        return SimpleNamespace(
+    def row(seq: int, similarity: float, age_days: float) -> CandidateRow:
+        return CandidateRow(
             seq=seq,
             candidate=True,
             message_id=f"m{seq}",
@@ -312,7 +314,7 @@ def test_the_ranking_reads_no_similarity_beyond_the_candidates_close_neighbours(
     seeds = (10, 25)
     near = SEARCH_PLAN.spread + SEARCH_PLAN.similarity_reach
 
-    def rows(far_similarity: float | None) -> list[SimpleNamespace]:
+    def rows(far_similarity: float | None) -> list[CandidateRow]:
         out = []
         for seq in range(40):
             away = min(abs(seq - s) for s in seeds)
@@ -320,7 +322,7 @@ def test_the_ranking_reads_no_similarity_beyond_the_candidates_close_neighbours(
             if away > near:
                 similarity = far_similarity if far_similarity is not None else rng.random()
             out.append(
-                SimpleNamespace(
+                CandidateRow(
                     seq=seq,
                     candidate=away <= SEARCH_PLAN.spread,
                     message_id=f"m{seq}",
@@ -344,3 +346,52 @@ def test_the_ranking_reads_no_similarity_beyond_the_candidates_close_neighbours(
         # The same order and scores (to rounding: the windows are sums over the stream).
         assert [seq for seq, _, _ in ranked] == [seq for seq, _, _ in expected]
         assert [score for _, score, _ in ranked] == pytest.approx([s for _, s, _ in expected])
+
+
+@pytest.mark.parametrize("senders", [2, 40])
+def test_candidate_rows_are_read_as_the_passages_they_are(senders: int) -> None:
+    # The rows of a big group's search are read column by column, not made into a passage
+    # each: the scores are those of the passages, in a dialogue and in a many-sender group,
+    # across pauses that end a sitting, for rows with and without the asked terms.
+    rng = np.random.default_rng(senders)
+    now = datetime(2026, 3, 1, tzinfo=UTC)
+    rows, at = [], now - timedelta(days=30)
+    for seq in range(600):
+        at += timedelta(minutes=float(rng.choice([1, 3, 90])))
+        held = [t for t in ("西湖", "划船", "周末") if rng.random() < 0.15] or None
+        sender = int(rng.integers(senders))
+        rows.append(
+            CandidateRow(
+                seq=seq,
+                candidate=bool(rng.random() < 0.3),
+                message_id=f"m{seq}",
+                sender_id=f"u{sender}" if sender else None,
+                sender_name=f"Member{sender}",
+                sent_at=at,
+                similarity=float(rng.uniform(0.6, 0.9)),
+                bm25=float(rng.uniform(0, 4)) if held else 0.0,
+                terms=held,
+                tfs=[int(rng.integers(1, 3)) for _ in held] if held else None,
+                idfs=[{"西湖": 2.0, "划船": 3.0, "周末": 0.5}[t] for t in held] if held else None,
+            )
+        )
+    query = "Did Member1 go 划船 on 西湖 that 周末?"
+    stream, idfs = stream_of(rows, query)
+    passages = [
+        StreamPassage(
+            similarity=r.similarity,
+            bm25=r.bm25,
+            term_counts=dict(zip(r.terms or [], r.tfs or [], strict=True)),
+            speaker_named=r.sender_name == "Member1",
+            candidate=r.candidate,
+            at=r.sent_at.timestamp(),
+            sender=r.sender_id,
+        )
+        for r in rows
+    ]
+    assert idfs == {"西湖": 2.0, "划船": 3.0, "周末": 0.5}
+    assert stream.speaker_named.sum() == sum(p.speaker_named for p in passages) > 0
+    scores = score_stream(stream, idfs)
+    assert sum(s is not None for s in scores) == sum(r.candidate for r in rows)
+    assert scores == pytest.approx(score_stream(passages, idfs), abs=1e-12)
+    assert stream_of([], query)[0].similarity.size == 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.context import scope_of
@@ -17,7 +18,7 @@ from service.retrieval.fusion import first_distinct, scale_min_max, time_decayed
 from service.retrieval.neighbours import (
     BM25_B,
     BM25_K1,
-    StreamPassage,
+    Stream,
     StreamWeights,
     score_stream,
 )
@@ -99,31 +100,28 @@ async def search(
     return MessageSearchResult(messages=hits, warnings=warnings)
 
 
-def stream_of(rows: list[Any], query: str) -> tuple[list[StreamPassage], dict[str, float]]:
-    """The candidate rows as a stream of passages, and the idf of the query terms seen."""
+def stream_of(rows: list[Any], query: str) -> tuple[Stream, dict[str, float]]:
+    """The candidate rows as a stream, and the idf of the query terms seen."""
+    fields = repository.CandidateRow._fields
+    column = dict(zip(fields, zip(*rows, strict=True), strict=True)) if rows else {}
+    column = column or dict.fromkeys(fields, ())
     idfs: dict[str, float] = {}
-    named: dict[str | None, bool] = {}
-    passages = []
-    for row in rows:
-        if row.sender_name not in named:
-            named[row.sender_name] = names_in(query, row.sender_name)
-        counts: dict[str, int] = {}
-        if row.terms:
-            for term, tf, weight in zip(row.terms, row.tfs, row.idfs, strict=True):
-                counts[term] = int(tf)
-                idfs[term] = float(weight)
-        passages.append(
-            StreamPassage(
-                similarity=float(row.similarity),
-                bm25=float(row.bm25),
-                term_counts=counts,
-                speaker_named=named[row.sender_name],
-                candidate=bool(row.candidate),
-                at=row.sent_at.timestamp(),
-                sender=row.sender_id,
-            )
-        )
-    return passages, idfs
+    for held, weights in zip(column["terms"], column["idfs"], strict=True):
+        if held:
+            idfs.update(zip(held, map(float, weights), strict=True))
+    names = column["sender_name"]
+    named = {name: names_in(query, name) for name in set(names)}
+    stream = Stream(
+        similarity=np.array(column["similarity"], dtype=np.float64),
+        bm25=np.array(column["bm25"], dtype=np.float64),
+        at=np.array([sent.timestamp() for sent in column["sent_at"]], dtype=np.float64),
+        candidate=np.array(column["candidate"], dtype=bool),
+        speaker_named=np.array([named[name] for name in names], dtype=bool),
+        senders=column["sender_id"],
+        terms=column["terms"],
+        counts=column["tfs"],
+    )
+    return stream, idfs
 
 
 def rank_candidates(

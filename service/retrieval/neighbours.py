@@ -20,7 +20,6 @@ candidate's whole window present); rows that are only there as context are not s
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,6 +45,50 @@ class StreamPassage:
     at: float = 0.0  # when it was said (seconds); a long pause separates neighbours
     stream: str = ""  # which conversation: passages of two are never neighbours
     sender: str | None = None  # who said it (see StreamWeights.dialogue_speakers)
+
+
+@dataclass(frozen=True)
+class Stream:
+    """The passages of a stream column by column, in stream order: what the ranking reads.
+
+    A big group's search ranks thousands of rows; read into arrays at once, they are not
+    made into a passage object each (``of`` turns passages into a stream).
+    """
+
+    similarity: npt.NDArray[np.float64]
+    bm25: npt.NDArray[np.float64]
+    at: npt.NDArray[np.float64]
+    candidate: npt.NDArray[np.bool_]
+    speaker_named: npt.NDArray[np.bool_]
+    senders: Sequence[str | None]
+    # The query terms each passage holds and how often (None: none).
+    terms: Sequence[Sequence[str] | None]
+    counts: Sequence[Sequence[int] | None]
+    streams: Sequence[str] | None = None  # None: all of one stream
+
+    def __len__(self) -> int:
+        return len(self.similarity)
+
+    @classmethod
+    def of(cls, passages: Sequence[StreamPassage]) -> Stream:
+        return cls(
+            similarity=np.array([p.similarity for p in passages], dtype=np.float64),
+            bm25=np.array([p.bm25 for p in passages], dtype=np.float64),
+            at=np.array([p.at for p in passages], dtype=np.float64),
+            candidate=np.array([p.candidate for p in passages], dtype=bool),
+            speaker_named=np.array([p.speaker_named for p in passages], dtype=bool),
+            senders=[p.sender for p in passages],
+            terms=[list(p.term_counts) for p in passages],
+            counts=[list(p.term_counts.values()) for p in passages],
+            streams=[p.stream for p in passages],
+        )
+
+
+Passages = Stream | Sequence[StreamPassage]
+
+
+def _stream(passages: Passages) -> Stream:
+    return passages if isinstance(passages, Stream) else Stream.of(passages)
 
 
 @dataclass(frozen=True)
@@ -94,7 +137,7 @@ class StreamWeights:
             "speaker": self.speaker,
         }
 
-    def for_stream(self, passages: Sequence[StreamPassage]) -> dict[str, float]:
+    def for_stream(self, passages: Passages) -> dict[str, float]:
         """The weights by feature name for these passages, by the stream's shape."""
         return self.feature_weights(dialogue(passages, self.dialogue_speakers))
 
@@ -124,37 +167,50 @@ def _window_sums(
     return prefix[np.minimum(ends, index + reach + 1)] - prefix[np.maximum(starts, index - reach)]
 
 
-def dialogue(passages: Sequence[StreamPassage], speakers: int) -> bool:
+def dialogue(passages: Passages, speakers: int) -> bool:
     """Whether the passages read as a dialogue: at most ``speakers`` senders (passages of
     unknown sender count as one)."""
-    return len({p.sender for p in passages}) <= speakers
+    senders = passages.senders if isinstance(passages, Stream) else [p.sender for p in passages]
+    return len(set(senders)) <= speakers
+
+
+def _changes(values: Sequence[str | None]) -> npt.NDArray[np.bool_]:
+    """Whether each value differs from the one before it (one flag fewer than values)."""
+    column = np.empty(len(values), dtype=object)
+    column[:] = values
+    return np.asarray(column[1:] != column[:-1], dtype=bool)
 
 
 def _episodes(
-    passages: Sequence[StreamPassage], gap: float, by_sender: bool = False
+    stream: Stream, gap: float, by_sender: bool = False
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """Each passage's episode as [start, end) positions: runs of one stream without a pause
     over ``gap`` (``by_sender``: and of one sender)."""
-    n = len(passages)
-    at = np.array([p.at for p in passages], dtype=np.float64)
-    streams = [(p.stream, p.sender if by_sender else None) for p in passages]
-    other = np.array([a != b for a, b in itertools.pairwise(streams)], dtype=bool)
-    breaks = np.flatnonzero((np.abs(np.diff(at)) > gap) | other) + 1
+    n = len(stream)
+    other = np.abs(np.diff(stream.at)) > gap
+    if stream.streams is not None:
+        other |= _changes(stream.streams)
+    if by_sender:
+        other |= _changes(stream.senders)
+    breaks = np.flatnonzero(other) + 1
     bounds = np.concatenate(([0], breaks, [n])).astype(np.int64)
     episode = np.repeat(np.arange(len(bounds) - 1), np.diff(bounds))
     return bounds[episode], bounds[episode + 1]
 
 
 def _picked(
-    passages: Sequence[StreamPassage],
+    stream: Stream,
     spread: int,
     starts: npt.NDArray[np.int64],
     ends: npt.NDArray[np.int64],
 ) -> list[int]:
     """Positions of the candidates and, with ``spread``, of the passages within that many of
     one in its episode."""
-    picked = {n for n, p in enumerate(passages) if p.candidate}
-    for n in sorted(picked) if spread > 0 else []:
+    candidates = np.flatnonzero(stream.candidate).tolist()
+    if spread <= 0:
+        return candidates
+    picked = set(candidates)
+    for n in candidates:
         picked.update(range(max(int(starts[n]), n - spread), min(int(ends[n]), n + spread + 1)))
     return sorted(picked)
 
@@ -164,7 +220,7 @@ def _scale_by_max(values: npt.NDArray[np.float64]) -> list[float]:
 
 
 def stream_features(
-    passages: Sequence[StreamPassage],
+    passages: Passages,
     idfs: Mapping[str, float],
     weights: StreamWeights,
     spread: int = 0,
@@ -173,11 +229,11 @@ def stream_features(
     ``spread``, the passages within that many of a candidate in its episode are ranked too:
     the reply after the turn that names the topic."""
     w = weights
-    n = len(passages)
-    sims = np.array([p.similarity for p in passages], dtype=np.float64)
-    bm25 = np.array([p.bm25 for p in passages], dtype=np.float64)
+    stream = _stream(passages)
+    n = len(stream)
+    sims, bm25 = stream.similarity, stream.bm25
     starts, ends = _episodes(
-        passages, w.episode_gap, by_sender=not dialogue(passages, w.dialogue_speakers)
+        stream, w.episode_gap, by_sender=not dialogue(stream, w.dialogue_speakers)
     )
 
     # Neighbours' mean similarity, excluding the passage itself (alone: its own).
@@ -191,8 +247,8 @@ def stream_features(
     column = {term: k for k, term in enumerate(idfs)}
     if column:
         counts_t = np.zeros((n, len(column)))
-        for i, p in enumerate(passages):
-            for term, count in p.term_counts.items():
+        for i, (held, counts) in enumerate(zip(stream.terms, stream.counts, strict=True)):
+            for term, count in zip(held or (), counts or (), strict=True):
                 slot = column.get(term)
                 if slot is not None:
                     counts_t[i, slot] = count
@@ -201,7 +257,7 @@ def stream_features(
             total = _window_sums(counts_t[:, k], w.window, starts, ends)
             window += weight[k] * total * (BM25_K1 + 1.0) / (total + BM25_K1)
 
-    picked = _picked(passages, spread, starts, ends)
+    picked = _picked(stream, spread, starts, ends)
     at = np.array(picked, dtype=np.int64)
     features = {
         "similarity": sims[at].tolist(),
@@ -209,23 +265,24 @@ def stream_features(
         "lexical": _scale_by_max(bm25[at]),
         "window_lexical": _scale_by_max(window[at]),
         "neighbour_lexical": _scale_by_max(neighbour_lex[at]),
-        "speaker": [1.0 if passages[i].speaker_named else 0.0 for i in picked],
+        "speaker": stream.speaker_named[at].astype(np.float64).tolist(),
     }
     return picked, features
 
 
 def score_stream(
-    passages: Sequence[StreamPassage],
+    passages: Passages,
     idfs: Mapping[str, float],
     weights: StreamWeights | None = None,
 ) -> list[float | None]:
     """Fused scores of the candidate passages (``None`` for context-only rows)."""
     w = weights or StreamWeights()
-    out: list[float | None] = [None] * len(passages)
-    picked, features = stream_features(passages, idfs, w)
+    stream = _stream(passages)
+    out: list[float | None] = [None] * len(stream)
+    picked, features = stream_features(stream, idfs, w)
     if not picked:
         return out
-    fused = weighted_fusion(features, w.for_stream(passages))
+    fused = weighted_fusion(features, w.for_stream(stream))
     for i, score in zip(picked, fused, strict=True):
         out[i] = score
     return out
