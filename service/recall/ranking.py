@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -49,7 +48,7 @@ from service.events import service as events
 from service.llm.base import LLMError
 from service.llm.rerank import Reranker
 from service.retrieval.fusion import first_distinct, scale_by_max, time_decayed, unit_vector
-from service.retrieval.neighbours import StreamPassage, StreamWeights, stream_features
+from service.retrieval.neighbours import Stream, StreamWeights, stream_features
 from service.retrieval.terms import query_terms, terms
 from service.settings import QuerySettings
 
@@ -157,36 +156,45 @@ def with_neighbours(
         rows.values(),
         key=lambda r: (r["conversation_key"], r["occurred_at"], r["created_at"], r["id"]),
     )
-    passages = []
+    held: list[list[str] | None] = []
+    counts: list[list[int] | None] = []
+    similarity, own_bm25 = [], []
     for row in stream:
         found = ranked.get(row["id"])
-        counts: Mapping[str, int] = {}
         if idfs and "hit_terms" in row:  # a neighbour: counted by the database
-            counts = dict(zip(row["hit_terms"] or [], row["hit_counts"] or [], strict=True))
+            held.append(row["hit_terms"])
+            counts.append(row["hit_counts"])
         elif idfs:
-            counts = Counter(t for t in terms(row["text"]) if t in idfs)
+            counted = Counter(t for t in terms(row["text"]) if t in idfs)
+            held.append(list(counted))
+            counts.append(list(counted.values()))
+        else:
+            held.append(None)
+            counts.append(None)
         if found is not None:
             distance = row.get("distance")
-            similarity = 1.0 - float(distance) if distance is not None else 0.0
+            similarity.append(1.0 - float(distance) if distance is not None else 0.0)
+            own_bm25.append(bm25.get(row["id"], 0.0))
         else:
-            similarity = float(row["similarity"])
-        passages.append(
-            StreamPassage(
-                similarity=similarity,
-                bm25=bm25.get(row["id"], 0.0) if found is not None else 0.0,
-                term_counts=counts,
-                candidate=found is not None,
-                at=row["occurred_at"].timestamp(),
-                stream=row["conversation_key"],
-                sender=row.get("sender_id"),
-            )
-        )
+            similarity.append(float(row["similarity"]))
+            own_bm25.append(0.0)
+    passages = Stream(
+        similarity=np.array(similarity, dtype=np.float64),
+        bm25=np.array(own_bm25, dtype=np.float64),
+        at=np.array([row["occurred_at"].timestamp() for row in stream], dtype=np.float64),
+        candidate=np.array([row["id"] in ranked for row in stream], dtype=bool),
+        speaker_named=np.zeros(len(stream), dtype=bool),
+        senders=[row.get("sender_id") for row in stream],
+        terms=held,
+        counts=counts,
+        streams=[row["conversation_key"] for row in stream],
+    )
     w = StreamWeights()
     picked, features = stream_features(passages, idfs, w, spread)
     added = []
     for at in picked:
         if stream[at]["id"] not in ranked:  # within the spread of a candidate
-            sim = calibration.similarity(passages[at].similarity)
+            sim = calibration.similarity(float(passages.similarity[at]))
             event = RankedEvent(row=stream[at], similarity=sim, lexical=0.0, relevance=sim)
             ranked[stream[at]["id"]] = event
             added.append(event)

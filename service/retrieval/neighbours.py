@@ -247,8 +247,8 @@ def stream_features(
     column = {term: k for k, term in enumerate(idfs)}
     if column:
         counts_t = np.zeros((n, len(column)))
-        for i, (held, counts) in enumerate(zip(stream.terms, stream.counts, strict=True)):
-            for term, count in zip(held or (), counts or (), strict=True):
+        for i, (held, tallies) in enumerate(zip(stream.terms, stream.counts, strict=True)):
+            for term, count in zip(held or (), tallies or (), strict=True):
                 slot = column.get(term)
                 if slot is not None:
                     counts_t[i, slot] = count
