@@ -104,6 +104,12 @@ def test_time_decay_worked_numbers() -> None:
     # Very old: no boost left; the future counts as now.
     assert time_decayed(0.8, 0.8, 3650 * DAY, **settings) == pytest.approx(0.8)
     assert decay(-DAY, 14.0) == 1.0
+    # A search's candidates at once: each as alone.
+    scores, sims = np.array([0.8, 0.8, 0.3, 0.8]), np.array([0.8, 0.8, 0.3, 0.35])
+    ages = np.array([14 * DAY, 0.0, 0.0, -DAY])
+    assert time_decayed(scores, sims, ages, **settings).tolist() == pytest.approx(
+        [0.88, 0.96, 0.3, 0.96]
+    )
 
 
 def test_similarity_is_read_on_the_models_scale() -> None:

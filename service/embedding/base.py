@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -33,13 +33,17 @@ class Calibration:
     floor: float = 0.0
     ceiling: float = 1.0
 
-    def similarity(self, cosine: float) -> float:
-        """The cosine on the model's scale, at most 1. Below the floor it goes negative
-        rather than stopping at 0: half of all texts lie there, and their order still tells
-        a weak match from none."""
+    @overload
+    def similarity(self, cosine: float) -> float: ...
+    @overload
+    def similarity(self, cosine: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]: ...
+    def similarity(self, cosine: Any) -> Any:
+        """The cosine on the model's scale, at most 1 (of each, for an array). Below the floor
+        it goes negative rather than stopping at 0: half of all texts lie there, and their
+        order still tells a weak match from none."""
         if self.ceiling <= self.floor:
-            return min(1.0, cosine)
-        return min(1.0, (cosine - self.floor) / (self.ceiling - self.floor))
+            return np.minimum(1.0, cosine)
+        return np.minimum(1.0, (cosine - self.floor) / (self.ceiling - self.floor))
 
 
 # multilingual-e5-small (the local model), measured by bench/similarity_calibration.py on

@@ -141,23 +141,24 @@ def rank_candidates(
     archive search is an explicit look-up. Only a match whose similarity, on the embedder's
     scale (``calibration``), reaches ``time_decay_min_similarity`` is lifted.
     """
-    passages, idfs = stream_of(rows, query)
-    scored = [
-        (row, s) for row, s in zip(rows, score_stream(passages, idfs), strict=True) if s is not None
+    stream, idfs = stream_of(rows, query)
+    scored = [(n, score) for n, score in enumerate(score_stream(stream, idfs)) if score is not None]
+    kept = [n for n, _ in scored]
+    relevance = np.array(scale_min_max([score for _, score in scored]), dtype=np.float64)
+    similarity = stream.similarity[kept]
+    if settings.time_decay_enabled:
+        relevance = time_decayed(
+            relevance,
+            calibration.similarity(similarity),
+            now.timestamp() - stream.at[kept],
+            half_life_days=settings.time_decay_half_life_days_tool,
+            boost=settings.time_decay_boost,
+            min_similarity=settings.time_decay_min_similarity,
+        )
+    ranked = [
+        (int(rows[n].seq), score, sim)
+        for n, score, sim in zip(kept, relevance.tolist(), similarity.tolist(), strict=True)
     ]
-    relevance = scale_min_max([s for _, s in scored])
-    ranked = []
-    for (row, _), score in zip(scored, relevance, strict=True):
-        if settings.time_decay_enabled:
-            score = time_decayed(
-                score,
-                calibration.similarity(float(row.similarity)),
-                (now - row.sent_at).total_seconds(),
-                half_life_days=settings.time_decay_half_life_days_tool,
-                boost=settings.time_decay_boost,
-                min_similarity=settings.time_decay_min_similarity,
-            )
-        ranked.append((int(row.seq), score, float(row.similarity)))
     # Equal scores: the newer message first.
     ranked.sort(key=lambda item: (-item[1], -item[0]))
     return ranked

@@ -219,18 +219,18 @@ def decay_scores(
     candidates: list[RankedEvent], now: datetime, half_life_days: float, q: QuerySettings
 ) -> None:
     """Set each candidate's final score: its relevance with the seeds' time decay."""
-    for event in candidates:
-        if not q.time_decay_enabled:
-            event.score = event.relevance
-            continue
-        event.score = time_decayed(
-            event.relevance,
-            event.similarity,
-            (now - event.row["occurred_at"]).total_seconds(),
+    relevance = [event.relevance for event in candidates]
+    if q.time_decay_enabled and candidates:
+        relevance = time_decayed(
+            np.array(relevance, dtype=np.float64),
+            np.array([event.similarity for event in candidates], dtype=np.float64),
+            np.array([(now - e.row["occurred_at"]).total_seconds() for e in candidates]),
             half_life_days=half_life_days,
             boost=q.time_decay_boost,
             min_similarity=q.time_decay_min_similarity,
-        )
+        ).tolist()
+    for event, score in zip(candidates, relevance, strict=True):
+        event.score = score
 
 
 def without_duplicates(ranked: list[RankedEvent], k: int) -> list[RankedEvent]:

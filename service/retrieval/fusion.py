@@ -74,25 +74,30 @@ def unit_vector(vector: Any) -> npt.NDArray[np.float32] | None:
     return array / norm if norm > 0 else None
 
 
-def decay(age_seconds: float, half_life_days: float) -> float:
+# One value, or an array of them (the functions below work elementwise).
+Values = float | npt.NDArray[np.float64]
+
+
+def decay(age_seconds: Values, half_life_days: float) -> Values:
     """How fresh something is: 1 now, 0.5 one half-life ago (the future counts as now)."""
-    return float(0.5 ** (max(0.0, age_seconds) / (half_life_days * SECONDS_PER_DAY)))
+    fresh: Values = 0.5 ** (np.maximum(age_seconds, 0.0) / (half_life_days * SECONDS_PER_DAY))
+    return fresh
 
 
 def time_decayed(
-    score: float,
-    sim: float,
-    age_seconds: float,
+    score: Values,
+    sim: Values,
+    age_seconds: Values,
     *,
     half_life_days: float,
     boost: float,
     min_similarity: float,
-) -> float:
+) -> npt.NDArray[np.float64]:
     """The design's recency boost: ``score * (1 + boost * decay)`` when the match is close
-    enough (``sim >= min_similarity``); a weak match is not lifted by being recent."""
-    if sim < min_similarity:
-        return score
-    return score * (1.0 + boost * decay(age_seconds, half_life_days))
+    enough (``sim >= min_similarity``); a weak match is not lifted by being recent. Arrays
+    of candidates are boosted at once."""
+    lifted = score * (1.0 + boost * decay(age_seconds, half_life_days))
+    return np.where(np.less(sim, min_similarity), score, lifted)
 
 
 def first_distinct(
