@@ -3,6 +3,7 @@ matches of a small conversation, the archive's nearest messages, the context's r
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import uuid
 from collections.abc import AsyncIterator
@@ -12,16 +13,19 @@ from typing import Any
 
 import numpy as np
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
 
 from service.db.engine import Database
+from service.embedding.base import Calibration
 from service.events import repository as events_repository
 from service.messages import repository as messages_repository
+from service.messages import search as archive
 from service.messages.repository import SAMPLED_MATCHES
+from service.messages.schemas import MessageSearch
 from service.messages.search import MAX_QUERY_TERMS, SEARCH_PLAN
 from service.retrieval.terms import query_terms, terms, to_tsvector_literal
 from service.settings import Settings
-from service.tenants.service import create_tenant
+from service.tenants.service import create_tenant, tenant_context
 from tests.test_event_search import event_row, unit
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
@@ -244,6 +248,45 @@ async def test_the_archive_finds_the_exact_nearest_messages_from_the_half_precis
                         session, tenant, "g:dense", query, [], plan, *bounds
                     )
             assert rows_of(found) == rows_of(scanned)
+
+
+async def test_the_archive_reads_its_lexical_side_while_the_question_is_embedded(
+    db: Database,
+) -> None:
+    rng = np.random.default_rng(19)
+    tenant = await new_tenant_id(db, "overlap")
+    vectors = unit(rng, 300)
+    await store_messages(db, tenant, "g:o", [line(rng, n) for n in range(300)], vectors)
+    lexical_read = asyncio.Event()
+
+    def seen(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
+        if "FROM bm25" in statement:
+            lexical_read.set()
+
+    class TakingItsTime:
+        """A model that answers once the lexical side has been read (or never)."""
+
+        calibration = Calibration()
+
+        async def query(self, text: str) -> np.ndarray:
+            await asyncio.wait_for(lexical_read.wait(), timeout=5)
+            return vectors[7]
+
+    async with db.system() as session:
+        context = await tenant_context(session, tenant, Settings())
+    event.listen(db.engine.sync_engine, "before_cursor_execute", seen)
+    try:
+        async with db.tenant(tenant) as session:
+            found = await archive.search(
+                session,
+                context,
+                MessageSearch(query="西湖边划船", group_id="o", top_k=5),
+                TakingItsTime(),  # type: ignore[arg-type]
+            )
+    finally:
+        event.remove(db.engine.sync_engine, "before_cursor_execute", seen)
+    # The model answered only because the lexical side was read while it worked.
+    assert any("西湖边" in hit.text and "划船" in hit.text for hit in found.messages)
 
 
 async def test_a_rewritten_or_cleared_vector_moves_its_copy_along(db: Database) -> None:

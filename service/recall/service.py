@@ -11,10 +11,9 @@ min_similarity``, an optional reranker, near-duplicates dropped.
 
 from __future__ import annotations
 
-import asyncio
 import html
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, tzinfo
 from typing import Any, TypeVar
@@ -23,7 +22,7 @@ from zoneinfo import ZoneInfo
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.context import ConversationContext
-from service.embedding import Embedder
+from service.embedding import Embedder, embedded_while
 from service.embedding.base import Vector
 from service.ends import service as memos
 from service.errors import Forbidden, Invalid
@@ -139,7 +138,7 @@ class Reader:
             await self._profiles(session, tenant, request, person, injected)
             return await lexical_candidates(session, tenant.tenant_id, search, q)
 
-        vector, lexical = await self._embedded_while(query, unembedded())
+        vector, lexical = await embedded_while(self.embedder, query, unembedded())
         ranked = await self._ranked(session, tenant, search, vector, lexical)
         injected.events = [
             ContextItem(
@@ -192,16 +191,6 @@ class Reader:
             warnings,
             self.embedder.calibration,
         )
-
-    async def _embedded_while(self, text: str, reads: Awaitable[T]) -> tuple[Vector, T]:
-        """The query's vector, and what ``reads`` (which need none) found meanwhile: the query
-        is embedded on the embedding thread while they run."""
-        embedding = asyncio.ensure_future(self.embedder.query(text))
-        try:
-            found = await reads
-            return await embedding, found
-        finally:
-            embedding.cancel()
 
     async def _todos(
         self, session: AsyncSession, tenant: TenantContext, conversation_key: str, zone: tzinfo
@@ -297,8 +286,8 @@ class Reader:
             time_from,
             time_to,
         )
-        vector, lexical = await self._embedded_while(
-            request.query, lexical_candidates(session, tenant.tenant_id, search, q)
+        vector, lexical = await embedded_while(
+            self.embedder, request.query, lexical_candidates(session, tenant.tenant_id, search, q)
         )
         ranked = await self._ranked(session, tenant, search, vector, lexical, warnings)
         if wanted:
