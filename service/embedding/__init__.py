@@ -87,7 +87,7 @@ class CurrentEmbedder:
         not ``queries``)."""
         warm_up = getattr(self.inner, "warm_up", None)
         if warm_up is not None:
-            await (warm_up() if queries else warm_up(queries=False))
+            await warm_up(queries=queries)
 
     async def close(self) -> None:
         """Release the embedder in use and every one it replaced."""

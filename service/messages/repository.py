@@ -458,6 +458,10 @@ class CandidateRow(NamedTuple):
     idfs: list[float] | None = None
 
 
+# The lexical columns of a candidate row that holds no query term.
+NO_MATCH = (0.0, None, None, None)
+
+
 class LexicalMatch(NamedTuple):
     """A message holding query terms: its BM25 score and the terms with their frequency here
     and idf."""
@@ -529,29 +533,10 @@ async def nearest_candidates(
         "reach": plan.spread + plan.context,
         "similarity_reach": plan.similarity_reach,
     }
-    rows = []
-    for seq, candidate, message_id, sender, name, sent_at, similarity in await session.execute(
-        _NEAREST, params
-    ):
-        found = matches.get(seq)
-        rows.append(
-            CandidateRow(seq, candidate, message_id, sender, name, sent_at, similarity, 0.0)
-            if found is None
-            else CandidateRow(
-                seq,
-                candidate,
-                message_id,
-                sender,
-                name,
-                sent_at,
-                similarity,
-                found.score,
-                found.terms,
-                found.tfs,
-                found.idfs,
-            )
-        )
-    return rows
+    return [
+        CandidateRow._make((*row, *(found[1:] if (found := matches.get(row[0])) else NO_MATCH)))
+        for row in await session.execute(_NEAREST, params)
+    ]
 
 
 async def search_candidates(

@@ -109,8 +109,8 @@ async def search(
 def stream_of(rows: list[Any], query: str) -> tuple[Stream, dict[str, float]]:
     """The candidate rows as a stream, and the idf of the query terms seen."""
     fields = repository.CandidateRow._fields
-    column = dict(zip(fields, zip(*rows, strict=True), strict=True)) if rows else {}
-    column = column or dict.fromkeys(fields, ())
+    # No rows: every column empty (zip of nothing yields no columns at all).
+    column = dict.fromkeys(fields, ()) | dict(zip(fields, zip(*rows, strict=True), strict=False))
     idfs: dict[str, float] = {}
     for held, weights in zip(column["terms"], column["idfs"], strict=True):
         if held:

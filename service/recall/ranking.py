@@ -158,7 +158,7 @@ def with_neighbours(
     )
     held: list[list[str] | None] = []
     counts: list[list[int] | None] = []
-    similarity, own_bm25 = [], []
+    similarity, own_bm25, candidate = [], [], []
     for row in stream:
         found = ranked.get(row["id"])
         if idfs and "hit_terms" in row:  # a neighbour: counted by the database
@@ -171,6 +171,7 @@ def with_neighbours(
         else:
             held.append(None)
             counts.append(None)
+        candidate.append(found is not None)
         if found is not None:
             distance = row.get("distance")
             similarity.append(1.0 - float(distance) if distance is not None else 0.0)
@@ -182,7 +183,7 @@ def with_neighbours(
         similarity=np.array(similarity, dtype=np.float64),
         bm25=np.array(own_bm25, dtype=np.float64),
         at=np.array([row["occurred_at"].timestamp() for row in stream], dtype=np.float64),
-        candidate=np.array([row["id"] in ranked for row in stream], dtype=bool),
+        candidate=np.array(candidate, dtype=bool),
         speaker_named=np.zeros(len(stream), dtype=bool),
         senders=[row.get("sender_id") for row in stream],
         terms=held,
