@@ -180,3 +180,38 @@ async def test_what_start_loads_is_out_of_the_collectors_way_until_close(setting
     # Closed: what was set aside is the collector's again (a test process starts many apps).
     assert gc.get_freeze_count() == 0
     assert id(runtime) in {id(thing) for thing in gc.get_objects()}
+
+
+async def test_requests_over_time_leave_what_start_set_aside_alone(settings) -> None:  # type: ignore[no-untyped-def]
+    # Hundreds of searches, each with new words: what they make is collected, nothing is set
+    # aside again, and the collectable heap does not grow with them.
+    app = create_app(settings, migrate=False, run_worker=False)
+    async with serve_app(app) as http:
+        tenant = await new_tenant(http)
+        messages = [
+            {
+                "message_id": f"m{n}",
+                "sender_id": f"u{n % 9}",
+                "text": f"第{n}天去了西湖第{n % 13}号码头",
+            }
+            for n in range(200)
+        ]
+        body = {"request_type": "group", "group_id": "g:%1", "messages": messages}
+        assert (await http.post("/v1/messages", json=body, headers=tenant.headers)).is_success
+        frozen = gc.get_freeze_count()
+
+        async def searches(first: int, count: int) -> None:
+            for n in range(first, first + count):
+                question = {"query": f"第{n}天在哪个码头 {n}", "group_id": "g:%1", "top_k": 5}
+                response = await http.post(
+                    "/v1/messages/search", json=question, headers=tenant.headers
+                )
+                assert response.status_code == 200, response.text
+
+        await searches(0, 50)
+        gc.collect()
+        settled = len(gc.get_objects())
+        await searches(50, 300)
+        gc.collect()
+        assert gc.get_freeze_count() == frozen
+        assert len(gc.get_objects()) - settled < 5_000

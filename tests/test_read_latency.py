@@ -97,9 +97,15 @@ async def test_a_small_conversation_matches_the_same_events_without_the_gin_inde
 
 
 async def store_messages(
-    db: Database, tenant: uuid.UUID, key: str, texts: list[str], vectors: np.ndarray
+    db: Database,
+    tenant: uuid.UUID,
+    key: str,
+    texts: list[str],
+    vectors: np.ndarray,
+    every: timedelta = timedelta(minutes=1),
 ) -> None:
-    """Messages of one conversation, embedded, as ingest and the embedding job leave them."""
+    """Messages of one conversation, ``every`` apart, embedded, as ingest and the embedding
+    job leave them."""
     rows = [
         {
             "conversation_key": key,
@@ -110,7 +116,7 @@ async def store_messages(
             "sender_id": str(n % 5),
             "sender_name": f"成员{n % 5}",
             "text": body,
-            "sent_at": START + timedelta(minutes=n),
+            "sent_at": START + every * n,
             "lexical": to_tsvector_literal(terms(body)),
         }
         for n, body in enumerate(texts)
@@ -287,6 +293,66 @@ async def test_the_archive_reads_its_lexical_side_while_the_question_is_embedded
         event.remove(db.engine.sync_engine, "before_cursor_execute", seen)
     # The model answered only because the lexical side was read while it worked.
     assert any("西湖边" in hit.text and "划船" in hit.text for hit in found.messages)
+
+
+async def test_hostile_questions_to_a_months_long_group_stay_in_it_and_stay_bounded(
+    db: Database,
+) -> None:
+    # Four months of two busy groups (past the size where the lexical side samples), one
+    # with an id full of separators; the other says the same things.
+    rng = np.random.default_rng(23)
+    tenant = await new_tenant_id(db, "hostile-archive")
+    size, every = 6000, timedelta(minutes=30)
+    texts = [line(rng, n) for n in range(size)]
+    vectors = unit(rng, size)
+    await store_messages(db, tenant, "g:a:%2F:b", texts, vectors, every)
+    await store_messages(db, tenant, "g:a", [f"另一组：{t}" for t in texts], vectors, every)
+    async with db.system() as session:
+        await session.execute(text("ANALYZE messages"))
+        context = await tenant_context(session, tenant, Settings())
+
+    class Fixed:
+        calibration = Calibration()
+
+        async def query(self, question: str) -> np.ndarray:
+            return vectors[4321]
+
+    paragraph = (
+        " ".join(f"{PLACES[n % 6]}{DOINGS[n % 5]}成员{n % 7}" for n in range(300))
+        + " a & b | !c :* 'x' \\ % ( ) '; DROP TABLE messages; -- 阿福"
+    )
+    questions = (
+        paragraph,  # far more terms than a question has, and tsquery syntax
+        "%%% ::: /// && || !! '' --",  # no term at all: meaning alone
+        "成员3",  # a sender's name
+    )
+    month = START + every * 4000
+    for question in questions:
+        for time_from in (None, month):
+            async with db.tenant(tenant) as session:
+                found = await archive.search(
+                    session,
+                    context,
+                    MessageSearch(
+                        query=question, group_id="a:%2F:b", top_k=10, time_from=time_from
+                    ),
+                    Fixed(),  # type: ignore[arg-type]
+                )
+            assert len(found.messages) == 10, question
+            assert not any(hit.text.startswith("另一组") for hit in found.messages)
+            assert all(time_from is None or hit.sent_at >= time_from for hit in found.messages)
+    # The pasted paragraph's lexical side read a bounded sample, not the group.
+    async with db.tenant(tenant) as session:
+        matches = await messages_repository.lexical_matches(
+            session,
+            tenant,
+            "g:a:%2F:b",
+            query_terms(paragraph, MAX_QUERY_TERMS),
+            SEARCH_PLAN,
+            None,
+            None,
+        )
+    assert 0 < len(matches) <= 1.05 * SAMPLED_MATCHES
 
 
 async def test_a_rewritten_or_cleared_vector_moves_its_copy_along(db: Database) -> None:
