@@ -16,7 +16,7 @@ from alembic import command
 from service.app import create_app
 from service.db.migrate import alembic_config
 from service.embedding import calibration
-from service.messages.repository import CandidateRow
+from service.messages.repository import CandidateRow, Candidates
 from service.messages.search import rank_candidates, stream_of
 from service.retrieval.neighbours import StreamPassage, score_stream
 from service.retrieval.terms import terms
@@ -224,7 +224,9 @@ def test_recency_lifts_close_matches_only() -> None:
         )
 
     # Far apart in time, so no neighbourhood: each scores on its own similarity.
-    rows = [row(1, 0.8, 140.0), row(2, 0.8, 14.0), row(3, 0.3, 0.0), row(4, 0.2, 140.0)]
+    rows = Candidates.of(
+        [row(1, 0.8, 140.0), row(2, 0.8, 14.0), row(3, 0.3, 0.0), row(4, 0.2, 140.0)]
+    )
     off = settings.model_copy(update={"time_decay_enabled": False})
     plain = {seq: score for seq, score, _ in rank_candidates(rows, "q", off, now)}
     ranked = {seq: score for seq, score, _ in rank_candidates(rows, "q", settings, now)}
@@ -238,7 +240,7 @@ def test_recency_lifts_close_matches_only() -> None:
     assert [seq for seq, _, _ in rank_candidates(rows, "q", settings, now)] == [2, 1, 3, 4]
     # e5's cosines: a fresh unrelated line (0.84) is not lifted above an older answer (0.87).
     e5 = calibration(EmbeddingModelSettings())
-    lines = [row(1, 0.87, 140.0), row(2, 0.84, 0.0), row(3, 0.5, 140.0)]
+    lines = Candidates.of([row(1, 0.87, 140.0), row(2, 0.84, 0.0), row(3, 0.5, 140.0)])
     assert next(seq for seq, _, _ in rank_candidates(lines, "q", settings, now)) == 2
     assert next(seq for seq, _, _ in rank_candidates(lines, "q", settings, now, e5)) == 1
 
@@ -314,7 +316,7 @@ def test_the_ranking_reads_no_similarity_beyond_the_candidates_close_neighbours(
     seeds = (10, 25)
     near = SEARCH_PLAN.spread + SEARCH_PLAN.similarity_reach
 
-    def rows(far_similarity: float | None) -> list[CandidateRow]:
+    def rows(far_similarity: float | None) -> Candidates:
         out = []
         for seq in range(40):
             away = min(abs(seq - s) for s in seeds)
@@ -336,7 +338,7 @@ def test_the_ranking_reads_no_similarity_beyond_the_candidates_close_neighbours(
                     idfs=[2.0] if seq in (11, 27, 30) else None,
                 )
             )
-        return out
+        return Candidates.of(out)
 
     settings = QuerySettings()
     expected = rank_candidates(rows(0.0), "西湖", settings, now)
@@ -376,7 +378,7 @@ def test_candidate_rows_are_read_as_the_passages_they_are(senders: int) -> None:
             )
         )
     query = "Did Member1 go 划船 on 西湖 that 周末?"
-    stream, idfs = stream_of(rows, query)
+    stream, idfs = stream_of(Candidates.of(rows), query)
     passages = [
         StreamPassage(
             similarity=r.similarity,
@@ -394,4 +396,4 @@ def test_candidate_rows_are_read_as_the_passages_they_are(senders: int) -> None:
     scores = score_stream(stream, idfs)
     assert sum(s is not None for s in scores) == sum(r.candidate for r in rows)
     assert scores == pytest.approx(score_stream(passages, idfs), abs=1e-12)
-    assert stream_of([], query)[0].similarity.size == 0
+    assert stream_of(Candidates.of([]), query)[0].similarity.size == 0

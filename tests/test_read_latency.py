@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from sqlalchemy import event, text
 
+from service.db import vector_index
 from service.db.engine import Database
 from service.embedding.base import Calibration
 from service.events import repository as events_repository
@@ -248,7 +249,7 @@ async def test_the_archive_finds_the_exact_nearest_messages_from_the_half_precis
             assert {f"m{n}" for n in allowed[: plan.dense_limit]} <= seeds
             # The same rows as the whole conversation scored exactly (the proof forced to fail).
             with monkeypatch.context() as patch:
-                patch.setattr(messages_repository, "half_precision_error", lambda n: 10.0)
+                patch.setattr(vector_index, "half_precision_error", lambda n: 10.0)
                 async with db.tenant(tenant) as session:
                     scanned = await messages_repository.search_candidates(
                         session, tenant, "g:dense", query, [], plan, *bounds
@@ -483,7 +484,7 @@ async def test_searches_are_planned_for_their_own_parameters_however_often_they_
             await session.execute(
                 text(
                     "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
-                    " WHERE statement LIKE '%dense_pool AS MATERIALIZED%'"
+                    " WHERE statement LIKE '%WITH pool AS MATERIALIZED%'"
                     " AND statement NOT LIKE '%pg_prepared_statements%'"
                 )
             )

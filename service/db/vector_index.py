@@ -80,3 +80,19 @@ def half_precision_error(n: int) -> float:
     """The most a unit vector's half-precision inner product can miss, in ``n`` dimensions."""
     rounding = 2**-11 + math.sqrt(n) * 2**-25
     return 1.1 * (2 * rounding + rounding**2 + 5 * n * 2**-24)  # 1.2e-3 at 384 dimensions
+
+
+def rescoring_ceiling(kth: float, horizon: float, complete: bool, n: int) -> float | None:
+    """Whether the exact nearest rows are among candidates picked by their half-precision
+    copies and re-scored exactly, in ``n`` dimensions.
+
+    ``kth`` is the k-th best exact distance among the candidates, ``horizon`` the worst
+    approx (``<#>``) taken: every row left out has approx >= it, so distance >= horizon + 1
+    - error. None when that is beyond ``kth``, or the candidates are every row
+    (``complete``): they hold the answer. Else the approx at or under which a row could still
+    be nearer: every such row must be scored exactly.
+    """
+    error = half_precision_error(n)
+    if complete or horizon + 1.0 - error > kth:
+        return None
+    return kth - 1.0 + error

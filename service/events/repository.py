@@ -15,7 +15,7 @@ from sqlalchemy import TextClause, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db.rows import dicts
-from service.db.vector_index import half_precision_error
+from service.db.vector_index import rescoring_ceiling
 from service.errors import Invalid
 from service.retrieval.terms import terms, to_tsquery_literal, to_tsvector_literal
 
@@ -274,14 +274,11 @@ async def nearest_events(
     pooled, horizon = rows[0].pop("pooled"), rows[0].pop("horizon")
     for row in rows[1:]:
         del row["pooled"], row["horizon"]
-    kth = rows[-1]["distance"]
-    # Every event left out has approx >= horizon, so distance >= horizon + 1 - error. When
-    # that is beyond the k-th candidate's distance (or nothing was left out) the answer is
-    # exact. Otherwise take every event that could still be nearer, and re-score them all.
-    error = half_precision_error(len(vector))
-    if pooled < params["pool"] or horizon + 1.0 - error > kth:
+    # Else every event that could still be nearer, all re-scored.
+    ceiling = rescoring_ceiling(rows[-1]["distance"], horizon, pooled < params["pool"], len(vector))
+    if ceiling is None:
         return rows
-    params["ceiling"] = kth - 1.0 + error
+    params["ceiling"] = ceiling
     return dicts(await session.execute(_second_pass(*bounds), params))
 
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -13,7 +14,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db.engine import uses_citus
-from service.db.vector_index import half_precision_error
+from service.db.vector_index import rescoring_ceiling
 from service.retrieval.terms import to_tsquery_literal
 
 # One statement for the whole batch; duplicates (by conversation and message_id) are skipped.
@@ -310,19 +311,13 @@ _LEXICAL = text(
     """
 )
 
-# Step two: the nearest messages and the lexical side's best, each with its neighbourhood, and
-# the per-message features the ranking needs.
-_NEAREST = text(
+# Step two: the nearest messages, exactly. The half-precision copies in the covering index
+# (an index-only scan of the conversation) pick :dense_pool candidates, their full vectors
+# decide; ``rescoring_ceiling`` tells whether they hold the answer, else _DENSE_REST scores
+# every message that could still be among the nearest.
+_DENSE = text(
     """
-    WITH
-    -- The nearest in meaning, exactly. The half-precision copies in the covering index
-    -- (an index-only scan of the conversation) pick :dense_pool candidates, their full
-    -- vectors decide. Every message left out has approx >= the pool's worst, so a true
-    -- distance >= that + 1 - :half_error (see service.events.repository); when that is beyond
-    -- the :dense_limit-th candidate's distance (or the pool took every message) the pool
-    -- holds the exact answer. Else (many equal vectors, say) every message whose approx
-    -- could still put it within the :dense_limit-th distance is scored exactly.
-    dense_pool AS MATERIALIZED (
+    WITH pool AS MATERIALIZED (
         SELECT seq, embedding_half <#> (SELECT CAST(CAST(:query_unit AS vector) AS halfvec))
                     AS approx
         FROM messages
@@ -332,41 +327,33 @@ _NEAREST = text(
           AND (CAST(:time_to AS timestamptz) IS NULL OR sent_at <= :time_to)
         ORDER BY approx
         LIMIT :dense_pool
-    ),
-    dense_scored AS MATERIALIZED (
-        SELECT p.seq, p.approx, m.embedding <=> :query AS distance
-        FROM dense_pool p
-        JOIN messages m ON m.tenant_id = :tenant_id AND m.conversation_key = :conversation_key
-                       AND m.seq = p.seq
-    ),
-    dense_exact AS MATERIALIZED (
-        SELECT count(*) < :dense_pool
-               OR max(approx) + 1 - :half_error > (SELECT distance FROM dense_scored
-                                                   ORDER BY distance
-                                                   OFFSET :dense_limit - 1 LIMIT 1)
-               AS proven
-        FROM dense_scored
-    ),
-    -- The seeds: nearest in meaning, and the best BM25 (found before).
-    seeds AS (
-        (SELECT seq FROM dense_scored WHERE (SELECT proven FROM dense_exact)
-         ORDER BY distance
-         LIMIT :dense_limit)
-        UNION
-        (SELECT seq FROM messages
-         WHERE NOT (SELECT proven FROM dense_exact)
-           AND tenant_id = :tenant_id AND conversation_key = :conversation_key
-           AND embedding_half IS NOT NULL
-           AND (CAST(:time_from AS timestamptz) IS NULL OR sent_at >= :time_from)
-           AND (CAST(:time_to AS timestamptz) IS NULL OR sent_at <= :time_to)
-           AND embedding_half <#> (SELECT CAST(CAST(:query_unit AS vector) AS halfvec))
-               <= (SELECT distance FROM dense_scored ORDER BY distance
-                   OFFSET :dense_limit - 1 LIMIT 1) - 1 + :half_error
-         ORDER BY embedding <=> :query
-         LIMIT :dense_limit)
-        UNION
-        SELECT unnest(CAST(:lexical_seeds AS bigint[]))
-    ),
+    )
+    SELECT p.seq, p.approx, m.embedding <=> :query AS distance
+    FROM pool p
+    JOIN messages m ON m.tenant_id = :tenant_id AND m.conversation_key = :conversation_key
+                   AND m.seq = p.seq
+    ORDER BY distance, p.seq
+    """
+)
+
+_DENSE_REST = text(
+    """
+    SELECT seq FROM messages
+    WHERE tenant_id = :tenant_id AND conversation_key = :conversation_key
+      AND embedding_half IS NOT NULL
+      AND (CAST(:time_from AS timestamptz) IS NULL OR sent_at >= :time_from)
+      AND (CAST(:time_to AS timestamptz) IS NULL OR sent_at <= :time_to)
+      AND embedding_half <#> (SELECT CAST(CAST(:query_unit AS vector) AS halfvec)) <= :ceiling
+    ORDER BY embedding <=> :query, seq
+    LIMIT :dense_limit
+    """
+)
+
+# Step three: the seeds (the nearest and the lexical side's best), each with its
+# neighbourhood, and the per-message features the ranking needs.
+_NEIGHBOURHOODS = text(
+    """
+    WITH seeds AS (SELECT DISTINCT unnest(CAST(:seeds AS bigint[])) AS seq),
     -- Each seed's neighbours by arrival order (the seq index), with their distance to it.
     around AS (
         SELECT n.seq, min(n.distance) AS distance
@@ -389,20 +376,28 @@ _NEAREST = text(
         ) n
         GROUP BY n.seq
     )
-    SELECT a.seq, a.distance <= CAST(:spread AS integer) AS candidate, m.message_id,
-           m.sender_id, m.sender_name, m.sent_at,
+    -- One row of arrays, in conversation order: a big group's thousands of rows decode
+    -- several times faster as arrays than as rows.
+    SELECT array_agg(a.seq ORDER BY a.seq) AS seq,
+           array_agg(a.distance <= CAST(:spread AS integer) ORDER BY a.seq) AS candidate,
+           array_agg(m.message_id ORDER BY a.seq) FILTER (WHERE CAST(:with_ids AS boolean))
+               AS message_id,
+           array_agg(m.sender_id ORDER BY a.seq) AS sender_id,
+           array_agg(m.sender_name ORDER BY a.seq) AS sender_name,
+           array_agg(CAST(extract(epoch FROM m.sent_at) AS float8) ORDER BY a.seq) AS sent_at,
            -- Read (a vector out of line) only where the ranking reads it: the candidates and
            -- their close neighbours; the rest of a window counts its words.
-           CASE WHEN a.distance <= CAST(:spread AS integer) + CAST(:similarity_reach AS integer)
-                THEN coalesce(1 - (m.embedding <=> :query), 0) ELSE 0 END AS similarity
+           array_agg(CASE WHEN a.distance <= CAST(:spread AS integer)
+                                             + CAST(:similarity_reach AS integer)
+                          THEN coalesce(1 - (m.embedding <=> :query), 0) ELSE 0 END
+                     ORDER BY a.seq) AS similarity
     FROM around a
     JOIN messages m ON m.tenant_id = :tenant_id AND m.conversation_key = :conversation_key
                    AND m.seq = a.seq
-    ORDER BY a.seq
     """
 )
 
-# Step three: what the caller sees of the best candidates, and their vectors for MMR.
+# Step four: what the caller sees of the best candidates, and their vectors for MMR.
 _SEARCH_HITS = text(
     """
     SELECT seq, message_id, text, sender_id, sender_name, sent_at, embedding
@@ -442,12 +437,12 @@ def _unit(query: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
 
 
 class CandidateRow(NamedTuple):
-    """A row of the candidate search, in its column order (plain tuples read ten times
-    faster than result rows, and a big group's search reads thousands of them)."""
+    """One candidate of a search, as the tests and the benchmark read it (``Candidates``
+    holds them column by column)."""
 
     seq: int
     candidate: bool
-    message_id: str
+    message_id: str | None  # None unless asked for (the ranking never reads it)
     sender_id: str | None
     sender_name: str | None
     sent_at: datetime
@@ -456,10 +451,6 @@ class CandidateRow(NamedTuple):
     terms: list[str] | None = None
     tfs: list[int] | None = None
     idfs: list[float] | None = None
-
-
-# The lexical columns of a candidate row that holds no query term.
-NO_MATCH = (0.0, None, None, None)
 
 
 class LexicalMatch(NamedTuple):
@@ -471,6 +462,58 @@ class LexicalMatch(NamedTuple):
     terms: list[str]
     tfs: list[int]
     idfs: list[float]
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """A search's candidates and their neighbourhoods column by column, in conversation
+    order: the seeds' rows (``candidate``) and the rows around them that the ranking reads as
+    context. The lexical side joins them by seq."""
+
+    seq: list[int]
+    candidate: list[bool]
+    sender_id: list[str | None]
+    sender_name: list[str | None]
+    sent_at: list[float]  # seconds since the epoch
+    similarity: list[float]  # 0 where the ranking does not read it
+    matches: Mapping[int, LexicalMatch]
+    message_id: Sequence[str | None] | None = None  # only when asked for
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+    def __iter__(self) -> Iterator[CandidateRow]:
+        ids: Sequence[str | None] = self.message_id or [None] * len(self.seq)
+        for n, seq in enumerate(self.seq):
+            found = self.matches.get(seq)
+            yield CandidateRow(
+                seq,
+                self.candidate[n],
+                ids[n],
+                self.sender_id[n],
+                self.sender_name[n],
+                datetime.fromtimestamp(self.sent_at[n], UTC),
+                self.similarity[n],
+                *((found.score, found.terms, found.tfs, found.idfs) if found else (0.0,)),
+            )
+
+    @classmethod
+    def of(cls, rows: Sequence[CandidateRow]) -> Candidates:
+        """Rows made column by column (rows holding query terms become their matches)."""
+        return cls(
+            seq=[r.seq for r in rows],
+            candidate=[r.candidate for r in rows],
+            sender_id=[r.sender_id for r in rows],
+            sender_name=[r.sender_name for r in rows],
+            sent_at=[r.sent_at.timestamp() for r in rows],
+            similarity=[r.similarity for r in rows],
+            matches={
+                r.seq: LexicalMatch(r.seq, r.bm25, r.terms, r.tfs or [], r.idfs or [])
+                for r in rows
+                if r.terms
+            },
+            message_id=[r.message_id for r in rows],
+        )
 
 
 async def lexical_matches(
@@ -504,39 +547,116 @@ async def lexical_matches(
     return {row[0]: LexicalMatch._make(row) for row in found}
 
 
+async def nearest_messages(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    conversation_key: str,
+    query: np.ndarray[Any, Any],
+    plan: SearchPlan,
+    time_from: datetime | None,
+    time_to: datetime | None,
+) -> list[int]:
+    """The seqs of the conversation's ``plan.dense_limit`` messages nearest to ``query`` by
+    cosine distance (exactly), nearest first."""
+    unit = _unit(query)
+    params = {
+        "tenant_id": tenant_id,
+        "conversation_key": conversation_key,
+        "query": query,
+        "query_unit": unit,
+        "time_from": time_from,
+        "time_to": time_to,
+        "dense_limit": plan.dense_limit,
+        "dense_pool": plan.dense_limit + DENSE_EXTRA,
+    }
+    pool = list(await session.execute(_DENSE, params))
+    nearest = pool[: plan.dense_limit]
+    if not nearest:
+        return []
+    ceiling = rescoring_ceiling(
+        nearest[-1].distance,
+        max(row.approx for row in pool),
+        len(pool) < plan.dense_limit + DENSE_EXTRA,
+        len(unit),
+    )
+    if ceiling is None:
+        return [row.seq for row in nearest]
+    return list((await session.execute(_DENSE_REST, {**params, "ceiling": ceiling})).scalars())
+
+
+async def neighbourhoods(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    conversation_key: str,
+    query: np.ndarray[Any, Any],
+    seeds: list[int],
+    matches: Mapping[int, LexicalMatch],
+    plan: SearchPlan,
+    time_from: datetime | None,
+    time_to: datetime | None,
+    with_ids: bool = False,
+) -> Candidates:
+    """The ``seeds`` and their neighbourhoods in conversation order, each row with its
+    similarity and (from ``matches``) its BM25 score and the query terms it holds
+    (``with_ids``: and its message_id)."""
+    params = {
+        "tenant_id": tenant_id,
+        "conversation_key": conversation_key,
+        "query": query,
+        "seeds": seeds,
+        "time_from": time_from,
+        "time_to": time_to,
+        "spread": plan.spread,
+        "reach": plan.spread + plan.context,
+        "similarity_reach": plan.similarity_reach,
+        "with_ids": with_ids,
+    }
+    columns = (await session.execute(_NEIGHBOURHOODS, params)).one()._mapping
+    return Candidates(
+        **{name: columns[name] or [] for name in _COLUMNS},
+        message_id=columns["message_id"],
+        matches=matches,
+    )
+
+
+def lexical_seeds(matches: Mapping[int, LexicalMatch], plan: SearchPlan) -> list[int]:
+    """The best of the lexical matches (equal BM25 scores: the newer message)."""
+    best = sorted(matches.values(), key=lambda m: (-m.score, -m.seq))
+    return [m.seq for m in best[: plan.lexical_limit]]
+
+
 async def nearest_candidates(
     session: AsyncSession,
     tenant_id: uuid.UUID,
     conversation_key: str,
     query: np.ndarray[Any, Any],
-    matches: dict[int, LexicalMatch],
+    matches: Mapping[int, LexicalMatch],
     plan: SearchPlan,
     time_from: datetime | None,
     time_to: datetime | None,
-) -> list[CandidateRow]:
-    """Seeds (the nearest messages and the best of ``matches``) and their neighbourhoods in
-    conversation order, each row with its similarity, BM25 score and the query terms it
-    holds. Equal BM25 scores: the newer message is the seed."""
-    best = sorted(matches.values(), key=lambda m: (-m.score, -m.seq))[: plan.lexical_limit]
-    params = {
-        "tenant_id": tenant_id,
-        "conversation_key": conversation_key,
-        "query": query,
-        "lexical_seeds": [m.seq for m in best],
-        "time_from": time_from,
-        "time_to": time_to,
-        "dense_limit": plan.dense_limit,
-        "dense_pool": plan.dense_limit + DENSE_EXTRA,
-        "query_unit": _unit(query),
-        "half_error": half_precision_error(len(query)),
-        "spread": plan.spread,
-        "reach": plan.spread + plan.context,
-        "similarity_reach": plan.similarity_reach,
-    }
-    return [
-        CandidateRow._make((*row, *(found[1:] if (found := matches.get(row[0])) else NO_MATCH)))
-        for row in await session.execute(_NEAREST, params)
-    ]
+    with_ids: bool = False,
+) -> Candidates:
+    """Seeds (the nearest messages and the best of ``matches``) and their neighbourhoods
+    (see ``neighbourhoods``)."""
+    nearest = await nearest_messages(
+        session, tenant_id, conversation_key, query, plan, time_from, time_to
+    )
+    seeds = nearest + lexical_seeds(matches, plan)
+    return await neighbourhoods(
+        session,
+        tenant_id,
+        conversation_key,
+        query,
+        seeds,
+        matches,
+        plan,
+        time_from,
+        time_to,
+        with_ids,
+    )
+
+
+_COLUMNS = ("seq", "candidate", "sender_id", "sender_name", "sent_at", "similarity")
 
 
 async def search_candidates(
@@ -548,14 +668,14 @@ async def search_candidates(
     plan: SearchPlan,
     time_from: datetime | None,
     time_to: datetime | None,
-) -> list[CandidateRow]:
-    """Both steps in turn (``search`` reads the lexical side while the question is
-    embedded)."""
+) -> Candidates:
+    """Both steps in turn, with the message ids (``search`` reads the lexical side while the
+    question is embedded)."""
     matches = await lexical_matches(
         session, tenant_id, conversation_key, terms, plan, time_from, time_to
     )
     return await nearest_candidates(
-        session, tenant_id, conversation_key, query, matches, plan, time_from, time_to
+        session, tenant_id, conversation_key, query, matches, plan, time_from, time_to, True
     )
 
 

@@ -4,7 +4,6 @@ conversation, ranked with each message's neighbours."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
 
 import numpy as np
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -67,11 +66,11 @@ async def search(
             session, tenant.tenant_id, key, words, SEARCH_PLAN, time_from, time_to
         ),
     )
-    rows = await repository.nearest_candidates(
+    candidates = await repository.nearest_candidates(
         session, tenant.tenant_id, key, vector, matches, SEARCH_PLAN, time_from, time_to
     )
     ranked = rank_candidates(
-        rows, request.query, tenant.query, datetime.now(UTC), embedder.calibration
+        candidates, request.query, tenant.query, datetime.now(UTC), embedder.calibration
     )
     pool = ranked[: request.top_k * DUPLICATE_POOL]
     found = await repository.messages_by_seq(
@@ -106,38 +105,36 @@ async def search(
     return MessageSearchResult(messages=hits, warnings=warnings)
 
 
-def stream_of(rows: list[Any], query: str) -> tuple[Stream, dict[str, float]]:
-    """The candidate rows as a stream, and the idf of the query terms seen."""
-    fields = repository.CandidateRow._fields
-    # No rows: every column empty (zip of nothing yields no columns at all).
-    column = dict.fromkeys(fields, ()) | dict(zip(fields, zip(*rows, strict=True), strict=False))
+def stream_of(candidates: repository.Candidates, query: str) -> tuple[Stream, dict[str, float]]:
+    """The candidates as a stream, and the idf of the query terms seen."""
+    matched = [candidates.matches.get(seq) for seq in candidates.seq]
     idfs: dict[str, float] = {}
-    for held, weights in zip(column["terms"], column["idfs"], strict=True):
-        if held:
-            idfs.update(zip(held, map(float, weights), strict=True))
-    names = column["sender_name"]
+    for found in matched:
+        if found is not None:
+            idfs.update(zip(found.terms, map(float, found.idfs), strict=True))
+    names = candidates.sender_name
     named = {name: names_in(query, name) for name in set(names)}
     stream = Stream(
-        similarity=np.array(column["similarity"], dtype=np.float64),
-        bm25=np.array(column["bm25"], dtype=np.float64),
-        at=np.array([sent.timestamp() for sent in column["sent_at"]], dtype=np.float64),
-        candidate=np.array(column["candidate"], dtype=bool),
+        similarity=np.array(candidates.similarity, dtype=np.float64),
+        bm25=np.array([m.score if m else 0.0 for m in matched], dtype=np.float64),
+        at=np.array(candidates.sent_at, dtype=np.float64),
+        candidate=np.array(candidates.candidate, dtype=bool),
         speaker_named=np.array([named[name] for name in names], dtype=bool),
-        senders=column["sender_id"],
-        terms=column["terms"],
-        counts=column["tfs"],
+        senders=candidates.sender_id,
+        terms=[m.terms if m else None for m in matched],
+        counts=[m.tfs if m else None for m in matched],
     )
     return stream, idfs
 
 
 def rank_candidates(
-    rows: list[Any],
+    candidates: repository.Candidates,
     query: str,
     settings: QuerySettings,
     now: datetime,
     calibration: Calibration = Calibration(),  # noqa: B008 (frozen, shared safely)
 ) -> list[tuple[int, float, float]]:
-    """(seq, score, similarity) of the candidate rows, best first.
+    """(seq, score, similarity) of the candidates, best first.
 
     The score is the fused relevance scaled onto the candidates (best 1, worst 0), times the
     design's recency boost. Scaled, because fused scores sit close together (e5 cosines of
@@ -147,7 +144,7 @@ def rank_candidates(
     archive search is an explicit look-up. Only a match whose similarity, on the embedder's
     scale (``calibration``), reaches ``time_decay_min_similarity`` is lifted.
     """
-    stream, idfs = stream_of(rows, query)
+    stream, idfs = stream_of(candidates, query)
     scored = [(n, score) for n, score in enumerate(score_stream(stream, idfs)) if score is not None]
     kept = [n for n, _ in scored]
     relevance = np.array(scale_min_max([score for _, score in scored]), dtype=np.float64)
@@ -162,7 +159,7 @@ def rank_candidates(
             min_similarity=settings.time_decay_min_similarity,
         )
     ranked = [
-        (int(rows[n].seq), score, sim)
+        (candidates.seq[n], score, sim)
         for n, score, sim in zip(kept, relevance.tolist(), similarity.tolist(), strict=True)
     ]
     # Equal scores: the newer message first.
