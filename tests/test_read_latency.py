@@ -296,6 +296,92 @@ async def test_the_archive_reads_its_lexical_side_while_the_question_is_embedded
     assert any("西湖边" in hit.text and "划船" in hit.text for hit in found.messages)
 
 
+async def test_a_big_groups_lexical_side_is_read_beside_and_never_waits_for_a_connection(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A pool of two connections: one may serve as a second transaction at a time.
+    db = Database(db_url, pool_size=2, max_overflow=0)
+    rng = np.random.default_rng(29)
+    tenant, other = await new_tenant_id(db, "beside"), await new_tenant_id(db, "beside-other")
+    texts = [line(rng, n) for n in range(600)]
+    vectors = unit(rng, 600)
+    await store_messages(db, tenant, "g:big", texts, vectors)
+    # Another tenant's group of the same id says the same things, marked.
+    await store_messages(db, other, "g:big", [f"别人的：{t}" for t in texts], vectors)
+    # From 100 messages a conversation counts as big (read through the GIN index).
+    monkeypatch.setattr(archive, "SEARCH_PLAN", dataclasses.replace(SEARCH_PLAN, direct_below=100))
+    async with db.system() as session:
+        await session.execute(text("ANALYZE messages"))
+        context = await tenant_context(session, tenant, Settings())
+
+    class Fixed:
+        calibration = Calibration()
+
+        async def query(self, question: str) -> np.ndarray:
+            await asyncio.sleep(0.01)  # the lexical side starts first
+            return vectors[123]
+
+    async def search(side: Database | None, question: str = "西湖边划船") -> list[str]:
+        async with db.tenant(tenant, read_only=True) as session:
+            found = await archive.search(
+                session,
+                context,
+                MessageSearch(query=question, group_id="big", top_k=10),
+                Fixed(),  # type: ignore[arg-type]
+                side,
+            )
+        assert not any(hit.text.startswith("别人的") for hit in found.messages)
+        return [hit.message_id for hit in found.messages]
+
+    on: dict[str, set[int]] = {"lexical": set(), "dense": set()}
+
+    def seen(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
+        for kind, mark in (("lexical", "FROM bm25"), ("dense", "WITH pool AS MATERIALIZED")):
+            if mark in statement:
+                on[kind].add(id(conn.connection.dbapi_connection))
+
+    alone = await search(None)
+    event.listen(db.engine.sync_engine, "before_cursor_execute", seen)
+    try:
+        beside = await search(db)
+    finally:
+        event.remove(db.engine.sync_engine, "before_cursor_execute", seen)
+    # The same answer, its lexical side read on a transaction of its own.
+    assert beside == alone and len(alone) == 10
+    assert len(on["lexical"]) == len(on["dense"]) == 1 and on["lexical"] != on["dense"]
+
+    # Twelve at once through the two connections: those that find no second transaction
+    # free read on their own, none waits forever, and every one answers alike.
+    questions = ["西湖边划船", "张三的猫", "第7次了", "%:/ 西湖"] * 3
+    expected = [await search(None, q) for q in questions]
+    together = await asyncio.wait_for(
+        asyncio.gather(*(search(db, q) for q in questions)), timeout=60
+    )
+    assert together == expected
+
+    class Failing(Fixed):
+        async def query(self, question: str) -> np.ndarray:
+            await asyncio.sleep(0.01)
+            raise RuntimeError("the model went away")
+
+    # A search that fails midway leaves no transaction open behind it.
+    with pytest.raises(RuntimeError):
+        async with db.tenant(tenant, read_only=True) as session:
+            await archive.search(
+                session,
+                context,
+                MessageSearch(query="西湖边划船", group_id="big", top_k=10),
+                Failing(),  # type: ignore[arg-type]
+                db,
+            )
+    assert db.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+    async with db.second_tenant(tenant, read_only=True) as second:
+        assert second is not None
+        async with db.second_tenant(tenant, read_only=True) as third:
+            assert third is None  # one at a time in a pool of two
+    await db.dispose()
+
+
 async def test_hostile_questions_to_a_months_long_group_stay_in_it_and_stay_bounded(
     db: Database,
 ) -> None:
@@ -330,18 +416,25 @@ async def test_hostile_questions_to_a_months_long_group_stay_in_it_and_stay_boun
     month = START + every * 4000
     for question in questions:
         for time_from in (None, month):
-            async with db.tenant(tenant) as session:
-                found = await archive.search(
-                    session,
-                    context,
-                    MessageSearch(
-                        query=question, group_id="a:%2F:b", top_k=10, time_from=time_from
-                    ),
-                    Fixed(),  # type: ignore[arg-type]
-                )
-            assert len(found.messages) == 10, question
-            assert not any(hit.text.startswith("另一组") for hit in found.messages)
-            assert all(time_from is None or hit.sent_at >= time_from for hit in found.messages)
+            answers = []
+            # On the session alone, and with the lexical side on a second transaction.
+            for side in (None, db):
+                async with db.tenant(tenant) as session:
+                    found = await archive.search(
+                        session,
+                        context,
+                        MessageSearch(
+                            query=question, group_id="a:%2F:b", top_k=10, time_from=time_from
+                        ),
+                        Fixed(),  # type: ignore[arg-type]
+                        side,
+                    )
+                hits = found.messages
+                assert len(hits) == 10, question
+                assert not any(hit.text.startswith("另一组") for hit in hits)
+                assert all(time_from is None or hit.sent_at >= time_from for hit in hits)
+                answers.append([hit.message_id for hit in hits])
+            assert answers[0] == answers[1]
     # The pasted paragraph's lexical side read a bounded sample, not the group.
     async with db.tenant(tenant) as session:
         matches = await messages_repository.lexical_matches(
@@ -457,6 +550,44 @@ async def test_many_equal_vectors_still_give_the_exact_nearest_distances(db: Dat
     assert len(got) == plan.dense_limit
     assert np.allclose(got, exact[: plan.dense_limit], atol=1e-5)
     assert {f"m{n}" for n in range(300, 340)} <= {r.message_id for r in found}
+
+
+async def test_texts_said_again_and_again_are_ranked_exactly_in_one_pass(db: Database) -> None:
+    # A group where every text comes eight times (a bot's notices, the same greetings):
+    # equal vectors side by side at the top of the dense pool, and the texts close in
+    # meaning (cosines to the question 0.0004 apart, as an embedding model's crowd).
+    rng = np.random.default_rng(31)
+    tenant = await new_tenant_id(db, "dense-repeats")
+    texts = [line(rng, n) for n in range(150)]
+    query = unit(rng, 1)[0].astype(np.float64)
+    away = rng.standard_normal((150, 384))
+    away -= np.outer(away @ query, query)
+    away /= np.linalg.norm(away, axis=1, keepdims=True)
+    cosine = 0.9 - 0.0004 * np.arange(150)
+    vectors = (np.outer(cosine, query) + np.sqrt(1 - cosine**2)[:, None] * away).astype(np.float32)
+    order = rng.permutation(np.repeat(np.arange(150), 8))
+    await store_messages(db, tenant, "g:again", [texts[n] for n in order], vectors[order])
+    plan = dataclasses.replace(SEARCH_PLAN, lexical_limit=0, spread=0, context=0)
+    passes: list[str] = []
+
+    def seen(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
+        if "embedding_half <#>" in statement:
+            passes.append(statement)
+
+    event.listen(db.engine.sync_engine, "before_cursor_execute", seen)
+    try:
+        for asked in (query, *unit(rng, 4)):
+            async with db.tenant(tenant) as session:
+                found = await messages_repository.search_candidates(
+                    session, tenant, "g:again", asked, [], plan, None, None
+                )
+            exact = np.sort(vectors[order].astype(np.float64) @ asked.astype(np.float64))[::-1]
+            got = np.sort([r.similarity for r in found])[::-1]
+            assert np.allclose(got, exact[: plan.dense_limit], atol=1e-5)
+    finally:
+        event.remove(db.engine.sync_engine, "before_cursor_execute", seen)
+    # One scan of the conversation a question: the pool reached past the copies.
+    assert len(passes) == 5
 
 
 async def test_searches_are_planned_for_their_own_parameters_however_often_they_run(

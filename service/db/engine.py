@@ -179,6 +179,10 @@ class Database:
             connect_args={"server_settings": SERVER_SETTINGS},
         )
         self.sessions = async_sessionmaker(self.engine, expire_on_commit=False)
+        # Requests holding a transaction may open a second one (``second_tenant``), at most
+        # this many at once: the rest of the pool serves requests that wait for no second
+        # connection, so those that wait for one can never hold every connection between them.
+        self._seconds_free = (pool_size + max_overflow) // 2
         event.listen(self.engine.sync_engine, "connect", _register_vector)
         event.listen(self.engine.sync_engine, "checkout", _retry_vector)
 
@@ -227,6 +231,23 @@ class Database:
             if await uses_citus(session):
                 await session.execute(text(citus_bind(tenant_id)))
             yield session
+
+    @asynccontextmanager
+    async def second_tenant(
+        self, tenant_id: uuid.UUID, *, read_only: bool = False
+    ) -> AsyncIterator[AsyncSession | None]:
+        """Another tenant transaction (see ``tenant``) for a request that already holds one,
+        to read beside it; None while half the pool already serves as such (the caller then
+        reads on its own transaction)."""
+        if self._seconds_free <= 0:
+            yield None
+            return
+        self._seconds_free -= 1
+        try:
+            async with self.tenant(tenant_id, read_only=read_only) as session:
+                yield session
+        finally:
+            self._seconds_free += 1
 
     @asynccontextmanager
     async def tenant_connection(

@@ -248,7 +248,11 @@ SAMPLED_MATCHES = 2000
 MIN_TERM_SAMPLE = 16
 
 # Candidates re-scored beyond the dense limit, so that the proof closes on the first pass.
-DENSE_EXTRA = 24
+# Where texts repeat (a bot's notices, "ok", the same sticker), copies with equal vectors sit
+# side by side at the top and the pool must reach past them: with 24 extra, a conversation of
+# every text eight times took a second pass over all its messages on 70 of 300 questions
+# (50,000 messages: 60 ms instead of 30), with 100 extra on none, for about 1 ms more.
+DENSE_EXTRA = 100
 
 # Hybrid search, step one: the lexical side, which needs no query vector (it is read while
 # the question is embedded): every message holding a query term, with its BM25 score and the
@@ -514,6 +518,22 @@ class Candidates:
             },
             message_id=[r.message_id for r in rows],
         )
+
+
+_SIZE = text(
+    """
+    SELECT message_count FROM conversations
+    WHERE tenant_id = :tenant_id AND conversation_key = :conversation_key
+    """
+)
+
+
+async def conversation_size(
+    session: AsyncSession, tenant_id: uuid.UUID, conversation_key: str
+) -> int:
+    """How many messages the conversation has received (0: none)."""
+    params = {"tenant_id": tenant_id, "conversation_key": conversation_key}
+    return int((await session.execute(_SIZE, params)).scalar_one_or_none() or 0)
 
 
 async def lexical_matches(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from litestar import Controller, post
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.db.engine import Database
 from service.http import EmbedderDependency, reads
 from service.messages import search as archive
 from service.messages import service
@@ -41,7 +42,8 @@ class MessageController(Controller):
         tenant: TenantContext,
         session: AsyncSession,
         embedder: EmbedderDependency,
+        read_db: Database,
         data: MessageSearch,
     ) -> MessageSearchResult:
         """The archive look-up: one conversation's messages best matching the query."""
-        return await archive.search(session, tenant, data, embedder)
+        return await archive.search(session, tenant, data, embedder, read_db)

@@ -3,13 +3,18 @@ conversation, ranked with each message's neighbours."""
 
 from __future__ import annotations
 
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from typing import TypeVar
 
 import numpy as np
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.context import scope_of
-from service.embedding import Embedder, embedded_while
+from service.db.engine import Database
+from service.embedding import Embedder
 from service.embedding.base import Calibration
 from service.messages import repository
 from service.messages.schemas import MessageHit, MessageSearch, MessageSearchResult
@@ -42,32 +47,31 @@ DUPLICATE_POOL = 3
 # (see near_duplicate): in a group where everyone's news reads alike, e5 puts different
 # messages above 0.97, and meaning alone dropped the one asked about.
 DUPLICATE_COSINE = 0.97
+T = TypeVar("T")
+
 # Long queries (a chat history, a pasted paragraph) keep their most telling terms: enough to
 # match, at a bounded cost.
 MAX_QUERY_TERMS = 128
 
 
 async def search(
-    session: AsyncSession, tenant: TenantContext, request: MessageSearch, embedder: Embedder
+    session: AsyncSession,
+    tenant: TenantContext,
+    request: MessageSearch,
+    embedder: Embedder,
+    side: Database | None = None,
 ) -> MessageSearchResult:
     """The conversation's archived messages best matching the query: dense and lexical
-    candidates, ranked with their neighbours, recency-boosted, repeats dropped."""
+    candidates, ranked with their neighbours, recency-boosted, repeats dropped. ``side``,
+    the database of ``session``, lends a big conversation's search a second transaction."""
     key = scope_of(request.group_id, request.user_id)
     warnings = []
     time_from, time_to = request.time_from, request.time_to
     if time_from and time_to and time_from > time_to:
         time_from, time_to = time_to, time_from
         warnings.append("time_from was after time_to; the two were swapped")
-    words = query_terms(request.query, MAX_QUERY_TERMS)
-    vector, matches = await embedded_while(
-        embedder,
-        request.query,
-        repository.lexical_matches(
-            session, tenant.tenant_id, key, words, SEARCH_PLAN, time_from, time_to
-        ),
-    )
-    candidates = await repository.nearest_candidates(
-        session, tenant.tenant_id, key, vector, matches, SEARCH_PLAN, time_from, time_to
+    candidates = await find_candidates(
+        session, tenant.tenant_id, key, request.query, embedder, time_from, time_to, side
     )
     ranked = rank_candidates(
         candidates, request.query, tenant.query, datetime.now(UTC), embedder.calibration
@@ -103,6 +107,72 @@ async def search(
             )
         )
     return MessageSearchResult(messages=hits, warnings=warnings)
+
+
+async def find_candidates(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    key: str,
+    query: str,
+    embedder: Embedder,
+    time_from: datetime | None,
+    time_to: datetime | None,
+    side: Database | None,
+) -> repository.Candidates:
+    """The search's seeds (the nearest messages, the best lexical matches) and their
+    neighbourhoods.
+
+    The lexical side needs no vector: it is read while the question is embedded. A
+    conversation read through the GIN index (from ``direct_below`` messages) takes tens of
+    milliseconds for it, longer than the embedding; there it is read on a second transaction
+    of ``side`` (when one is free), beside the embedding and the dense pass.
+    """
+    words = query_terms(query, MAX_QUERY_TERMS)
+
+    def lexical(on: AsyncSession) -> Awaitable[dict[int, repository.LexicalMatch]]:
+        return repository.lexical_matches(
+            on, tenant_id, key, words, SEARCH_PLAN, time_from, time_to
+        )
+
+    embedding = asyncio.ensure_future(embedder.query(query))
+    beside: asyncio.Future[dict[int, repository.LexicalMatch] | None] | None = None
+    try:
+        matches: dict[int, repository.LexicalMatch] | None = None
+        if (
+            side is not None
+            and words
+            and await repository.conversation_size(session, tenant_id, key)
+            >= SEARCH_PLAN.direct_below
+        ):
+            beside = asyncio.ensure_future(_read_beside(side, tenant_id, lexical))
+        else:
+            matches = await lexical(session)
+        vector = await embedding
+        nearest = await repository.nearest_messages(
+            session, tenant_id, key, vector, SEARCH_PLAN, time_from, time_to
+        )
+        if beside is not None:
+            matches = await beside
+        if matches is None:  # no second transaction was free
+            matches = await lexical(session)
+    finally:
+        embedding.cancel()
+        if beside is not None:
+            # Its transaction ends before the search does, however the search ends.
+            beside.cancel()
+            await asyncio.gather(beside, return_exceptions=True)
+    seeds = nearest + repository.lexical_seeds(matches, SEARCH_PLAN)
+    return await repository.neighbourhoods(
+        session, tenant_id, key, vector, seeds, matches, SEARCH_PLAN, time_from, time_to
+    )
+
+
+async def _read_beside(
+    side: Database, tenant_id: uuid.UUID, read: Callable[[AsyncSession], Awaitable[T]]
+) -> T | None:
+    """``read`` on a second read-only transaction of ``side``; None when none is free."""
+    async with side.second_tenant(tenant_id, read_only=True) as other:
+        return None if other is None else await read(other)
 
 
 def stream_of(candidates: repository.Candidates, query: str) -> tuple[Stream, dict[str, float]]:
