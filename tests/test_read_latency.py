@@ -257,6 +257,57 @@ async def test_the_archive_finds_the_exact_nearest_messages_from_the_half_precis
             assert rows_of(found) == rows_of(scanned)
 
 
+async def test_neighbourhoods_read_by_seeds_or_whole_are_the_same(db: Database) -> None:
+    # A small conversation is read whole, a big one around each seed: the same rows either
+    # way, at the conversation's ends, across seeds close together, within a time range.
+    rng = np.random.default_rng(37)
+    tenant = await new_tenant_id(db, "neighbourhoods")
+    size = 700
+    await store_messages(db, tenant, "g:n", [line(rng, n) for n in range(size)], unit(rng, size))
+    async with db.system() as session:
+        seqs = (
+            (
+                await session.execute(
+                    text("SELECT seq FROM messages WHERE conversation_key = 'g:n' ORDER BY seq")
+                )
+            )
+            .scalars()
+            .all()
+        )
+    query = unit(rng, 1)[0]
+    picked = [0, 1, 5, 6, 40, 41, 42, 350, 690, 698, 699]
+    picked += [int(n) for n in rng.choice(size, 60, replace=False)]
+    for bounds in ((None, None), (START + timedelta(minutes=300), START + timedelta(minutes=500))):
+        # Seeds are found within the range.
+        inside = [n for n in picked if bounds[0] is None or 300 <= n <= 500]
+        seeds = [seqs[n] for n in inside]
+        read = {}
+        for whole in (True, False):
+            async with db.tenant(tenant) as session:
+                read[whole] = await messages_repository.neighbourhoods(
+                    session,
+                    tenant,
+                    "g:n",
+                    query,
+                    seeds,
+                    {},
+                    SEARCH_PLAN,
+                    *bounds,
+                    size=0 if whole else 10**6,
+                )
+        assert dataclasses.asdict(read[True]) == dataclasses.asdict(read[False])
+        rows = list(read[True])
+        assert sum(r.candidate for r in rows) >= len(inside) > 0
+        # Every row within reach of a seed, in order; only those near one read in full.
+        assert [r.seq for r in rows] == sorted(r.seq for r in rows)
+        near = SEARCH_PLAN.spread + SEARCH_PLAN.similarity_reach
+        position = {seq: n for n, seq in enumerate(seqs)}
+        for r in rows:
+            away = min(abs(position[r.seq] - n) for n in inside)
+            assert away <= SEARCH_PLAN.spread + SEARCH_PLAN.context
+            assert (r.similarity != 0) == (r.sender_name is not None) == (away <= near)
+
+
 async def test_the_archive_reads_its_lexical_side_while_the_question_is_embedded(
     db: Database,
 ) -> None:

@@ -34,7 +34,14 @@ class Message(Base):
     __tablename__ = "messages"
     __table_args__ = (
         Index("ix_messages_conversation_time", "tenant_id", "conversation_key", "sent_at"),
-        Index("ix_messages_conversation_seq", "tenant_id", "conversation_key", "seq"),
+        # A conversation in order, with what the ranking reads of a neighbour (revision 0016).
+        Index(
+            "ix_messages_neighbours",
+            "tenant_id",
+            "conversation_key",
+            "seq",
+            postgresql_include=["sent_at", "sender_id"],
+        ),
         # The embedding job's work list: messages still without a vector.
         Index(
             "ix_messages_unembedded", "tenant_id", "seq", postgresql_where=sql("embedding IS NULL")

@@ -354,24 +354,27 @@ _DENSE_REST = text(
 )
 
 # Step three: the seeds (the nearest and the lexical side's best), each with its
-# neighbourhood, and the per-message features the ranking needs.
-_NEIGHBOURHOODS = text(
-    """
-    WITH seeds AS (SELECT DISTINCT unnest(CAST(:seeds AS bigint[])) AS seq),
-    -- Each seed's neighbours by arrival order (the seq index), with their distance to it.
+# neighbourhood, and the per-message features the ranking needs. The neighbours are read
+# from the seq index (their time and sender: revision 0016), a message itself only near a
+# seed, where the ranking reads its similarity and its sender's name.
+_AROUND_SEEDS = """
+    seeds AS (SELECT DISTINCT unnest(CAST(:seeds AS bigint[])) AS seq),
+    -- Each seed's neighbours by arrival order, with their distance to it.
     around AS (
-        SELECT n.seq, min(n.distance) AS distance
+        SELECT n.seq, min(n.distance) AS distance, min(n.sent_at) AS sent_at,
+               min(n.sender_id) AS sender_id
         FROM seeds s CROSS JOIN LATERAL (
-            SELECT b.seq, row_number() OVER (ORDER BY b.seq DESC) - 1 AS distance
-            FROM (SELECT seq FROM messages
+            SELECT b.seq, b.sent_at, b.sender_id,
+                   row_number() OVER (ORDER BY b.seq DESC) - 1 AS distance
+            FROM (SELECT seq, sent_at, sender_id FROM messages
                   WHERE tenant_id = :tenant_id AND conversation_key = :conversation_key
                     AND seq <= s.seq
                     AND (CAST(:time_from AS timestamptz) IS NULL OR sent_at >= :time_from)
                     AND (CAST(:time_to AS timestamptz) IS NULL OR sent_at <= :time_to)
                   ORDER BY seq DESC LIMIT CAST(:reach AS integer) + 1) b
             UNION ALL
-            SELECT a.seq, row_number() OVER (ORDER BY a.seq) AS distance
-            FROM (SELECT seq FROM messages
+            SELECT a.seq, a.sent_at, a.sender_id, row_number() OVER (ORDER BY a.seq) AS distance
+            FROM (SELECT seq, sent_at, sender_id FROM messages
                   WHERE tenant_id = :tenant_id AND conversation_key = :conversation_key
                     AND seq > s.seq
                     AND (CAST(:time_from AS timestamptz) IS NULL OR sent_at >= :time_from)
@@ -380,26 +383,73 @@ _NEIGHBOURHOODS = text(
         ) n
         GROUP BY n.seq
     )
+"""
+
+# A small conversation is read whole, in order, once (about 1.5 us a message): cheaper than
+# two look-ups around each of 200 seeds. A message's distance is to the nearest seed before
+# or after it, by position.
+_AROUND_WHOLE = """
+    stream AS (
+        SELECT m.seq, m.sent_at, m.sender_id, row_number() OVER (ORDER BY m.seq) AS position,
+               s.seq IS NOT NULL AS seed
+        FROM messages m
+        LEFT JOIN (SELECT DISTINCT unnest(CAST(:seeds AS bigint[])) AS seq) s ON s.seq = m.seq
+        WHERE m.tenant_id = :tenant_id AND m.conversation_key = :conversation_key
+          AND (CAST(:time_from AS timestamptz) IS NULL OR m.sent_at >= :time_from)
+          AND (CAST(:time_to AS timestamptz) IS NULL OR m.sent_at <= :time_to)
+    ),
+    marked AS (
+        SELECT seq, sent_at, sender_id,
+               position - max(position) FILTER (WHERE seed) OVER (ORDER BY position) AS back,
+               min(position) FILTER (WHERE seed) OVER (ORDER BY position DESC) - position
+                   AS ahead
+        FROM stream
+    ),
+    around AS (
+        SELECT seq, sent_at, sender_id, least(back, ahead) AS distance FROM marked
+        WHERE back <= CAST(:reach AS integer) OR ahead <= CAST(:reach AS integer)
+    )
+"""
+
+_NEIGHBOURHOOD_ROWS = """
     -- One row of arrays, in conversation order: a big group's thousands of rows decode
     -- several times faster as arrays than as rows.
     SELECT array_agg(a.seq ORDER BY a.seq) AS seq,
            array_agg(a.distance <= CAST(:spread AS integer) ORDER BY a.seq) AS candidate,
            array_agg(m.message_id ORDER BY a.seq) FILTER (WHERE CAST(:with_ids AS boolean))
                AS message_id,
-           array_agg(m.sender_id ORDER BY a.seq) AS sender_id,
+           array_agg(a.sender_id ORDER BY a.seq) AS sender_id,
            array_agg(m.sender_name ORDER BY a.seq) AS sender_name,
-           array_agg(CAST(extract(epoch FROM m.sent_at) AS float8) ORDER BY a.seq) AS sent_at,
-           -- Read (a vector out of line) only where the ranking reads it: the candidates and
-           -- their close neighbours; the rest of a window counts its words.
-           array_agg(CASE WHEN a.distance <= CAST(:spread AS integer)
-                                             + CAST(:similarity_reach AS integer)
-                          THEN coalesce(1 - (m.embedding <=> :query), 0) ELSE 0 END
-                     ORDER BY a.seq) AS similarity
+           array_agg(CAST(extract(epoch FROM a.sent_at) AS float8) ORDER BY a.seq) AS sent_at,
+           array_agg(coalesce(m.similarity, 0) ORDER BY a.seq) AS similarity
     FROM around a
-    JOIN messages m ON m.tenant_id = :tenant_id AND m.conversation_key = :conversation_key
-                   AND m.seq = a.seq
-    """
-)
+    -- The message itself (its vector is out of line) only where the ranking reads it: the
+    -- candidates and their close neighbours; the rest of a window counts its words. OFFSET 0
+    -- keeps the distance test before the look-up (pulled up into a join, it ran after it).
+    LEFT JOIN LATERAL (
+        SELECT m.message_id, m.sender_name,
+               CASE WHEN a.distance <= CAST(:spread AS integer)
+                                       + CAST(:similarity_reach AS integer)
+                    THEN 1 - (m.embedding <=> :query) END AS similarity
+        FROM messages m
+        WHERE (a.distance <= CAST(:spread AS integer) + CAST(:similarity_reach AS integer)
+               OR CAST(:with_ids AS boolean))
+          AND m.tenant_id = :tenant_id AND m.conversation_key = :conversation_key
+          AND m.seq = a.seq
+        OFFSET 0
+    ) m ON true
+"""
+
+# By seeds, or (``whole``) the conversation read whole.
+_NEIGHBOURHOODS = {
+    whole: text("WITH" + (_AROUND_WHOLE if whole else _AROUND_SEEDS) + _NEIGHBOURHOOD_ROWS)
+    for whole in (False, True)
+}
+
+# Conversations smaller than this are read whole for the neighbourhoods (1,000 messages:
+# 7 ms instead of 9.5; 50,000 would take 76 ms instead of 22).
+WHOLE_BELOW = 3000
+
 
 # Step four: what the caller sees of the best candidates, and their vectors for MMR.
 _SEARCH_HITS = text(
@@ -614,11 +664,16 @@ async def neighbourhoods(
     plan: SearchPlan,
     time_from: datetime | None,
     time_to: datetime | None,
+    size: int,
     with_ids: bool = False,
 ) -> Candidates:
-    """The ``seeds`` and their neighbourhoods in conversation order, each row with its
-    similarity and (from ``matches``) its BM25 score and the query terms it holds
-    (``with_ids``: and its message_id)."""
+    """The ``seeds`` (messages of the conversation within the time range) and their
+    neighbourhoods in conversation order, each row with its similarity and (from
+    ``matches``) its BM25 score and the query terms it holds (``with_ids``: and its
+    message_id). ``size`` is the conversation's (see WHOLE_BELOW).
+
+    Rows away from every seed (beyond ``spread + similarity_reach``) are context: their
+    similarity is 0 and their sender's name None, the ranking reads neither."""
     params = {
         "tenant_id": tenant_id,
         "conversation_key": conversation_key,
@@ -631,7 +686,8 @@ async def neighbourhoods(
         "similarity_reach": plan.similarity_reach,
         "with_ids": with_ids,
     }
-    columns = (await session.execute(_NEIGHBOURHOODS, params)).one()._mapping
+    statement = _NEIGHBOURHOODS[size < WHOLE_BELOW]
+    columns = (await session.execute(statement, params)).one()._mapping
     return Candidates(
         **{name: columns[name] or [] for name in _COLUMNS},
         message_id=columns["message_id"],
@@ -662,6 +718,7 @@ async def nearest_candidates(
         session, tenant_id, conversation_key, query, plan, time_from, time_to
     )
     seeds = nearest + lexical_seeds(matches, plan)
+    size = await conversation_size(session, tenant_id, conversation_key)
     return await neighbourhoods(
         session,
         tenant_id,
@@ -672,6 +729,7 @@ async def nearest_candidates(
         plan,
         time_from,
         time_to,
+        size,
         with_ids,
     )
 

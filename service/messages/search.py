@@ -122,10 +122,11 @@ async def find_candidates(
     """The search's seeds (the nearest messages, the best lexical matches) and their
     neighbourhoods.
 
-    The lexical side needs no vector: it is read while the question is embedded. A
-    conversation read through the GIN index (from ``direct_below`` messages) takes tens of
-    milliseconds for it, longer than the embedding; there it is read on a second transaction
-    of ``side`` (when one is free), beside the embedding and the dense pass.
+    The lexical side needs no vector: it is read (after the conversation's size) while the
+    question is embedded. A conversation read through the GIN index (from ``direct_below``
+    messages) takes tens of milliseconds for it, longer than the embedding; there it is read
+    on a second transaction of ``side`` (when one is free), beside the embedding and the
+    dense pass.
     """
     words = query_terms(query, MAX_QUERY_TERMS)
 
@@ -138,12 +139,8 @@ async def find_candidates(
     beside: asyncio.Future[dict[int, repository.LexicalMatch] | None] | None = None
     try:
         matches: dict[int, repository.LexicalMatch] | None = None
-        if (
-            side is not None
-            and words
-            and await repository.conversation_size(session, tenant_id, key)
-            >= SEARCH_PLAN.direct_below
-        ):
+        size = await repository.conversation_size(session, tenant_id, key)
+        if side is not None and words and size >= SEARCH_PLAN.direct_below:
             beside = asyncio.ensure_future(_read_beside(side, tenant_id, lexical))
         else:
             matches = await lexical(session)
@@ -163,7 +160,7 @@ async def find_candidates(
             await asyncio.gather(beside, return_exceptions=True)
     seeds = nearest + repository.lexical_seeds(matches, SEARCH_PLAN)
     return await repository.neighbourhoods(
-        session, tenant_id, key, vector, seeds, matches, SEARCH_PLAN, time_from, time_to
+        session, tenant_id, key, vector, seeds, matches, SEARCH_PLAN, time_from, time_to, size
     )
 
 
