@@ -53,13 +53,13 @@ def weighted_fusion(
     if total <= 0:
         raise ValueError("at least one feature needs a positive weight")
     length = len(next(iter(features.values()), []))
-    out = [0.0] * length
+    out = np.zeros(length, dtype=np.float64)
     for name, values in features.items():
         weight = weights.get(name, 0.0)
         if weight:
-            for n, value in enumerate(values):
-                out[n] += weight * value
-    return [value / total for value in out]
+            out += weight * np.asarray(values, dtype=np.float64)
+    result: list[float] = (out / total).tolist()
+    return result
 
 
 def unit_vector(vector: Any) -> npt.NDArray[np.float32] | None:
