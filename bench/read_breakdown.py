@@ -385,8 +385,10 @@ async def main() -> None:
 
             def search_call(search: MessageSearch) -> Callable[[], Awaitable[Any]]:
                 async def call() -> Any:
-                    async with db.tenant(tenant.tenant_id) as session:
-                        return await archive.search(session, tenant, search, cached)
+                    # As the route does: a big conversation's lexical side on a second
+                    # transaction of the same database.
+                    async with db.tenant(tenant.tenant_id, read_only=True) as session:
+                        return await archive.search(session, tenant, search, cached, db)
 
                 return call
 
