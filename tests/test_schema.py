@@ -128,3 +128,24 @@ async def test_migrations_apply_to_an_empty_database_twice_without_error(
         )
     finally:
         await conn.close()
+
+
+async def test_the_tables_read_by_index_only_scans_are_vacuumed_early(db_url: str) -> None:
+    # Fresh rows cost a heap visit each in an index-only scan until a vacuum marks their
+    # pages all-visible: the tables the searches read so are vacuumed after ~1% of changes.
+    conn = await asyncpg.connect(plain_dsn(db_url))
+    try:
+        options = {
+            row["relname"]: set(row["reloptions"] or [])
+            for row in await conn.fetch(
+                "SELECT relname, reloptions FROM pg_class"
+                " WHERE relname IN ('messages', 'event_vectors')"
+            )
+        }
+    finally:
+        await conn.close()
+    assert "autovacuum_vacuum_insert_scale_factor=0.01" in options["event_vectors"]
+    assert {
+        "autovacuum_vacuum_scale_factor=0.01",
+        "autovacuum_vacuum_insert_scale_factor=0.01",
+    } <= options["messages"]
