@@ -47,6 +47,20 @@ async def db(db_url: str) -> AsyncIterator[Database]:
     await database.dispose()
 
 
+class FixedModel:
+    """A model that answers every question with one vector (after ``delay`` seconds)."""
+
+    calibration = Calibration()
+
+    def __init__(self, vector: np.ndarray, delay: float = 0.0) -> None:
+        self.vector, self.delay = vector, delay
+
+    async def query(self, question: str) -> np.ndarray:
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        return self.vector
+
+
 async def new_tenant_id(db: Database, name: str) -> uuid.UUID:
     async with db.system() as session:
         tenant, _ = await create_tenant(session, name, {}, Settings())
@@ -365,20 +379,14 @@ async def test_a_big_groups_lexical_side_is_read_beside_and_never_waits_for_a_co
         await session.execute(text("ANALYZE messages"))
         context = await tenant_context(session, tenant, Settings())
 
-    class Fixed:
-        calibration = Calibration()
-
-        async def query(self, question: str) -> np.ndarray:
-            await asyncio.sleep(0.01)  # the lexical side starts first
-            return vectors[123]
-
     async def search(side: Database | None, question: str = "西湖边划船") -> list[str]:
         async with db.tenant(tenant, read_only=True) as session:
             found = await archive.search(
                 session,
                 context,
                 MessageSearch(query=question, group_id="big", top_k=10),
-                Fixed(),  # type: ignore[arg-type]
+                # The lexical side starts first.
+                FixedModel(vectors[123], delay=0.01),  # type: ignore[arg-type]
                 side,
             )
         assert not any(hit.text.startswith("别人的") for hit in found.messages)
@@ -410,7 +418,7 @@ async def test_a_big_groups_lexical_side_is_read_beside_and_never_waits_for_a_co
     )
     assert together == expected
 
-    class Failing(Fixed):
+    class Failing(FixedModel):
         async def query(self, question: str) -> np.ndarray:
             await asyncio.sleep(0.01)
             raise RuntimeError("the model went away")
@@ -422,7 +430,7 @@ async def test_a_big_groups_lexical_side_is_read_beside_and_never_waits_for_a_co
                 session,
                 context,
                 MessageSearch(query="西湖边划船", group_id="big", top_k=10),
-                Failing(),  # type: ignore[arg-type]
+                Failing(vectors[123]),  # type: ignore[arg-type]
                 db,
             )
     assert db.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
@@ -449,12 +457,6 @@ async def test_hostile_questions_to_a_months_long_group_stay_in_it_and_stay_boun
         await session.execute(text("ANALYZE messages"))
         context = await tenant_context(session, tenant, Settings())
 
-    class Fixed:
-        calibration = Calibration()
-
-        async def query(self, question: str) -> np.ndarray:
-            return vectors[4321]
-
     paragraph = (
         " ".join(f"{PLACES[n % 6]}{DOINGS[n % 5]}成员{n % 7}" for n in range(300))
         + " a & b | !c :* 'x' \\ % ( ) '; DROP TABLE messages; -- 阿福"
@@ -477,7 +479,7 @@ async def test_hostile_questions_to_a_months_long_group_stay_in_it_and_stay_boun
                         MessageSearch(
                             query=question, group_id="a:%2F:b", top_k=10, time_from=time_from
                         ),
-                        Fixed(),  # type: ignore[arg-type]
+                        FixedModel(vectors[4321]),  # type: ignore[arg-type]
                         side,
                     )
                 hits = found.messages

@@ -254,11 +254,18 @@ MIN_TERM_SAMPLE = 16
 # (50,000 messages: 60 ms instead of 30), with 100 extra on none, for about 1 ms more.
 DENSE_EXTRA = 100
 
+# Within the search's time range (either bound optional), a message's or (_M) alias m's.
+_IN_RANGE = (
+    "(CAST(:time_from AS timestamptz) IS NULL OR sent_at >= :time_from)"
+    " AND (CAST(:time_to AS timestamptz) IS NULL OR sent_at <= :time_to)"
+)
+_IN_RANGE_M = _IN_RANGE.replace("sent_at", "m.sent_at")
+
 # Hybrid search, step one: the lexical side, which needs no query vector (it is read while
 # the question is embedded): every message holding a query term, with its BM25 score and the
 # terms it holds. Everything stays inside one conversation and time range.
 _LEXICAL = text(
-    """
+    f"""
     WITH stats AS (
         -- BM25's collection size and mean length, kept per conversation at ingest.
         SELECT greatest(message_count, 1)::float8 AS documents,
@@ -277,8 +284,7 @@ _LEXICAL = text(
         WHERE (SELECT documents < CAST(:direct_below AS integer) FROM stats)
           AND m.tenant_id = :tenant_id AND m.conversation_key = :conversation_key
           AND m.lexical @@ CAST(:tsquery AS tsquery)
-          AND (CAST(:time_from AS timestamptz) IS NULL OR m.sent_at >= :time_from)
-          AND (CAST(:time_to AS timestamptz) IS NULL OR m.sent_at <= :time_to)
+          AND {_IN_RANGE_M}
         UNION ALL
         -- The GIN index, through the tenant-bound function (see migration 0015).
         SELECT DISTINCT ON (x.seq) x.seq, x.lexical
@@ -320,15 +326,14 @@ _LEXICAL = text(
 # decide; ``rescoring_ceiling`` tells whether they hold the answer, else _DENSE_REST scores
 # every message that could still be among the nearest.
 _DENSE = text(
-    """
+    f"""
     WITH pool AS MATERIALIZED (
         SELECT seq, embedding_half <#> (SELECT CAST(CAST(:query_unit AS vector) AS halfvec))
                     AS approx
         FROM messages
         WHERE tenant_id = :tenant_id AND conversation_key = :conversation_key
           AND embedding_half IS NOT NULL
-          AND (CAST(:time_from AS timestamptz) IS NULL OR sent_at >= :time_from)
-          AND (CAST(:time_to AS timestamptz) IS NULL OR sent_at <= :time_to)
+          AND {_IN_RANGE}
         ORDER BY approx
         LIMIT :dense_pool
     )
@@ -341,12 +346,11 @@ _DENSE = text(
 )
 
 _DENSE_REST = text(
-    """
+    f"""
     SELECT seq FROM messages
     WHERE tenant_id = :tenant_id AND conversation_key = :conversation_key
       AND embedding_half IS NOT NULL
-      AND (CAST(:time_from AS timestamptz) IS NULL OR sent_at >= :time_from)
-      AND (CAST(:time_to AS timestamptz) IS NULL OR sent_at <= :time_to)
+      AND {_IN_RANGE}
       AND embedding_half <#> (SELECT CAST(CAST(:query_unit AS vector) AS halfvec)) <= :ceiling
     ORDER BY embedding <=> :query, seq
     LIMIT :dense_limit
@@ -357,7 +361,7 @@ _DENSE_REST = text(
 # neighbourhood, and the per-message features the ranking needs. The neighbours are read
 # from the seq index (their time and sender: revision 0016), a message itself only near a
 # seed, where the ranking reads its similarity and its sender's name.
-_AROUND_SEEDS = """
+_AROUND_SEEDS = f"""
     seeds AS (SELECT DISTINCT unnest(CAST(:seeds AS bigint[])) AS seq),
     -- Each seed's neighbours by arrival order, with their distance to it.
     around AS (
@@ -369,16 +373,14 @@ _AROUND_SEEDS = """
             FROM (SELECT seq, sent_at, sender_id FROM messages
                   WHERE tenant_id = :tenant_id AND conversation_key = :conversation_key
                     AND seq <= s.seq
-                    AND (CAST(:time_from AS timestamptz) IS NULL OR sent_at >= :time_from)
-                    AND (CAST(:time_to AS timestamptz) IS NULL OR sent_at <= :time_to)
+                    AND {_IN_RANGE}
                   ORDER BY seq DESC LIMIT CAST(:reach AS integer) + 1) b
             UNION ALL
             SELECT a.seq, a.sent_at, a.sender_id, row_number() OVER (ORDER BY a.seq) AS distance
             FROM (SELECT seq, sent_at, sender_id FROM messages
                   WHERE tenant_id = :tenant_id AND conversation_key = :conversation_key
                     AND seq > s.seq
-                    AND (CAST(:time_from AS timestamptz) IS NULL OR sent_at >= :time_from)
-                    AND (CAST(:time_to AS timestamptz) IS NULL OR sent_at <= :time_to)
+                    AND {_IN_RANGE}
                   ORDER BY seq LIMIT :reach) a
         ) n
         GROUP BY n.seq
@@ -388,15 +390,14 @@ _AROUND_SEEDS = """
 # A small conversation is read whole, in order, once (about 1.5 us a message): cheaper than
 # two look-ups around each of 200 seeds. A message's distance is to the nearest seed before
 # or after it, by position.
-_AROUND_WHOLE = """
+_AROUND_WHOLE = f"""
     stream AS (
         SELECT m.seq, m.sent_at, m.sender_id, row_number() OVER (ORDER BY m.seq) AS position,
                s.seq IS NOT NULL AS seed
         FROM messages m
         LEFT JOIN (SELECT DISTINCT unnest(CAST(:seeds AS bigint[])) AS seq) s ON s.seq = m.seq
         WHERE m.tenant_id = :tenant_id AND m.conversation_key = :conversation_key
-          AND (CAST(:time_from AS timestamptz) IS NULL OR m.sent_at >= :time_from)
-          AND (CAST(:time_to AS timestamptz) IS NULL OR m.sent_at <= :time_to)
+          AND {_IN_RANGE_M}
     ),
     marked AS (
         SELECT seq, sent_at, sender_id,
