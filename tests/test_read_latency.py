@@ -434,6 +434,16 @@ async def test_a_big_groups_lexical_side_is_read_beside_and_never_waits_for_a_co
                 db,
             )
     assert db.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+
+    # A client that hangs up mid-search, 50 times over: the search is cancelled while its
+    # lexical side is being read, and nothing stays open or lent.
+    for _ in range(50):
+        running = asyncio.ensure_future(search(db))
+        await asyncio.sleep(0.005)
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+    assert db.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+    assert await search(db) == alone
     async with db.second_tenant(tenant, read_only=True) as second:
         assert second is not None
         async with db.second_tenant(tenant, read_only=True) as third:
