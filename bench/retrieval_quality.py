@@ -58,7 +58,7 @@ import tempfile
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -190,6 +190,7 @@ class Question:
     query: str
     relevant: frozenset[str]
     category: str = "all"
+    asker: str | None = None  # the member asking (a group bot's call names them)
 
     @property
     def key(self) -> str:
@@ -279,6 +280,8 @@ def madial_dataset(
 def memdaily_dataset(path: Path) -> Dataset:
     """Each pool as one group chat of its speakers, every message in the order said."""
     turns, questions = load_locomo(path)
+    # A MemDaily question is its trajectory's user's own question about their life.
+    users = {t["turn_id"].split(":")[0]: t["speaker"] for rows in turns.values() for t in rows}
     chats = []
     for pool, rows in turns.items():
         ordered = sorted(rows, key=lambda t: (t["session_time"], t["turn_id"]))
@@ -294,7 +297,13 @@ def memdaily_dataset(path: Path) -> Dataset:
         ]
         chats.append(({"request_type": "group", "group_id": pool, "timezone": "UTC"}, messages))
     asked = [
-        Question({"group_id": q["conv_id"]}, q["question"], frozenset(q["evidence"]), q["category"])
+        Question(
+            {"group_id": q["conv_id"]},
+            q["question"],
+            frozenset(q["evidence"]),
+            q["category"],
+            users[q["qid"].rsplit("-q", 1)[0]],
+        )
         for q in questions
     ]
     return Dataset("MemDaily zh", chats, asked, chinese=True)
@@ -462,11 +471,15 @@ def bm25_baseline(dataset: Dataset) -> tuple[Scores, dict[str, Scores]]:
 # --- Through the API -----------------------------------------------------------------------
 
 
-async def evaluate(api: Api, dataset: Dataset) -> tuple[Scores, dict[str, Scores]]:
-    """Every question through ``POST /v1/messages/search`` (top 10)."""
+async def evaluate(
+    api: Api, dataset: Dataset, askers: bool = True
+) -> tuple[Scores, dict[str, Scores]]:
+    """Every question through ``POST /v1/messages/search`` (top 10), by its asker where the
+    set names one (``askers``)."""
     overall, by_category = Scores(), defaultdict(Scores)
     for q in dataset.questions:
-        found = await api.search({"query": q.query, **q.scope, "top_k": 10})
+        asker = {"asker_id": q.asker} if askers and q.asker else {}
+        found = await api.search({"query": q.query, **q.scope, **asker, "top_k": 10})
         overall.add(found, set(q.relevant))
         by_category[q.category].add(found, set(q.relevant))
     return overall, by_category
@@ -506,6 +519,7 @@ VARIANTS = {
     "shipped": StreamWeights(),
     "dialogue everywhere": StreamWeights(dialogue_speakers=10**9),
     "no neighbours": StreamWeights(dialogue_speakers=0),
+    "asker not given": StreamWeights(),  # the search called without asker_id
 }
 
 
@@ -520,6 +534,7 @@ class Candidates:
     idfs: dict[str, float]
     relevant: frozenset[str]
     lexical: list[str]
+    asker: str | None = None
 
 
 async def candidates_of(runtime: Any, tenant_id: Any, datasets: list[Dataset]) -> list[Candidates]:
@@ -533,7 +548,7 @@ async def candidates_of(runtime: Any, tenant_id: Any, datasets: list[Dataset]) -
                 rows = await repository.search_candidates(
                     session, tenant_id, q.key, vector, words, SEARCH_PLAN, None, None
                 )
-            passages, idfs = stream_of(rows, q.query)
+            passages, idfs = stream_of(rows, q.query, q.asker)
             lexical = sorted(
                 (r for r in rows if r.candidate and r.bm25 > 0), key=lambda r: -float(r.bm25)
             )
@@ -546,6 +561,7 @@ async def candidates_of(runtime: Any, tenant_id: Any, datasets: list[Dataset]) -
                     idfs,
                     q.relevant,
                     [r.message_id for r in lexical[:10]],
+                    q.asker,
                 )
             )
     return out
@@ -559,8 +575,11 @@ def features_of(streams: list[Candidates], names: list[str]) -> list[Asked]:
         matrices, dialogues = {}, {}
         picked: list[int] = []
         for variant, weights in VARIANTS.items():
-            dialogues[variant] = reads_as_dialogue(c.passages, weights.dialogue_speakers)
-            picked, features = stream_features(c.passages, c.idfs, weights)
+            passages = c.passages
+            if variant == "asker not given" and isinstance(passages, Stream):
+                passages = replace(passages, by_asker=None)
+            dialogues[variant] = reads_as_dialogue(passages, weights.dialogue_speakers)
+            picked, features = stream_features(passages, c.idfs, weights)
             matrices[variant] = np.array([features[n] for n in names]).T
         ids = [c.ids[i] for i in picked]
         out.append(Asked(c.dataset, c.category, ids, matrices, c.relevant, c.lexical, dialogues))
@@ -861,8 +880,9 @@ async def main() -> None:
                 api.latencies = []
                 overall, by_category = await evaluate(api, dataset)
                 plain, _ = bm25_baseline(dataset)
+                asked_by = " asked by their members" if dataset.questions[0].asker else ""
                 report(
-                    f"{dataset.name} ({len(dataset.questions)} questions, top_k 10)",
+                    f"{dataset.name} ({len(dataset.questions)} questions{asked_by}, top_k 10)",
                     overall,
                     by_category,
                     {
@@ -873,6 +893,10 @@ async def main() -> None:
                 print(
                     f"  search latency (query embedding included): {percentiles(api.latencies)}\n"
                 )
+                if asked_by:
+                    overall, by_category = await evaluate(api, dataset, askers=False)
+                    report(f"{dataset.name}, the asker not given", overall, by_category, {})
+                    print()
             if cache is not None:
                 cache.save()
             if args.recent and "locomo" in wanted:

@@ -201,6 +201,119 @@ async def test_everyones_news_that_reads_alike_is_each_its_own_result(
     assert told == sorted(chat[:4])
 
 
+# Six members each tell the group where their own event is; two of the places are the same.
+EVENTS = [
+    ("小王", "教育创新研讨会的地点是上海。"),
+    ("小李", "快递技能提升行动的地点是上海。"),
+    ("小张", "编程心得分享会的地点是上海。"),
+    ("小赵", "海畔烧烤节的地点是山东青岛。"),
+    ("小陈", "趣跑购物节的地点是上海。"),
+    ("小周", "美食创新会的地点是上海。"),
+    ("小王", "我今天中午吃了一碗牛肉面。"),
+    ("小李", "教育创新研讨会的规模是一百人。"),
+]
+
+
+async def test_in_a_group_the_askers_own_message_comes_first_among_alike_ones(
+    embedded: tuple[AppClient, TenantHandle], db_url: str
+) -> None:
+    """Asked in a group "the event in Shanghai, what is it?": each asker's own event first,
+    though five members' read alike. A member named in the question is meant instead, a
+    detail asked by its words still wins over the asker's unrelated chatter, and a private
+    chat ranks as before."""
+    client, tenant = embedded
+    await store(client, tenant, {**GROUP, "messages": messages(EVENTS)})
+    private = {"request_type": "private", "user_id": "小王", "timezone": "Asia/Shanghai"}
+    await store(client, tenant, {**private, "messages": messages(EVENTS[:3])})
+    await wait_for(lambda: all_embedded(db_url))
+    query = "那个地点是上海的活动是什么？"
+
+    def firsts(hits: list[dict[str, Any]]) -> str:
+        return str(hits[0]["sender_name"])
+
+    for asker in ("小王", "小李", "小张", "小陈", "小周"):
+        hits = await search(client, tenant, query=query, asker_id=asker.lower(), top_k=3)
+        assert firsts(hits) == asker, hits
+    # Unknown, or not given: the ranking of the words and meaning alone.
+    plain = await search(client, tenant, query=query, top_k=8)
+    assert await search(client, tenant, query=query, asker_id="nobody", top_k=8) == plain
+    # The question names a member: theirs, whoever asks.
+    named = await search(client, tenant, query="小李说的那个上海的活动是什么？", asker_id="小王")
+    assert firsts(named) == "小李"
+    # The asker's own unrelated words do not outrank the asked detail.
+    size = await search(client, tenant, query="教育创新研讨会的规模是多少人？", asker_id="小王")
+    assert size[0]["text"] == "教育创新研讨会的规模是一百人。"
+    # A private chat is a dialogue: who asks changes nothing there.
+    found = []
+    for asker in (None, "小王", "bot"):
+        body = {"query": query, "user_id": "小王", "top_k": 3}
+        response = await client.post(
+            "/v1/messages/search",
+            json={**body, **({"asker_id": asker} if asker else {})},
+            headers=tenant.headers,
+        )
+        assert response.status_code == 200, response.text
+        found.append(response.json()["messages"])
+    assert found[0] == found[1] == found[2]
+
+
+async def test_a_talkative_asker_does_not_bury_what_another_member_announced(
+    embedded: tuple[AppClient, TenantHandle], db_url: str
+) -> None:
+    """A group of 40 where the asker said 300 things about meals and weekends: asking where
+    Saturday's dinner is finds the organiser's announcement, not the asker's own talk of
+    dinners; asking their own birthday finds theirs among twenty members' birthdays."""
+    client, tenant = embedded
+    rng = np.random.default_rng(7)
+    foods, places = ["火锅", "烤鸭", "面条", "寿司", "烧烤"], ["西湖", "外滩", "公园", "商场"]
+    lines = [
+        ("小王", f"今天晚饭吃了{rng.choice(foods)}，周末想去{rng.choice(places)}转转")
+        for _ in range(300)
+    ]
+    lines += [(f"成员{n}", f"我的生日是{n % 12 + 1}月{n + 3}日") for n in range(20)]
+    lines += [(f"成员{n}", f"最近在看一本关于{rng.choice(places)}的书") for n in range(20, 40)]
+    lines.insert(150, ("小李", "周六晚上的聚餐定在楼外楼，六点见。"))
+    lines.append(("小王", "我的生日是9月30日"))
+    chat = messages(lines[:60]) + [
+        {**m, "message_id": f"m{n + 60}", "sent_at": f"2026-03-0{2 + n // 60}T11:{n % 60:02d}:00"}
+        for n, m in enumerate(messages(lines[60:]))
+    ]
+    for start in range(0, len(chat), 100):
+        await store(client, tenant, {**GROUP, "messages": chat[start : start + 100]})
+    await wait_for(lambda: all_embedded(db_url), timeout=120)
+    dinner = await search(client, tenant, query="周六的聚餐在哪里？", asker_id="小王", top_k=5)
+    assert dinner[0]["text"] == "周六晚上的聚餐定在楼外楼，六点见。"
+    birthday = await search(client, tenant, query="我的生日是几号？", asker_id="小王", top_k=5)
+    assert birthday[0]["text"] == "我的生日是9月30日"
+    assert birthday[0]["sender_id"] == "小王"
+
+
+async def test_the_asker_is_matched_as_an_exact_id(
+    words_only: tuple[AppClient, TenantHandle],
+) -> None:
+    """An asker id is compared whole, never as a pattern: "%" or "_" names no one else, ids
+    with ":" work, and an id the archive could not hold is refused by name."""
+    client, tenant = words_only
+    lines = [(f"m{n}", "周末去西湖划船") for n in range(6)]
+    chat = [
+        {**m, "sender_id": sender, "sender_name": f"成员{n}"}
+        for n, (m, sender) in enumerate(
+            zip(messages(lines), ["a%b", "axb", "a_b", "qq:1", "qq:12", "QQ:1"], strict=True)
+        )
+    ]
+    await store(client, tenant, {**GROUP, "messages": chat})
+    for asker in ("a%b", "axb", "a_b", "qq:1", "qq:12", "QQ:1"):
+        hits = await search(client, tenant, query="西湖划船", asker_id=asker, top_k=6)
+        assert hits[0]["sender_id"] == asker
+    for bad, reason in (("a/b", "asker_id"), ("x" * 129, "asker_id"), (["a"], "asker_id")):
+        response = await client.post(
+            "/v1/messages/search",
+            json={"group_id": "g1", "query": "西湖", "asker_id": bad},
+            headers=tenant.headers,
+        )
+        assert response.status_code in (400, 422) and reason in response.text, response.text
+
+
 def test_recency_lifts_close_matches_only() -> None:
     """The design's decay on the fused score: a fresh close match gains, a weak one does not."""
     now = datetime(2026, 3, 1, tzinfo=UTC)
@@ -378,7 +491,7 @@ def test_candidate_rows_are_read_as_the_passages_they_are(senders: int) -> None:
             )
         )
     query = "Did Member1 go 划船 on 西湖 that 周末?"
-    stream, idfs = stream_of(Candidates.of(rows), query)
+    stream, idfs = stream_of(Candidates.of(rows), query, "u1")
     passages = [
         StreamPassage(
             similarity=r.similarity,
@@ -388,6 +501,7 @@ def test_candidate_rows_are_read_as_the_passages_they_are(senders: int) -> None:
             candidate=r.candidate,
             at=r.sent_at.timestamp(),
             sender=r.sender_id,
+            by_asker=r.sender_id == "u1",
         )
         for r in rows
     ]
@@ -395,5 +509,13 @@ def test_candidate_rows_are_read_as_the_passages_they_are(senders: int) -> None:
     assert stream.speaker_named.sum() == sum(p.speaker_named for p in passages) > 0
     scores = score_stream(stream, idfs)
     assert sum(s is not None for s in scores) == sum(r.candidate for r in rows)
+    assert scores == pytest.approx(score_stream(passages, idfs), abs=1e-12)
+    # Asked by u1 without naming anyone: their own rows score the same both ways too.
+    unnamed = "周末 划船 西湖?"
+    stream, idfs = stream_of(Candidates.of(rows), unnamed, "u1")
+    assert stream.by_asker is not None and stream.by_asker.sum() > 0
+    for p in passages:
+        p.speaker_named = False
+    scores = score_stream(stream, idfs)
     assert scores == pytest.approx(score_stream(passages, idfs), abs=1e-12)
     assert stream_of(Candidates.of([]), query)[0].similarity.size == 0

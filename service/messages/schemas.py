@@ -107,6 +107,12 @@ class MessageSearch(BaseModel):
     top_k: int = Field(default=12, ge=1, le=200)
     time_from: Moment | None = None
     time_to: Moment | None = None
+    asker_id: str | None = Field(
+        default=None,
+        max_length=ID_MAX,
+        description="who asks (a member's sender_id, as /v1/context's sender_id): in a group,"
+        " among close matches their own messages rank first, unless the query names a member",
+    )
 
     @model_validator(mode="after")
     def _request_type(self) -> MessageSearch:
@@ -120,6 +126,12 @@ class MessageSearch(BaseModel):
     @classmethod
     def _ids(cls, value: Any) -> Any:
         return _as_id(value)
+
+    @field_validator("asker_id", mode="before")
+    @classmethod
+    def _asker(cls, value: Any) -> Any:
+        value = _as_id(value)
+        return value if value != "" else None
 
 
 class MessageHit(BaseModel):

@@ -74,7 +74,12 @@ async def search(
         session, tenant.tenant_id, key, request.query, embedder, time_from, time_to, side
     )
     ranked = rank_candidates(
-        candidates, request.query, tenant.query, datetime.now(UTC), embedder.calibration
+        candidates,
+        request.query,
+        tenant.query,
+        datetime.now(UTC),
+        embedder.calibration,
+        request.asker_id,
     )
     pool = ranked[: request.top_k * DUPLICATE_POOL]
     found = await repository.messages_by_seq(
@@ -172,8 +177,11 @@ async def _read_beside(
         return None if other is None else await read(other)
 
 
-def stream_of(candidates: repository.Candidates, query: str) -> tuple[Stream, dict[str, float]]:
-    """The candidates as a stream, and the idf of the query terms seen."""
+def stream_of(
+    candidates: repository.Candidates, query: str, asker: str | None = None
+) -> tuple[Stream, dict[str, float]]:
+    """The candidates as a stream, and the idf of the query terms seen; ``asker``, the
+    sender asking (None: not known)."""
     matched = [candidates.matches.get(seq) for seq in candidates.seq]
     idfs: dict[str, float] = {}
     for found in matched:
@@ -190,6 +198,11 @@ def stream_of(candidates: repository.Candidates, query: str) -> tuple[Stream, di
         senders=candidates.sender_id,
         terms=[m.terms if m else None for m in matched],
         counts=[m.tfs if m else None for m in matched],
+        by_asker=(
+            None
+            if asker is None
+            else np.array([sender == asker for sender in candidates.sender_id], dtype=bool)
+        ),
     )
     return stream, idfs
 
@@ -200,8 +213,10 @@ def rank_candidates(
     settings: QuerySettings,
     now: datetime,
     calibration: Calibration = Calibration(),  # noqa: B008 (frozen, shared safely)
+    asker: str | None = None,
 ) -> list[tuple[int, float, float]]:
-    """(seq, score, similarity) of the candidates, best first.
+    """(seq, score, similarity) of the candidates, best first (``asker``: the sender asking,
+    see ``StreamWeights.group_asker``).
 
     The score is the fused relevance scaled onto the candidates (best 1, worst 0), times the
     design's recency boost. Scaled, because fused scores sit close together (e5 cosines of
@@ -211,7 +226,7 @@ def rank_candidates(
     archive search is an explicit look-up. Only a match whose similarity, on the embedder's
     scale (``calibration``), reaches ``time_decay_min_similarity`` is lifted.
     """
-    stream, idfs = stream_of(candidates, query)
+    stream, idfs = stream_of(candidates, query, asker)
     scored = [(n, score) for n, score in enumerate(score_stream(stream, idfs)) if score is not None]
     kept = [n for n, _ in scored]
     relevance = np.array(scale_min_max([score for _, score in scored]), dtype=np.float64)

@@ -8,7 +8,9 @@ message's own dense similarity and BM25 score, its score uses
 - the BM25 score of its immediate neighbours,
 - a window score: the query terms counted over the surrounding window (a small "session"
   document, BM25-saturated, no length normalization),
-- whether the query names the message's sender.
+- whether the query names the message's sender,
+- whether whoever asks said it (in a group: "where is the event I signed up for?" is about
+  the asker's own message among the members' alike ones).
 
 Neighbours count only within one sitting: consecutive passages less than
 ``episode_gap`` apart. Passages that are not a conversation (notes written days apart) thus
@@ -45,6 +47,7 @@ class StreamPassage:
     at: float = 0.0  # when it was said (seconds); a long pause separates neighbours
     stream: str = ""  # which conversation: passages of two are never neighbours
     sender: str | None = None  # who said it (see StreamWeights.dialogue_speakers)
+    by_asker: bool = False  # said by whoever asks the query
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,8 @@ class Stream:
     terms: Sequence[Sequence[str] | None]
     counts: Sequence[Sequence[int] | None]
     streams: Sequence[str] | None = None  # None: all of one stream
+    # Whether whoever asks said each passage (None: the asker is not known).
+    by_asker: npt.NDArray[np.bool_] | None = None
 
     def __len__(self) -> int:
         return len(self.similarity)
@@ -81,6 +86,7 @@ class Stream:
             terms=[list(p.term_counts) for p in passages],
             counts=[list(p.term_counts.values()) for p in passages],
             streams=[p.stream for p in passages],
+            by_asker=np.array([p.by_asker for p in passages], dtype=bool),
         )
 
 
@@ -120,6 +126,15 @@ class StreamWeights:
     group_lexical: float = 10.0
     group_neighbour_similarity: float = 20.0
     group_neighbour_lexical: float = 0.0
+    # A passage said by whoever asks, unless the query names a sender: in a group, "the event
+    # in Shanghai, what is it?" is about the asker's own among several members' events in
+    # Shanghai. Worth about a stray matched character of the lexical side, less than a
+    # matched word. On MemDaily's pools: hit@10 .871 without it, 1.000 with it; with the worst
+    # asker for it (the member of the best wrong match), .844, and no question that names its
+    # detail lost (at 1.5, .977 and .861; at 3, .992 and .852). In a dialogue the question is
+    # as often about the other's words ("what did you recommend?"): none there.
+    asker: float = 0.0
+    group_asker: float = 5.0
 
     def feature_weights(self, in_dialogue: bool = True) -> dict[str, float]:
         """The weights by feature name, for a dialogue or (``in_dialogue=False``) for a
@@ -135,6 +150,7 @@ class StreamWeights:
                 self.neighbour_lexical if in_dialogue else self.group_neighbour_lexical
             ),
             "speaker": self.speaker,
+            "asker": self.asker if in_dialogue else self.group_asker,
         }
 
     def for_stream(self, passages: Passages) -> dict[str, float]:
@@ -257,6 +273,11 @@ def stream_features(
             total = _window_sums(counts_t[:, k], w.window, starts, ends)
             window += weight[k] * total * (BM25_K1 + 1.0) / (total + BM25_K1)
 
+    # Whoever asks counts only while the query names no sender: the named one is meant.
+    by_asker = stream.by_asker
+    if by_asker is None or stream.speaker_named.any():
+        by_asker = np.zeros(n, dtype=bool)
+
     picked = _picked(stream, spread, starts, ends)
     at = np.array(picked, dtype=np.int64)
     features = {
@@ -266,6 +287,7 @@ def stream_features(
         "window_lexical": _scale_by_max(window[at]),
         "neighbour_lexical": _scale_by_max(neighbour_lex[at]),
         "speaker": stream.speaker_named[at].astype(np.float64).tolist(),
+        "asker": by_asker[at].astype(np.float64).tolist(),
     }
     return picked, features
 
