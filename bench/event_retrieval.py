@@ -158,8 +158,9 @@ def context_lines(question: Question) -> list[str]:
     return question.query.split("\n")
 
 
-async def evaluate(api: EventApi, dataset: Dataset) -> None:
-    """Every question through events/search and through the turn's context."""
+async def evaluate(api: EventApi, dataset: Dataset, askers: bool = True) -> None:
+    """Every question through events/search and through the turn's context, by its asker
+    where the set names one (``askers``)."""
     searched, contexts = Scores(), Scores()
     searched_by: dict[str, Scores] = defaultdict(Scores)
     contexts_by: dict[str, Scores] = defaultdict(Scores)
@@ -169,15 +170,20 @@ async def evaluate(api: EventApi, dataset: Dataset) -> None:
             continue
         kind = "group" if "group_id" in q.scope else "private"
         where = {"request_type": kind, **q.scope}
+        if askers and q.asker:  # the member asking, as a group bot's call names them
+            where["sender_id"] = q.asker
         found = await api.events(q.query, where)
         searched.add(found, set(q.relevant))
         searched_by[q.category].add(found, set(q.relevant))
         injected = await api.context(context_lines(q), where)
         contexts.add(injected, set(q.relevant))
         contexts_by[q.category].add(injected, set(q.relevant))
-    report(f"{dataset.name}, events/search (top_k {TOP_K})", searched, searched_by)
+    name = dataset.name
+    if any(q.asker for q in dataset.questions):
+        name += ", asked by their members" if askers else ", the asker not given"
+    report(f"{name}, events/search (top_k {TOP_K})", searched, searched_by)
     print(f"  latency: {percentiles(api.latencies)}")
-    report(f"{dataset.name}, context (auto_top_k {TOP_K})", contexts, contexts_by)
+    report(f"{name}, context (auto_top_k {TOP_K})", contexts, contexts_by)
     print(f"  latency: {percentiles(api.context_latencies)}\n")
 
 
@@ -251,6 +257,8 @@ async def main() -> None:
             )
             for dataset in datasets:
                 await evaluate(api, dataset)
+                if any(q.asker for q in dataset.questions):
+                    await evaluate(api, dataset, askers=False)
     finally:
         for hook in app.on_shutdown:
             await hook(app)

@@ -277,6 +277,55 @@ async def test_context_brings_this_conversations_memory_and_nothing_else(
     assert "别的群" not in prompt and "事件循环" not in prompt
 
 
+async def test_in_a_group_the_askers_own_event_comes_first_in_context_and_search(
+    running: tuple[AppClient, TenantHandle],
+) -> None:
+    """Five members each told the group their event is in Shanghai: the turn's context, and
+    an event search made from it, put the speaker's own event first; a speaker who told
+    none gets the ranking of the words and meaning alone."""
+    client, tenant = running
+    members = {
+        "30001": "教育创新研讨会的地点是上海。",
+        "30002": "快递技能提升行动的地点是上海。",
+        "30003": "编程心得分享会的地点是上海。",
+        "30004": "趣跑购物节的地点是上海。",
+        "30005": "美食创新会的地点是上海。",
+        "30006": "海畔烧烤节的地点是山东青岛。",
+    }
+    for n, (member, said) in enumerate(members.items()):
+        await end(
+            client,
+            tenant,
+            request_id=f"told-{member}",
+            sender_id=member,
+            sender_name=f"成员{n}",
+            observations=[said],
+            timestamp=f"2026-02-2{n}T10:00:00+08:00",
+        )
+    question = "那个地点是上海的活动是什么？"
+
+    async def firsts(sender: str) -> tuple[str, str]:
+        turn = {**GROUP, "sender_id": sender, "sender_name": "某人"}
+        context = await client.post(
+            "/v1/context", json={**turn, "message": question}, headers=tenant.headers
+        )
+        search = await client.post(
+            "/v1/events/search",
+            json={"query": question, "context": turn, "top_k": 3},
+            headers=tenant.headers,
+        )
+        assert context.status_code == 200 and search.status_code == 200, search.text
+        return context.json()["events"][0]["id"], search.json()["events"][0]["id"]
+
+    for member in ("30001", "30002", "30003", "30004", "30005"):
+        in_context, searched = await firsts(member)
+        assert in_context.startswith(f"event:told-{member}:") and searched.startswith(
+            f"told-{member}:"
+        ), (member, in_context, searched)
+    stranger = await firsts("29999")
+    assert stranger == await firsts("29998")
+
+
 async def test_injected_text_is_quoted_data_and_the_budget_drops_the_least_relevant(
     running: tuple[AppClient, TenantHandle],
 ) -> None:

@@ -66,6 +66,11 @@ MEMO_WEIGHT = 0.85
 # The events this close to a candidate in its sitting are ranked too, as the message search
 # ranks a seed's neighbours.
 SPREAD = 2
+# What an event told by the sender asking gains on the relevance scale in a group (see
+# StreamWeights.group_asker). On MemDaily's pools through events/search: hit@10 .815 without
+# it; at 0.05 / 0.1 / 0.2, .948 / .963 / .980 (.980 at 0.3); with the worst asker for it (the
+# member of the best wrong event), .807 / .805 / .805.
+ASKER_LIFT = 0.2
 
 
 @dataclass
@@ -89,6 +94,7 @@ class EventQuery:
     half_life_days: float
     time_from: datetime | None = None
     time_to: datetime | None = None
+    asker: str | None = None  # the sender asking (see StreamWeights.group_asker)
 
     def pool(self, q: QuerySettings) -> int:
         """Candidates taken from each side."""
@@ -127,6 +133,7 @@ def with_neighbours(
     lexical_weight: float,
     calibration: Calibration = Calibration(),  # noqa: B008 (frozen, shared safely)
     spread: int = 0,
+    asker: str | None = None,
 ) -> list[RankedEvent]:
     """Rank the candidates with the message search's features and weights (a dialogue's, or a
     many-sender group's, by the senders present): each event with
@@ -142,7 +149,10 @@ def with_neighbours(
 
     The events within ``spread`` of a candidate in its sitting (``stream_features``) are
     ranked too: the reply that answers the turn naming the topic. They are returned, new
-    candidates whose rows hold only the neighbours' columns."""
+    candidates whose rows hold only the neighbours' columns.
+
+    An event told by ``asker`` (the sender asking) gains the asker's share of the message
+    search's weights on the relevance."""
     rows: dict[str, dict[str, Any]] = {r["id"]: r for r in around}
     for event in candidates:
         rows[event.row["id"]] = event.row
@@ -189,6 +199,11 @@ def with_neighbours(
         terms=held,
         counts=counts,
         streams=[row["conversation_key"] for row in stream],
+        by_asker=(
+            None
+            if asker is None
+            else np.array([row.get("sender_id") == asker for row in stream], dtype=bool)
+        ),
     )
     w = StreamWeights()
     picked, features = stream_features(passages, idfs, w, spread)
@@ -211,6 +226,8 @@ def with_neighbours(
         sim = calibration.similarity(cosine)
         lex = sum(weight[name] * features[name][n] for name in lexical_side) / lexical_weights
         event.relevance = sim + lexical_weight * lex * (1.0 - sim)
+        if weight["asker"]:  # a group's (see StreamWeights.group_asker)
+            event.relevance += ASKER_LIFT * features["asker"][n]
         if event.row.get("kind") == "memo":
             event.relevance *= MEMO_WEIGHT
     return added
@@ -309,7 +326,7 @@ async def rank_events(
             terms=sorted({t for row in lexical for t in row.get("terms") or []}),
         )
         candidates += with_neighbours(
-            candidates, lexical, around, q.lexical_weight, calibration, SPREAD
+            candidates, lexical, around, q.lexical_weight, calibration, SPREAD, search.asker
         )
     decay_scores(candidates, now, search.half_life_days, q)
     candidates.sort(key=lambda e: (-e.score, e.row["id"]))

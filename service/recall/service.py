@@ -129,7 +129,13 @@ class Reader:
             # Switched off: the short-term memo log only (seed 002, 回退方式).
             injected.memos = await self._memos(session, tenant, request.conversation_key, q, zone)
             return _assemble(query, False, injected, request, q)
-        search = EventQuery(query, keys, q.auto_top_k, q.time_decay_half_life_days_auto)
+        search = EventQuery(
+            query,
+            keys,
+            q.auto_top_k,
+            q.time_decay_half_life_days_auto,
+            asker=request.sender_id,
+        )
 
         async def unembedded() -> list[dict[str, Any]]:
             # Everything that needs no query vector, read while the query is embedded.
@@ -285,6 +291,7 @@ class Reader:
             q.time_decay_half_life_days_tool,
             time_from,
             time_to,
+            request.context.sender_id if request.context else None,
         )
         vector, lexical = await embedded_while(
             self.embedder, request.query, lexical_candidates(session, tenant.tenant_id, search, q)
