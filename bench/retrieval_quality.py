@@ -479,7 +479,9 @@ async def evaluate(
     overall, by_category = Scores(), defaultdict(Scores)
     for q in dataset.questions:
         asker = {"asker_id": q.asker} if askers and q.asker else {}
-        found = await api.search({"query": q.query, **q.scope, **asker, "top_k": 10})
+        # The chats were told in UTC (see ingest): the days a question names are read so.
+        body = {"query": q.query, **q.scope, **asker, "timezone": "UTC", "top_k": 10}
+        found = await api.search(body)
         overall.add(found, set(q.relevant))
         by_category[q.category].add(found, set(q.relevant))
     return overall, by_category
@@ -520,7 +522,10 @@ VARIANTS = {
     "dialogue everywhere": StreamWeights(dialogue_speakers=10**9),
     "no neighbours": StreamWeights(dialogue_speakers=0),
     "asker not given": StreamWeights(),  # the search called without asker_id
+    "named days not read": StreamWeights(),
 }
+# The variants that undo a flag of the stream: the column dropped.
+UNFLAGGED = {"asker not given": "by_asker", "named days not read": "on_named_day"}
 
 
 @dataclass
@@ -576,8 +581,8 @@ def features_of(streams: list[Candidates], names: list[str]) -> list[Asked]:
         picked: list[int] = []
         for variant, weights in VARIANTS.items():
             passages = c.passages
-            if variant == "asker not given" and isinstance(passages, Stream):
-                passages = replace(passages, by_asker=None)
+            if variant in UNFLAGGED and isinstance(passages, Stream):
+                passages = replace(passages, **{UNFLAGGED[variant]: None})
             dialogues[variant] = reads_as_dialogue(passages, weights.dialogue_speakers)
             picked, features = stream_features(passages, c.idfs, weights)
             matrices[variant] = np.array([features[n] for n in names]).T

@@ -99,6 +99,17 @@ def _as_id(value: Any) -> Any:
 Id = str
 
 
+def iana_zone(value: str | None) -> str | None:
+    """A timezone field's value: an IANA name PostgreSQL and Python both know (empty: none)."""
+    if value in (None, ""):
+        return None
+    try:
+        ZoneInfo(value)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError(f"unknown IANA timezone {value!r}") from None
+    return value
+
+
 class ConversationContext(BaseModel):
     """Where a call comes from. A group call needs ``group_id``; a private one ``user_id``."""
 
@@ -147,13 +158,7 @@ class ConversationContext(BaseModel):
     @field_validator("timezone")
     @classmethod
     def _timezone(cls, value: str | None) -> str | None:
-        if value in (None, ""):
-            return None
-        try:
-            ZoneInfo(value)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise ValueError(f"unknown IANA timezone {value!r}") from None
-        return value
+        return iana_zone(value)
 
     @model_validator(mode="after")
     def _consistent(self) -> ConversationContext:

@@ -288,6 +288,54 @@ async def test_a_talkative_asker_does_not_bury_what_another_member_announced(
     assert birthday[0]["sender_id"] == "小王"
 
 
+async def test_a_question_naming_a_day_finds_what_was_said_that_day_on_the_callers_clocks(
+    embedded: tuple[AppClient, TenantHandle], db_url: str
+) -> None:
+    """Anna painted something on three days: asked what she painted on a named day, the
+    search answers with that day's painting, the day read in the timezone given (default:
+    the tenant's, Asia/Shanghai); an unknown timezone is refused by name."""
+    client, tenant = embedded
+    said = [
+        ("2026-03-08T10:00:00Z", "Anna", "I painted a lighthouse by the harbour today"),
+        ("2026-03-08T10:05:00Z", "Ben", "Lovely, I went running by the river"),
+        ("2026-03-08T17:00:00Z", "Anna", "I painted a sunflower field tonight"),
+        ("2026-03-08T17:04:00Z", "Ben", "You paint every day now!"),
+        ("2026-03-10T10:00:00Z", "Anna", "I painted a snowy mountain this morning"),
+        ("2026-03-10T10:03:00Z", "Ben", "Send me a photo of it"),
+    ]
+    chat = [
+        {
+            "message_id": f"d{n}",
+            "sender_id": who.lower(),
+            "sender_name": who,
+            "text": text,
+            "sent_at": at,
+        }
+        for n, (at, who, text) in enumerate(said)
+    ]
+    await store(client, tenant, {**GROUP, "messages": chat})
+    await wait_for(lambda: all_embedded(db_url))
+    # 17:00 UTC on the 8th is 01:00 on the 9th in Shanghai.
+    for day, zone, painted in (
+        ("9 March 2026", None, ("sunflower",)),
+        ("March 9, 2026", "Asia/Shanghai", ("sunflower",)),
+        ("2026年3月10日", "UTC", ("mountain",)),
+        # Both of the 8th's paintings are on the 8th in New York.
+        ("2026-03-08", "America/New_York", ("lighthouse", "sunflower")),
+    ):
+        where = {"timezone": zone} if zone else {}
+        hits = await search(
+            client, tenant, query=f"What did Anna paint on {day}?", top_k=3, **where
+        )
+        assert any(word in hits[0]["text"] for word in painted), (day, zone, hits)
+    refused = await client.post(
+        "/v1/messages/search",
+        json={"group_id": "g1", "query": "on 9 March 2026", "timezone": "Mars/Olympus"},
+        headers=tenant.headers,
+    )
+    assert refused.status_code in (400, 422) and "timezone" in refused.text
+
+
 async def test_the_asker_is_matched_as_an_exact_id(
     words_only: tuple[AppClient, TenantHandle],
 ) -> None:

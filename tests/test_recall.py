@@ -326,6 +326,34 @@ async def test_in_a_group_the_askers_own_event_comes_first_in_context_and_search
     assert stranger == await firsts("29998")
 
 
+async def test_an_event_search_naming_a_day_finds_that_days_event(
+    running: tuple[AppClient, TenantHandle],
+) -> None:
+    """张三 painted something on three days: asked what he painted on a named day, the event
+    of that day comes first, the day read on the caller's clocks."""
+    client, tenant = running
+    painted = {
+        "2026-02-08T10:00:00+08:00": "张三画了一座海边的灯塔",
+        "2026-02-09T01:00:00+08:00": "张三画了一片向日葵花田",
+        "2026-02-10T10:00:00+08:00": "张三画了一座雪山",
+    }
+    for n, (at, said) in enumerate(painted.items()):
+        await end(client, tenant, request_id=f"paint-{n}", observations=[said], timestamp=at)
+    for query, zone, first in (
+        ("2026年2月8日张三画了什么？", "Asia/Shanghai", "paint-0:"),
+        ("What did 张三 paint on 9 February 2026?", "Asia/Shanghai", "paint-1:"),
+        # 10:00 on the 10th in Shanghai is still the 9th in Los Angeles.
+        ("2026年2月9日张三画了什么？", "America/Los_Angeles", "paint-2:"),
+    ):
+        found = await client.post(
+            "/v1/events/search",
+            json={"query": query, "context": {**GROUP, "timezone": zone}, "top_k": 3},
+            headers=tenant.headers,
+        )
+        assert found.status_code == 200, found.text
+        assert found.json()["events"][0]["id"].startswith(first), (query, found.json())
+
+
 async def test_injected_text_is_quoted_data_and_the_budget_drops_the_least_relevant(
     running: tuple[AppClient, TenantHandle],
 ) -> None:

@@ -5,11 +5,14 @@ from __future__ import annotations
 import math
 import random
 import time
+from datetime import UTC, date, datetime
+from zoneinfo import ZoneInfo
 
 import numpy as np
 import pytest
 
 from service.embedding.base import Calibration
+from service.retrieval.dates import MAX_NAMED, days_named, on_days
 from service.retrieval.fusion import (
     decay,
     first_distinct,
@@ -309,3 +312,50 @@ def test_two_conversations_in_one_stream_are_never_neighbours() -> None:
     ]
     scores = score_stream(first + second, {})
     assert scores[1] == pytest.approx(scores[2])
+
+
+def test_the_days_a_question_names_with_their_year() -> None:
+    def named(query: str) -> list[tuple[str, str]]:
+        return [(a.isoformat(), b.isoformat()) for a, b in days_named(query)]
+
+    day = [("2023-10-13", "2023-10-14")]
+    assert named("What painting did Melanie show on October 13, 2023?") == day
+    assert named("what happened on 13th Oct. 2023") == day
+    assert named("the 13 of October 2023 meeting") == day
+    assert named("我2023年10月13日去了哪里") == day
+    assert named("2023 年 10 月 13 号") == day
+    assert named("on 2023-10-13 or 2023/10/13") == day
+    assert named("Where did Maria hike in July 2023?") == [("2023-07-01", "2023-08-01")]
+    assert named("2023年12月的活动") == [("2023-12-01", "2024-01-01")]
+    # A named day of a month counts, not the whole month besides.
+    assert named("in May 2023, on 3 May 2023") == [("2023-05-03", "2023-05-04")]
+    # No year, no date; impossible days and years outside the calendar's reach are none.
+    for none in ("on October 13", "上个月13号", "2023-02-30", "0000-01-01", "10000-01-01", "9"):
+        assert named(none) == [], none
+    assert named("31 February 2023") == [("2023-02-01", "2023-03-01")]
+    assert named("9998-12-31") == [("9998-12-31", "9999-01-01")]
+
+
+def test_a_text_full_of_dates_or_near_dates_is_read_quickly_and_capped() -> None:
+    """A pasted log of a thousand dates names the first eight; 100,000 characters of
+    digits, month names and 年月 that never complete a date are read in linear time."""
+    log = " ".join(f"2023-{1 + n % 12:02d}-{1 + n % 28:02d}" for n in range(1000))
+    assert len(days_named(log)) == MAX_NAMED
+    for hostile in (
+        "2023年" * 20_000,
+        "1" * 100_000,
+        "May " * 25_000,
+        "13 October " * 10_000,
+        "2023-10-" * 12_000,
+    ):
+        started = time.process_time()
+        assert days_named(hostile[:100_000]) == []
+        assert time.process_time() - started < 1.0
+
+
+def test_on_days_reads_the_days_on_the_clocks_of_the_zone() -> None:
+    # 2026-03-09 01:00 in Shanghai is still the 8th in UTC.
+    at = np.array([datetime(2026, 3, 8, 17, 0, tzinfo=UTC).timestamp()])
+    ninth = [(date(2026, 3, 9), date(2026, 3, 10))]
+    assert on_days(at, ninth, ZoneInfo("Asia/Shanghai")).tolist() == [True]
+    assert on_days(at, ninth, UTC).tolist() == [False]

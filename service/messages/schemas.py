@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from service.context import ID_MAX, ConversationContext, Moment, _as_id
+from service.context import ID_MAX, ConversationContext, Moment, _as_id, iana_zone
 
 _INHERITED = (
     "request_type",
@@ -113,6 +113,12 @@ class MessageSearch(BaseModel):
         description="who asks (a member's sender_id, as /v1/context's sender_id): in a group,"
         " among close matches their own messages rank first, unless the query names a member",
     )
+    timezone: str | None = Field(
+        default=None,
+        max_length=64,
+        description='IANA name; a day the query names ("on 13 October 2023") is read on its'
+        " clocks (default: the tenant's)",
+    )
 
     @model_validator(mode="after")
     def _request_type(self) -> MessageSearch:
@@ -126,6 +132,11 @@ class MessageSearch(BaseModel):
     @classmethod
     def _ids(cls, value: Any) -> Any:
         return _as_id(value)
+
+    @field_validator("timezone")
+    @classmethod
+    def _timezone(cls, value: str | None) -> str | None:
+        return iana_zone(value)
 
     @field_validator("asker_id", mode="before")
     @classmethod

@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
 from typing import TypeVar
+from zoneinfo import ZoneInfo
 
 import numpy as np
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -18,6 +19,7 @@ from service.embedding import Embedder
 from service.embedding.base import Calibration
 from service.messages import repository
 from service.messages.schemas import MessageHit, MessageSearch, MessageSearchResult
+from service.retrieval.dates import days_named, on_days
 from service.retrieval.fusion import first_distinct, scale_min_max, time_decayed, unit_vector
 from service.retrieval.neighbours import (
     BM25_B,
@@ -80,6 +82,7 @@ async def search(
         datetime.now(UTC),
         embedder.calibration,
         request.asker_id,
+        ZoneInfo(request.timezone or tenant.timezone),
     )
     pool = ranked[: request.top_k * DUPLICATE_POOL]
     found = await repository.messages_by_seq(
@@ -178,10 +181,13 @@ async def _read_beside(
 
 
 def stream_of(
-    candidates: repository.Candidates, query: str, asker: str | None = None
+    candidates: repository.Candidates,
+    query: str,
+    asker: str | None = None,
+    zone: tzinfo = UTC,
 ) -> tuple[Stream, dict[str, float]]:
     """The candidates as a stream, and the idf of the query terms seen; ``asker``, the
-    sender asking (None: not known)."""
+    sender asking (None: not known); ``zone``, whose clocks tell the days the query names."""
     matched = [candidates.matches.get(seq) for seq in candidates.seq]
     idfs: dict[str, float] = {}
     for found in matched:
@@ -189,10 +195,12 @@ def stream_of(
             idfs.update(zip(found.terms, map(float, found.idfs), strict=True))
     names = candidates.sender_name
     named = {name: names_in(query, name) for name in set(names)}
+    at = np.array(candidates.sent_at, dtype=np.float64)
+    days = days_named(query)
     stream = Stream(
         similarity=np.array(candidates.similarity, dtype=np.float64),
         bm25=np.array([m.score if m else 0.0 for m in matched], dtype=np.float64),
-        at=np.array(candidates.sent_at, dtype=np.float64),
+        at=at,
         candidate=np.array(candidates.candidate, dtype=bool),
         speaker_named=np.array([named[name] for name in names], dtype=bool),
         senders=candidates.sender_id,
@@ -203,6 +211,7 @@ def stream_of(
             if asker is None
             else np.array([sender == asker for sender in candidates.sender_id], dtype=bool)
         ),
+        on_named_day=on_days(at, days, zone) if days else None,
     )
     return stream, idfs
 
@@ -214,9 +223,11 @@ def rank_candidates(
     now: datetime,
     calibration: Calibration = Calibration(),  # noqa: B008 (frozen, shared safely)
     asker: str | None = None,
+    zone: tzinfo = UTC,
 ) -> list[tuple[int, float, float]]:
     """(seq, score, similarity) of the candidates, best first (``asker``: the sender asking,
-    see ``StreamWeights.group_asker``).
+    see ``StreamWeights.group_asker``; ``zone``: whose clocks tell the days the query
+    names).
 
     The score is the fused relevance scaled onto the candidates (best 1, worst 0), times the
     design's recency boost. Scaled, because fused scores sit close together (e5 cosines of
@@ -226,7 +237,7 @@ def rank_candidates(
     archive search is an explicit look-up. Only a match whose similarity, on the embedder's
     scale (``calibration``), reaches ``time_decay_min_similarity`` is lifted.
     """
-    stream, idfs = stream_of(candidates, query, asker)
+    stream, idfs = stream_of(candidates, query, asker, zone)
     scored = [(n, score) for n, score in enumerate(score_stream(stream, idfs)) if score is not None]
     kept = [n for n, _ in scored]
     relevance = np.array(scale_min_max([score for _, score in scored]), dtype=np.float64)

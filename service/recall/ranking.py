@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, tzinfo
 from typing import Any
 
 import numpy as np
@@ -47,6 +47,7 @@ from service.embedding.base import Calibration
 from service.events import service as events
 from service.llm.base import LLMError
 from service.llm.rerank import Reranker
+from service.retrieval.dates import Span, days_named, on_days
 from service.retrieval.fusion import first_distinct, scale_by_max, time_decayed, unit_vector
 from service.retrieval.neighbours import Stream, StreamWeights, stream_features
 from service.retrieval.terms import query_terms, terms
@@ -66,11 +67,13 @@ MEMO_WEIGHT = 0.85
 # The events this close to a candidate in its sitting are ranked too, as the message search
 # ranks a seed's neighbours.
 SPREAD = 2
-# What an event told by the sender asking gains on the relevance scale in a group (see
-# StreamWeights.group_asker). On MemDaily's pools through events/search: hit@10 .815 without
-# it; at 0.05 / 0.1 / 0.2, .948 / .963 / .980 (.980 at 0.3); with the worst asker for it (the
-# member of the best wrong event), .807 / .805 / .805.
-ASKER_LIFT = 0.2
+# What an event gains on the relevance scale per unit of weight the message search gives a
+# flag it carries (told by the sender asking: 5 in a group; on a day the query names: 2).
+# Chosen for the asker on MemDaily's pools through events/search: hit@10 .815 without it; at
+# 0.01 / 0.02 / 0.04 / 0.06 a unit, .948 / .963 / .980 / .980; with the worst asker for it
+# (the member of the best wrong event), .807 / .805 / .805.
+LIFT_PER_WEIGHT = 0.04
+LIFTED = ("asker", "named_day")
 
 
 @dataclass
@@ -95,6 +98,7 @@ class EventQuery:
     time_from: datetime | None = None
     time_to: datetime | None = None
     asker: str | None = None  # the sender asking (see StreamWeights.group_asker)
+    zone: tzinfo = UTC  # whose clocks tell the days the text names
 
     def pool(self, q: QuerySettings) -> int:
         """Candidates taken from each side."""
@@ -134,6 +138,8 @@ def with_neighbours(
     calibration: Calibration = Calibration(),  # noqa: B008 (frozen, shared safely)
     spread: int = 0,
     asker: str | None = None,
+    days: list[Span] | None = None,
+    zone: tzinfo = UTC,
 ) -> list[RankedEvent]:
     """Rank the candidates with the message search's features and weights (a dialogue's, or a
     many-sender group's, by the senders present): each event with
@@ -151,8 +157,9 @@ def with_neighbours(
     ranked too: the reply that answers the turn naming the topic. They are returned, new
     candidates whose rows hold only the neighbours' columns.
 
-    An event told by ``asker`` (the sender asking) gains the asker's share of the message
-    search's weights on the relevance."""
+    An event told by ``asker`` (the sender asking), or on one of the ``days`` the query names
+    (on the clocks of ``zone``), gains ``LIFT_PER_WEIGHT`` of the relevance a unit of the
+    message search's weight for it."""
     rows: dict[str, dict[str, Any]] = {r["id"]: r for r in around}
     for event in candidates:
         rows[event.row["id"]] = event.row
@@ -189,10 +196,11 @@ def with_neighbours(
         else:
             similarity.append(float(row["similarity"]))
             own_bm25.append(0.0)
+    occurred = np.array([row["occurred_at"].timestamp() for row in stream], dtype=np.float64)
     passages = Stream(
         similarity=np.array(similarity, dtype=np.float64),
         bm25=np.array(own_bm25, dtype=np.float64),
-        at=np.array([row["occurred_at"].timestamp() for row in stream], dtype=np.float64),
+        at=occurred,
         candidate=np.array(candidate, dtype=bool),
         speaker_named=np.zeros(len(stream), dtype=bool),
         senders=[row.get("sender_id") for row in stream],
@@ -204,6 +212,7 @@ def with_neighbours(
             if asker is None
             else np.array([row.get("sender_id") == asker for row in stream], dtype=bool)
         ),
+        on_named_day=on_days(occurred, days, zone) if days else None,
     )
     w = StreamWeights()
     picked, features = stream_features(passages, idfs, w, spread)
@@ -226,8 +235,8 @@ def with_neighbours(
         sim = calibration.similarity(cosine)
         lex = sum(weight[name] * features[name][n] for name in lexical_side) / lexical_weights
         event.relevance = sim + lexical_weight * lex * (1.0 - sim)
-        if weight["asker"]:  # a group's (see StreamWeights.group_asker)
-            event.relevance += ASKER_LIFT * features["asker"][n]
+        lifted = sum(weight[name] * features[name][n] for name in LIFTED)
+        event.relevance += LIFT_PER_WEIGHT * lifted
         if event.row.get("kind") == "memo":
             event.relevance *= MEMO_WEIGHT
     return added
@@ -326,7 +335,15 @@ async def rank_events(
             terms=sorted({t for row in lexical for t in row.get("terms") or []}),
         )
         candidates += with_neighbours(
-            candidates, lexical, around, q.lexical_weight, calibration, SPREAD, search.asker
+            candidates,
+            lexical,
+            around,
+            q.lexical_weight,
+            calibration,
+            SPREAD,
+            search.asker,
+            days_named(search.text),
+            search.zone,
         )
     decay_scores(candidates, now, search.half_life_days, q)
     candidates.sort(key=lambda e: (-e.score, e.row["id"]))

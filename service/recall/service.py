@@ -135,6 +135,7 @@ class Reader:
             q.auto_top_k,
             q.time_decay_half_life_days_auto,
             asker=request.sender_id,
+            zone=zone,
         )
 
         async def unembedded() -> list[dict[str, Any]]:
@@ -283,6 +284,10 @@ class Reader:
             warnings.append("time_from was after time_to; the two were swapped")
         top_k = request.top_k or q.tool_default_top_k
         wanted = request.target_user_id if request.target_group_id else None
+        # The caller's local time: the days the query names, and the times shown.
+        zone = (
+            request.context.zone(tenant.timezone) if request.context else ZoneInfo(tenant.timezone)
+        )
         search = EventQuery(
             request.query,
             keys,
@@ -292,6 +297,7 @@ class Reader:
             time_from,
             time_to,
             request.context.sender_id if request.context else None,
+            zone,
         )
         vector, lexical = await embedded_while(
             self.embedder, request.query, lexical_candidates(session, tenant.tenant_id, search, q)
@@ -299,10 +305,6 @@ class Reader:
         ranked = await self._ranked(session, tenant, search, vector, lexical, warnings)
         if wanted:
             ranked = [e for e in ranked if wanted in (e.row["user_id"], e.row["sender_id"])]
-        # The caller's local time, as the context shows it.
-        zone = (
-            request.context.zone(tenant.timezone) if request.context else ZoneInfo(tenant.timezone)
-        )
         hits = [
             EventHit(
                 id=e.row["id"],

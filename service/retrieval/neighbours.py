@@ -10,7 +10,8 @@ message's own dense similarity and BM25 score, its score uses
   document, BM25-saturated, no length normalization),
 - whether the query names the message's sender,
 - whether whoever asks said it (in a group: "where is the event I signed up for?" is about
-  the asker's own message among the members' alike ones).
+  the asker's own message among the members' alike ones),
+- whether it was said on a day the query names ("what did she show on 13 October 2023?").
 
 Neighbours count only within one sitting: consecutive passages less than
 ``episode_gap`` apart. Passages that are not a conversation (notes written days apart) thus
@@ -48,6 +49,7 @@ class StreamPassage:
     stream: str = ""  # which conversation: passages of two are never neighbours
     sender: str | None = None  # who said it (see StreamWeights.dialogue_speakers)
     by_asker: bool = False  # said by whoever asks the query
+    on_named_day: bool = False  # said on a day the query names
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,8 @@ class Stream:
     streams: Sequence[str] | None = None  # None: all of one stream
     # Whether whoever asks said each passage (None: the asker is not known).
     by_asker: npt.NDArray[np.bool_] | None = None
+    # Whether each was said on a day the query names (None: it names none).
+    on_named_day: npt.NDArray[np.bool_] | None = None
 
     def __len__(self) -> int:
         return len(self.similarity)
@@ -87,6 +91,7 @@ class Stream:
             counts=[list(p.term_counts.values()) for p in passages],
             streams=[p.stream for p in passages],
             by_asker=np.array([p.by_asker for p in passages], dtype=bool),
+            on_named_day=np.array([p.on_named_day for p in passages], dtype=bool),
         )
 
 
@@ -135,6 +140,10 @@ class StreamWeights:
     # as often about the other's words ("what did you recommend?"): none there.
     asker: float = 0.0
     group_asker: float = 5.0
+    # A passage said on a day the query names. On LoCoMo (103 of its 997 questions name a
+    # day or month) hit@10 .840 without it; at 1 / 2 / 3 / 5, .858 / .861 / .860 / .859
+    # (the dated questions: .738 without, .942 at 2). No other set's questions name a date.
+    named_day: float = 2.0
 
     def feature_weights(self, in_dialogue: bool = True) -> dict[str, float]:
         """The weights by feature name, for a dialogue or (``in_dialogue=False``) for a
@@ -151,6 +160,7 @@ class StreamWeights:
             ),
             "speaker": self.speaker,
             "asker": self.asker if in_dialogue else self.group_asker,
+            "named_day": self.named_day,
         }
 
     def for_stream(self, passages: Passages) -> dict[str, float]:
@@ -288,6 +298,9 @@ def stream_features(
         "neighbour_lexical": _scale_by_max(neighbour_lex[at]),
         "speaker": stream.speaker_named[at].astype(np.float64).tolist(),
         "asker": by_asker[at].astype(np.float64).tolist(),
+        "named_day": (np.zeros(len(at)) if stream.on_named_day is None else stream.on_named_day[at])
+        .astype(np.float64)
+        .tolist(),
     }
     return picked, features
 
