@@ -169,7 +169,8 @@ async def evaluate(api: EventApi, dataset: Dataset, askers: bool = True) -> None
         if not q.query.strip():
             continue
         kind = "group" if "group_id" in q.scope else "private"
-        where = {"request_type": kind, **q.scope}
+        # The chats were told in UTC (see hand_over): the days a question names are read so.
+        where = {"request_type": kind, **q.scope, "timezone": "UTC"}
         if askers and q.asker:  # the member asking, as a group bot's call names them
             where["sender_id"] = q.asker
         found = await api.events(q.query, where)
