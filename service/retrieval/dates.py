@@ -7,7 +7,6 @@ relative time ("last Saturday") is the historian's to resolve, not a search's.
 
 from __future__ import annotations
 
-import calendar
 import re
 from datetime import date, datetime, time, tzinfo
 
@@ -18,9 +17,23 @@ import numpy.typing as npt
 # count.
 MAX_NAMED = 8
 
-_MONTHS = {name.lower(): n for n, name in enumerate(calendar.month_name) if name}
-_MONTHS |= {name.lower(): n for n, name in enumerate(calendar.month_abbr) if name}
-_MONTHS["sept"] = 9
+# English names, whatever the process's locale (``calendar.month_name`` follows it).
+_NAMES = [
+    "january",
+    "february",
+    "march",
+    "april",
+    "may",
+    "june",
+    "july",
+    "august",
+    "september",
+    "october",
+    "november",
+    "december",
+]
+_MONTHS = {name: n for n, name in enumerate(_NAMES, start=1)}
+_MONTHS |= {name[:3]: n for name, n in _MONTHS.items()} | {"sept": 9}
 _MONTH = "|".join(sorted(_MONTHS, key=len, reverse=True))
 _DAY = r"(\d{1,2})(?:st|nd|rd|th)?"
 _YEAR = r"(\d{4})"
