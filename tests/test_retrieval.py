@@ -325,6 +325,7 @@ def test_the_days_a_question_names_with_their_year() -> None:
     assert named("我2023年10月13日去了哪里") == day
     assert named("2023 年 10 月 13 号") == day
     assert named("on 2023-10-13 or 2023/10/13") == day
+    assert named("the picture shared on October 13,2023") == day
     assert named("Where did Maria hike in July 2023?") == [("2023-07-01", "2023-08-01")]
     assert named("2023年12月的活动") == [("2023-12-01", "2024-01-01")]
     # A named day of a month counts, not the whole month besides.

@@ -38,9 +38,10 @@ _MONTH = "|".join(sorted(_MONTHS, key=len, reverse=True))
 _DAY = r"(\d{1,2})(?:st|nd|rd|th)?"
 _YEAR = r"(\d{4})"
 # Every pattern is a fixed sequence of bounded pieces: linear in the text's length.
-_DAY_MONTH_YEAR = re.compile(rf"\b{_DAY}\s+(?:of\s+)?({_MONTH})\.?,?\s+{_YEAR}\b", re.I)
-_MONTH_DAY_YEAR = re.compile(rf"\b({_MONTH})\.?\s+{_DAY},?\s+{_YEAR}\b", re.I)
-_MONTH_YEAR = re.compile(rf"\b({_MONTH})\.?,?\s+(?:of\s+)?{_YEAR}\b", re.I)
+_THEN = r"(?:,\s*|\s+)"  # ", " or ",", or a space: "1 December, 2023", "December 1,2023"
+_DAY_MONTH_YEAR = re.compile(rf"\b{_DAY}\s+(?:of\s+)?({_MONTH})\.?{_THEN}{_YEAR}\b", re.I)
+_MONTH_DAY_YEAR = re.compile(rf"\b({_MONTH})\.?\s+{_DAY}{_THEN}{_YEAR}\b", re.I)
+_MONTH_YEAR = re.compile(rf"\b({_MONTH})\.?{_THEN}(?:of\s+)?{_YEAR}\b", re.I)
 _ISO = re.compile(r"(?<!\d)(\d{4})[-/.](\d{1,2})[-/.](\d{1,2})(?!\d)")
 _CN_DAY = re.compile(r"(\d{4})\s*年\s*(\d{1,2})\s*月\s*(\d{1,2})\s*[日号]")
 _CN_MONTH = re.compile(r"(\d{4})\s*年\s*(\d{1,2})\s*月(?!\s*\d)")
