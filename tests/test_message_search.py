@@ -260,7 +260,7 @@ async def test_in_a_group_the_askers_own_message_comes_first_among_alike_ones(
 async def test_a_talkative_asker_does_not_bury_what_another_member_announced(
     embedded: tuple[AppClient, TenantHandle], db_url: str
 ) -> None:
-    """A group of 40 where the asker said 300 things about meals and weekends: asking where
+    """A group of 42 where the asker said 300 things about meals and weekends: asking where
     Saturday's dinner is finds the organiser's announcement, not the asker's own talk of
     dinners; asking their own birthday finds theirs among twenty members' birthdays."""
     client, tenant = embedded
