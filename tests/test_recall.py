@@ -354,6 +354,53 @@ async def test_an_event_search_naming_a_day_finds_that_days_event(
         assert found.json()["events"][0]["id"].startswith(first), (query, found.json())
 
 
+async def test_the_named_days_event_is_found_among_many_nearer_ones_of_other_days(
+    running: tuple[AppClient, TenantHandle],
+) -> None:
+    """Thirty days of 张三's oil paintings, then one day a sketch of the park: asked what he
+    painted that day, the search finds the sketch though the thirty paintings read as near to
+    the question and fill the candidates of a small top_k; a hard time range still holds."""
+    client, tenant = running
+    subjects = ["灯塔", "雪山", "花田", "港口", "森林", "古镇"]
+    for n in range(30):
+        await end(
+            client,
+            tenant,
+            request_id=f"paint-{n}",
+            observations=[f"张三画了一幅{subjects[n % 6]}的油画"],
+            timestamp=f"2026-01-{n + 1:02d}T10:00:00+08:00",
+        )
+    await end(
+        client,
+        tenant,
+        request_id="sketch",
+        observations=["张三画了一幅公园的素描"],
+        timestamp="2026-02-09T15:00:00+08:00",
+    )
+    question = "2026年2月9日张三画了什么画？"
+    context = {**GROUP, "timezone": "Asia/Shanghai"}
+    found = await client.post(
+        "/v1/events/search",
+        json={"query": question, "context": context, "top_k": 2},
+        headers=tenant.headers,
+    )
+    assert found.status_code == 200, found.text
+    assert found.json()["events"][0]["id"].startswith("sketch:"), found.json()
+    # The day lies outside the range asked for: not found.
+    bounded = await client.post(
+        "/v1/events/search",
+        json={
+            "query": question,
+            "context": context,
+            "top_k": 2,
+            "time_to": "2026-02-01T00:00:00+08:00",
+        },
+        headers=tenant.headers,
+    )
+    assert bounded.status_code == 200, bounded.text
+    assert all(not e["id"].startswith("sketch:") for e in bounded.json()["events"])
+
+
 async def test_injected_text_is_quoted_data_and_the_budget_drops_the_least_relevant(
     running: tuple[AppClient, TenantHandle],
 ) -> None:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from service.embedding.base import Calibration
-from service.retrieval.dates import MAX_NAMED, days_named, on_days
+from service.retrieval.dates import MAX_NAMED, days_named, envelope, on_days
 from service.retrieval.fusion import (
     decay,
     first_distinct,
@@ -360,3 +360,16 @@ def test_on_days_reads_the_days_on_the_clocks_of_the_zone() -> None:
     ninth = [(date(2026, 3, 9), date(2026, 3, 10))]
     assert on_days(at, ninth, ZoneInfo("Asia/Shanghai")).tolist() == [True]
     assert on_days(at, ninth, UTC).tolist() == [False]
+
+
+def test_the_envelope_of_the_named_days_stays_within_the_range_asked_for() -> None:
+    shanghai = ZoneInfo("Asia/Shanghai")
+    spans = [(date(2026, 3, 9), date(2026, 3, 10)), (date(2026, 3, 1), date(2026, 3, 2))]
+    start, end = envelope(spans, shanghai, None, None) or (None, None)
+    assert start == datetime(2026, 3, 1, tzinfo=shanghai)
+    assert end == datetime(2026, 3, 10, tzinfo=shanghai)
+    cut = datetime(2026, 3, 5, tzinfo=UTC)
+    assert envelope(spans, shanghai, cut, None) == (cut, end)
+    assert envelope(spans, shanghai, None, cut) == (start, cut)
+    assert envelope(spans, shanghai, datetime(2026, 4, 1, tzinfo=UTC), None) is None
+    assert envelope([], shanghai, None, None) is None

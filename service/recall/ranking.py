@@ -47,7 +47,7 @@ from service.embedding.base import Calibration
 from service.events import service as events
 from service.llm.base import LLMError
 from service.llm.rerank import Reranker
-from service.retrieval.dates import Span, days_named, on_days
+from service.retrieval.dates import Span, days_named, envelope, on_days
 from service.retrieval.fusion import first_distinct, scale_by_max, time_decayed, unit_vector
 from service.retrieval.neighbours import Stream, StreamWeights, stream_features
 from service.retrieval.terms import query_terms, terms
@@ -318,6 +318,14 @@ async def rank_events(
         search.time_from,
         search.time_to,
     )
+    days = days_named(search.text)
+    named = envelope(days, search.zone, search.time_from, search.time_to)
+    if named is not None:
+        # A question naming a day: that day's nearest events are candidates too, however
+        # many of the rest of the conversation's are nearer.
+        dense += await events.nearest(
+            session, tenant_id, search.conversation_keys, vector, search.pool(q), *named
+        )
     query = unit_vector(vector)
     for row in lexical:
         # The exact cosine distance, as the dense side computes it.
@@ -345,7 +353,7 @@ async def rank_events(
             calibration,
             SPREAD,
             search.asker,
-            days_named(search.text),
+            days,
             search.zone,
         )
     decay_scores(candidates, now, search.half_life_days, q)

@@ -87,12 +87,34 @@ def days_named(query: str) -> list[Span]:
     return list(dict.fromkeys(s for s in spans if s is not None))[:MAX_NAMED]
 
 
+def bounds(span: Span, zone: tzinfo) -> tuple[datetime, datetime]:
+    """The span as times: its first day's midnight and the midnight after its last, on the
+    clocks of ``zone``."""
+    first, after = span
+    return datetime.combine(first, time(0), zone), datetime.combine(after, time(0), zone)
+
+
 def on_days(at: npt.NDArray[np.float64], spans: list[Span], zone: tzinfo) -> npt.NDArray[np.bool_]:
     """Whether each time (seconds since the epoch) falls on one of the days, as the clocks of
     ``zone`` read them."""
     inside = np.zeros(len(at), dtype=bool)
-    for first, after in spans:
-        start = datetime.combine(first, time(0), zone).timestamp()
-        end = datetime.combine(after, time(0), zone).timestamp()
-        inside |= (at >= start) & (at < end)
+    for span in spans:
+        start, end = bounds(span, zone)
+        inside |= (at >= start.timestamp()) & (at < end.timestamp())
     return inside
+
+
+def envelope(
+    spans: list[Span], zone: tzinfo, time_from: datetime | None, time_to: datetime | None
+) -> tuple[datetime, datetime] | None:
+    """From the first named day to the end of the last, within ``[time_from, time_to)``
+    where given; None when nothing is named or nothing is left."""
+    if not spans:
+        return None
+    start = min(bounds(span, zone)[0] for span in spans)
+    end = max(bounds(span, zone)[1] for span in spans)
+    if time_from is not None:
+        start = max(start, time_from)
+    if time_to is not None:
+        end = min(end, time_to)
+    return (start, end) if start < end else None
