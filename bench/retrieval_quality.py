@@ -302,7 +302,8 @@ def memdaily_dataset(path: Path) -> Dataset:
             q["question"],
             frozenset(q["evidence"]),
             q["category"],
-            users[q["qid"].rsplit("-q", 1)[0]],
+            # None where the question's id names no trajectory of the pool.
+            users.get(str(q.get("qid", "")).rsplit("-q", 1)[0]),
         )
         for q in questions
     ]
@@ -885,7 +886,9 @@ async def main() -> None:
                 api.latencies = []
                 overall, by_category = await evaluate(api, dataset)
                 plain, _ = bm25_baseline(dataset)
-                asked_by = " asked by their members" if dataset.questions[0].asker else ""
+                asked_by = (
+                    " asked by their members" if any(q.asker for q in dataset.questions) else ""
+                )
                 report(
                     f"{dataset.name} ({len(dataset.questions)} questions{asked_by}, top_k 10)",
                     overall,
