@@ -20,6 +20,12 @@ _INHERITED = (
 )
 
 
+def _optional_id(value: Any) -> Any:
+    """An id as ``_as_id`` reads it; empty is none."""
+    value = _as_id(value)
+    return value if value != "" else None
+
+
 class MessageIn(BaseModel):
     """One chat message; context fields missing here come from the batch's top level. An
     unknown field is refused by name, not dropped."""
@@ -44,8 +50,7 @@ class MessageIn(BaseModel):
     @field_validator("message_id", "group_id", "user_id", "sender_id", mode="before")
     @classmethod
     def _ids(cls, value: Any) -> Any:
-        value = _as_id(value)
-        return value if value != "" else None
+        return _optional_id(value)
 
     @model_validator(mode="after")
     def _conversation(self) -> MessageIn:
@@ -141,8 +146,7 @@ class MessageSearch(BaseModel):
     @field_validator("asker_id", mode="before")
     @classmethod
     def _asker(cls, value: Any) -> Any:
-        value = _as_id(value)
-        return value if value != "" else None
+        return _optional_id(value)
 
 
 class MessageHit(BaseModel):

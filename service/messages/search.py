@@ -19,13 +19,14 @@ from service.embedding import Embedder
 from service.embedding.base import Calibration
 from service.messages import repository
 from service.messages.schemas import MessageHit, MessageSearch, MessageSearchResult
-from service.retrieval.dates import days_named, on_days
+from service.retrieval.dates import days_named
 from service.retrieval.fusion import first_distinct, scale_min_max, time_decayed, unit_vector
 from service.retrieval.neighbours import (
     BM25_B,
     BM25_K1,
     Stream,
     StreamWeights,
+    asked_flags,
     score_stream,
 )
 from service.retrieval.terms import names_in, query_terms
@@ -196,7 +197,7 @@ def stream_of(
     names = candidates.sender_name
     named = {name: names_in(query, name) for name in set(names)}
     at = np.array(candidates.sent_at, dtype=np.float64)
-    days = days_named(query)
+    by_asker, on_named_day = asked_flags(candidates.sender_id, at, asker, days_named(query), zone)
     stream = Stream(
         similarity=np.array(candidates.similarity, dtype=np.float64),
         bm25=np.array([m.score if m else 0.0 for m in matched], dtype=np.float64),
@@ -206,12 +207,8 @@ def stream_of(
         senders=candidates.sender_id,
         terms=[m.terms if m else None for m in matched],
         counts=[m.tfs if m else None for m in matched],
-        by_asker=(
-            None
-            if asker is None
-            else np.array([sender == asker for sender in candidates.sender_id], dtype=bool)
-        ),
-        on_named_day=on_days(at, days, zone) if days else None,
+        by_asker=by_asker,
+        on_named_day=on_named_day,
     )
     return stream, idfs
 

@@ -47,9 +47,9 @@ from service.embedding.base import Calibration
 from service.events import service as events
 from service.llm.base import LLMError
 from service.llm.rerank import Reranker
-from service.retrieval.dates import Span, days_named, envelope, on_days
+from service.retrieval.dates import Span, days_named, envelope
 from service.retrieval.fusion import first_distinct, scale_by_max, time_decayed, unit_vector
-from service.retrieval.neighbours import Stream, StreamWeights, stream_features
+from service.retrieval.neighbours import Stream, StreamWeights, asked_flags, stream_features
 from service.retrieval.terms import query_terms, terms
 from service.settings import QuerySettings
 
@@ -200,22 +200,20 @@ def with_neighbours(
             similarity.append(float(row["similarity"]))
             own_bm25.append(0.0)
     occurred = np.array([row["occurred_at"].timestamp() for row in stream], dtype=np.float64)
+    senders = [row.get("sender_id") for row in stream]
+    by_asker, on_named_day = asked_flags(senders, occurred, asker, days or [], zone)
     passages = Stream(
         similarity=np.array(similarity, dtype=np.float64),
         bm25=np.array(own_bm25, dtype=np.float64),
         at=occurred,
         candidate=np.array(candidate, dtype=bool),
         speaker_named=np.zeros(len(stream), dtype=bool),
-        senders=[row.get("sender_id") for row in stream],
+        senders=senders,
         terms=held,
         counts=counts,
         streams=[row["conversation_key"] for row in stream],
-        by_asker=(
-            None
-            if asker is None
-            else np.array([row.get("sender_id") == asker for row in stream], dtype=bool)
-        ),
-        on_named_day=on_days(occurred, days, zone) if days else None,
+        by_asker=by_asker,
+        on_named_day=on_named_day,
     )
     w = StreamWeights()
     picked, features = stream_features(passages, idfs, w, spread)

@@ -111,8 +111,8 @@ def envelope(
     where given; None when nothing is named or nothing is left."""
     if not spans:
         return None
-    start = min(bounds(span, zone)[0] for span in spans)
-    end = max(bounds(span, zone)[1] for span in spans)
+    times = [bounds(span, zone) for span in spans]
+    start, end = min(a for a, _ in times), max(b for _, b in times)
     if time_from is not None:
         start = max(start, time_from)
     if time_to is not None:

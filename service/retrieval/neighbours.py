@@ -26,10 +26,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import tzinfo
 
 import numpy as np
 import numpy.typing as npt
 
+from service.retrieval.dates import Span, on_days
 from service.retrieval.fusion import scale_by_max, weighted_fusion
 
 BM25_K1 = 1.2
@@ -93,6 +95,20 @@ class Stream:
             by_asker=np.array([p.by_asker for p in passages], dtype=bool),
             on_named_day=np.array([p.on_named_day for p in passages], dtype=bool),
         )
+
+
+def asked_flags(
+    senders: Sequence[str | None],
+    at: npt.NDArray[np.float64],
+    asker: str | None,
+    days: list[Span],
+    zone: tzinfo,
+) -> tuple[npt.NDArray[np.bool_] | None, npt.NDArray[np.bool_] | None]:
+    """A stream's ``by_asker`` and ``on_named_day`` columns: who of the ``senders`` is the
+    ``asker`` (None: not known), and which times ``at`` fall on the ``days`` the query names
+    on the clocks of ``zone`` (None: it names none)."""
+    by_asker = None if asker is None else np.array([s == asker for s in senders], dtype=bool)
+    return by_asker, on_days(at, days, zone) if days else None
 
 
 Passages = Stream | Sequence[StreamPassage]
