@@ -688,3 +688,149 @@ async def test_searches_are_planned_for_their_own_parameters_however_often_they_
         async with opened as session:
             mode = (await session.execute(text("SHOW plan_cache_mode"))).scalar_one()
         assert mode == "force_custom_plan"
+
+
+async def test_a_turns_lexical_side_is_read_beside_and_never_waits_for_a_connection(
+    db_url: str,
+) -> None:
+    from service.recall.schemas import ContextRequest, EventSearch
+    from service.recall.service import Reader
+
+    # A pool of two connections: one may serve as a second transaction at a time.
+    db = Database(db_url, pool_size=2, max_overflow=0)
+    rng = np.random.default_rng(31)
+    tenant, other = await new_tenant_id(db, "turn-beside"), await new_tenant_id(db, "turn-other")
+    group = "b:%ig"
+    vectors = unit(rng, 600)
+    texts = [line(rng, n) for n in range(600)]
+    for owner, mark in ((tenant, ""), (other, "别人的：")):
+        rows = [
+            {
+                **event_row(
+                    owner, f"{mark}e{n}", f"g:{group}", START + timedelta(minutes=n), vectors[n]
+                ),
+                "text": mark + texts[n],
+            }
+            for n in range(600)
+        ]
+        async with db.tenant(owner) as session:
+            for start in range(0, len(rows), 300):
+                await events_repository.upsert_events(session, rows[start : start + 300])
+    async with db.system() as session:
+        await session.execute(text("ANALYZE events"))
+        context = await tenant_context(session, tenant, Settings())
+
+    async def turn(side: Database | None, message: str = "西湖边划船") -> list[str]:
+        reader = Reader(FixedModel(vectors[123], delay=0.01), None, side)  # type: ignore[arg-type]
+        async with db.tenant(tenant, read_only=True) as session:
+            found = await reader.context(
+                session,
+                context,
+                ContextRequest(
+                    request_type="group", group_id=group, sender_id="10001", message=message
+                ),
+            )
+            searched = await reader.search_events(
+                session, context, EventSearch(query=message, group_id=group, top_k=10)
+            )
+        said = [e.text for e in found.events] + [e.text for e in searched.events]
+        assert said and not any(t.startswith("别人的") for t in said)
+        return [e.id for e in found.events] + ["|"] + [e.id for e in searched.events]
+
+    on: dict[str, set[int]] = {"lexical": set(), "dense": set()}
+
+    def seen(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
+        for kind, mark in (
+            ("lexical", "WITH counted AS MATERIALIZED"),
+            ("dense", "WITH candidates AS MATERIALIZED"),
+        ):
+            if mark in statement:
+                on[kind].add(id(conn.connection.dbapi_connection))
+
+    alone = await turn(None)
+    event.listen(db.engine.sync_engine, "before_cursor_execute", seen)
+    try:
+        beside = await turn(db)
+    finally:
+        event.remove(db.engine.sync_engine, "before_cursor_execute", seen)
+    # The same events, the lexical side read on a transaction of its own.
+    assert beside == alone and "event:e123" in alone  # the nearest in meaning, in the turn
+    assert len(on["lexical"]) == len(on["dense"]) == 1 and on["lexical"] != on["dense"]
+
+    # Twelve turns at once through the two connections: those that find no second
+    # transaction free read on their own, none waits forever, every one answers alike.
+    messages = ["西湖边划船", "张三的猫", "第7次了", "%:/ 西湖"] * 3
+    expected = [await turn(None, m) for m in messages]
+    together = await asyncio.wait_for(asyncio.gather(*(turn(db, m) for m in messages)), 60)
+    assert together == expected
+
+    class Failing(FixedModel):
+        async def query(self, question: str) -> np.ndarray:
+            await asyncio.sleep(0.01)
+            raise RuntimeError("the model went away")
+
+    # A turn whose embedding fails leaves no transaction open behind it.
+    asked = ContextRequest(request_type="group", group_id=group, message="西湖边划船")
+    with pytest.raises(RuntimeError):
+        async with db.tenant(tenant, read_only=True) as session:
+            await Reader(Failing(vectors[0]), None, db).context(  # type: ignore[arg-type]
+                session, context, asked
+            )
+    assert db.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+    # Clients that hang up mid-turn, 50 times over: nothing stays open or lent.
+    for _ in range(50):
+        running = asyncio.ensure_future(turn(db))
+        await asyncio.sleep(0.004)
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+    assert db.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+    assert await turn(db) == alone
+    await db.dispose()
+
+
+async def test_a_line_said_a_hundred_times_in_a_day_is_shown_once_among_the_rest(
+    db: Database,
+) -> None:
+    from service.recall.schemas import ContextRequest, EventSearch
+    from service.recall.service import Reader
+
+    # Every third event of the day is the same line: ranked first, its repeats are skipped
+    # until the kept reach past the candidates read whole (a 500 once).
+    rng = np.random.default_rng(37)
+    tenant = await new_tenant_id(db, "said-again")
+    vectors = unit(rng, 300)
+    repeated = vectors[0]
+    rows = []
+    for n in range(300):
+        again = n % 3 == 0
+        rows.append(
+            {
+                **event_row(
+                    tenant,
+                    f"e{n}",
+                    "g:spam",
+                    START + timedelta(minutes=n),
+                    repeated if again else vectors[n],
+                ),
+                "text": "张三的猫阿福打翻了鱼缸" if again else line(rng, n + 1),
+            }
+        )
+    async with db.tenant(tenant) as session:
+        await events_repository.upsert_events(session, rows)
+    async with db.system() as session:
+        context = await tenant_context(session, tenant, Settings())
+    reader = Reader(FixedModel(repeated), None, db)  # type: ignore[arg-type]
+    async with db.tenant(tenant, read_only=True) as session:
+        turn = await reader.context(
+            session,
+            context,
+            ContextRequest(request_type="group", group_id="spam", message="张三的猫阿福怎么了"),
+        )
+        searched = await reader.search_events(
+            session, context, EventSearch(query="张三的猫阿福", group_id="spam", top_k=10)
+        )
+    for shown in ([e.text for e in turn.events], [e.text for e in searched.events]):
+        assert shown[0] == "张三的猫阿福打翻了鱼缸"
+        assert shown.count("张三的猫阿福打翻了鱼缸") == 1
+        assert len(shown) == len(set(shown)) > 1
+    assert len(searched.events) == 10

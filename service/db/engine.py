@@ -14,11 +14,12 @@ primary. Every ``Database`` of a process shares one ``LastUse`` batch, written t
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 from pgvector import Vector
@@ -35,6 +36,8 @@ from service.db.embedded import embedded_url
 from service.db.last_use import LastUse
 from service.errors import Conflict, Invalid, MemoriaError, Unavailable
 from service.settings import Settings
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -249,6 +252,21 @@ class Database:
         finally:
             self._seconds_free += 1
 
+    def read_beside(
+        self, tenant_id: uuid.UUID, read: Callable[[AsyncSession], Awaitable[T]]
+    ) -> asyncio.Future[T | None]:
+        """``read`` started on a second read-only transaction (``second_tenant``), to run
+        beside what the request's own transaction reads meanwhile; it resolves to None when
+        no second one was free (the caller then reads on its own). Whoever starts it awaits
+        it, or cancels it and then awaits it (``settled``): its transaction must end before
+        the request's does."""
+
+        async def beside() -> T | None:
+            async with self.second_tenant(tenant_id, read_only=True) as other:
+                return None if other is None else await read(other)
+
+        return asyncio.ensure_future(beside())
+
     @asynccontextmanager
     async def tenant_connection(
         self, tenant_id: uuid.UUID, *, durable: bool = True
@@ -369,3 +387,11 @@ def _from_sqlstate(sqlstate: str, orig: Any) -> MemoriaError | None:
 
 def _first_line(orig: Any) -> str:
     return str(orig).strip().splitlines()[0] if orig is not None else ""
+
+
+async def settled(future: asyncio.Future[Any] | None) -> None:
+    """Cancel ``future`` (a ``read_beside``) if it still runs, and wait until it has ended,
+    however it ends."""
+    if future is not None:
+        future.cancel()
+        await asyncio.gather(future, return_exceptions=True)

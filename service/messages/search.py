@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from datetime import UTC, datetime, tzinfo
-from typing import TypeVar
 from zoneinfo import ZoneInfo
 
 import numpy as np
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.context import scope_of
-from service.db.engine import Database
+from service.db.engine import Database, settled
 from service.embedding import Embedder
 from service.embedding.base import Calibration
 from service.messages import repository
@@ -50,7 +49,6 @@ DUPLICATE_POOL = 3
 # (see near_duplicate): in a group where everyone's news reads alike, e5 puts different
 # messages above 0.97, and meaning alone dropped the one asked about.
 DUPLICATE_COSINE = 0.97
-T = TypeVar("T")
 
 # Long queries (a chat history, a pasted paragraph) keep their most telling terms: enough to
 # match, at a bounded cost.
@@ -150,7 +148,7 @@ async def find_candidates(
         matches: dict[int, repository.LexicalMatch] | None = None
         size = await repository.conversation_size(session, tenant_id, key)
         if side is not None and words and size >= SEARCH_PLAN.direct_below:
-            beside = asyncio.ensure_future(_read_beside(side, tenant_id, lexical))
+            beside = side.read_beside(tenant_id, lexical)
         else:
             matches = await lexical(session)
         vector = await embedding
@@ -163,22 +161,12 @@ async def find_candidates(
             matches = await lexical(session)
     finally:
         embedding.cancel()
-        if beside is not None:
-            # Its transaction ends before the search does, however the search ends.
-            beside.cancel()
-            await asyncio.gather(beside, return_exceptions=True)
+        # Its transaction ends before the search does, however the search ends.
+        await settled(beside)
     seeds = nearest + repository.lexical_seeds(matches, SEARCH_PLAN)
     return await repository.neighbourhoods(
         session, tenant_id, key, vector, seeds, matches, SEARCH_PLAN, time_from, time_to, size
     )
-
-
-async def _read_beside(
-    side: Database, tenant_id: uuid.UUID, read: Callable[[AsyncSession], Awaitable[T]]
-) -> T | None:
-    """``read`` on a second read-only transaction of ``side``; None when none is free."""
-    async with side.second_tenant(tenant_id, read_only=True) as other:
-        return None if other is None else await read(other)
 
 
 def stream_of(

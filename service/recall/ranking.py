@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, tzinfo
 from typing import Any
@@ -296,7 +297,7 @@ async def rank_events(
     tenant_id: Any,
     search: EventQuery,
     vector: np.ndarray[Any, Any],
-    lexical: list[dict[str, Any]],
+    lexical: list[dict[str, Any]] | Callable[[], Awaitable[list[dict[str, Any]]]],
     q: QuerySettings,
     now: datetime,
     reranker: Reranker | None = None,
@@ -304,7 +305,8 @@ async def rank_events(
     calibration: Calibration = Calibration(),  # noqa: B008 (frozen, shared safely)
 ) -> list[RankedEvent]:
     """The ``top_k`` best events for the query under the hard filters, best first, from the
-    dense side (searched here) and the ``lexical`` candidates."""
+    dense side (searched here) and the ``lexical`` candidates (``lexical_candidates``, or
+    what reads them once the dense side is searched: they may be on their way beside)."""
     if search.top_k <= 0:
         return []
     dense = await events.nearest(
@@ -324,6 +326,8 @@ async def rank_events(
         dense += await events.nearest(
             session, tenant_id, search.conversation_keys, vector, search.pool(q), *named
         )
+    if callable(lexical):
+        lexical = await lexical()
     query = unit_vector(vector)
     for row in lexical:
         # The exact cosine distance, as the dense side computes it.
@@ -356,10 +360,18 @@ async def rank_events(
         )
     decay_scores(candidates, now, search.half_life_days, q)
     candidates.sort(key=lambda e: (-e.score, e.row["id"]))
-    candidates = await _whole_rows(session, tenant_id, candidates, search.pool(q))
+    head = search.pool(q)
+    candidates = await _whole_rows(session, tenant_id, candidates, head)
     if reranker is not None and q.enable_rerank and candidates:
         await _rerank(reranker, search, candidates, now, q, warnings)
-    return without_duplicates(candidates, search.top_k)
+    kept = without_duplicates(candidates, search.top_k)
+    while any("embedding" not in e.row for e in kept):
+        # So many repeats were skipped (a line a group says again and again) that the kept
+        # reach past the rows read whole: read further, and choose again.
+        head *= 2
+        candidates = await _whole_rows(session, tenant_id, candidates, head)
+        kept = without_duplicates(candidates, search.top_k)
+    return kept
 
 
 async def _whole_rows(

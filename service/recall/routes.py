@@ -40,10 +40,11 @@ class RecallController(Controller):
         session: AsyncSession,
         embedder: EmbedderDependency,
         reranker: RerankerDependency,
+        read_db: Database,
         data: ContextRequest,
     ) -> ContextResponse:
         """The memory context to inject this turn, with a ready ``prompt`` block."""
-        return await Reader(embedder, reranker).context(session, tenant, data)
+        return await Reader(embedder, reranker, read_db).context(session, tenant, data)
 
     @post("/events/search", status_code=200, responses=errors(403), dependencies=reads())
     async def search_events(
@@ -52,10 +53,11 @@ class RecallController(Controller):
         session: AsyncSession,
         embedder: EmbedderDependency,
         reranker: RerankerDependency,
+        read_db: Database,
         data: EventSearch,
     ) -> EventSearchResult:
         """``cognitive.search_events``: a conversation's events by meaning and time."""
-        return await Reader(embedder, reranker).search_events(session, tenant, data)
+        return await Reader(embedder, reranker, read_db).search_events(session, tenant, data)
 
     @get("/persona", responses=errors(404))
     async def get_persona(self, tenant: TenantContext) -> Persona:

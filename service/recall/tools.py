@@ -174,7 +174,7 @@ async def call(
     if tool == "cognitive_search_events":
         _no_context(arguments)
         request = _validate(EventSearch, {**arguments, "context": conversation})
-        reader = Reader(embedder, reranker)
+        reader = Reader(embedder, reranker, db)
         return (await reader.search_events(session, tenant, request)).model_dump(mode="json")
     if tool == "end":
         turn: EndArguments = _validate(EndArguments, arguments)
