@@ -74,10 +74,10 @@ from service.app import create_app
 from service.context import scope_of
 from service.db.embedded import embedded_url, stop_embedded
 from service.messages import repository
-from service.messages.search import MAX_QUERY_TERMS, SEARCH_PLAN, stream_of
+from service.messages.search import SEARCH_PLAN, stream_of
 from service.retrieval.neighbours import Stream, StreamPassage, StreamWeights, stream_features
 from service.retrieval.neighbours import dialogue as reads_as_dialogue
-from service.retrieval.terms import ENGLISH_STOPWORDS, query_terms
+from service.retrieval.terms import ENGLISH_STOPWORDS, MAX_QUERY_TERMS, query_terms
 from service.runtime import settle_heap
 from service.settings import Settings
 

@@ -23,8 +23,8 @@ from service.messages import repository as messages_repository
 from service.messages import search as archive
 from service.messages.repository import SAMPLED_MATCHES
 from service.messages.schemas import MessageSearch
-from service.messages.search import MAX_QUERY_TERMS, SEARCH_PLAN
-from service.retrieval.terms import query_terms, terms, to_tsvector_literal
+from service.messages.search import SEARCH_PLAN
+from service.retrieval.terms import MAX_QUERY_TERMS, query_terms, terms, to_tsvector_literal
 from service.settings import Settings
 from service.tenants.service import create_tenant, tenant_context
 from tests.test_event_search import event_row, unit
@@ -834,3 +834,41 @@ async def test_a_line_said_a_hundred_times_in_a_day_is_shown_once_among_the_rest
         assert shown.count("张三的猫阿福打翻了鱼缸") == 1
         assert len(shown) == len(set(shown)) > 1
     assert len(searched.events) == 10
+
+
+async def test_a_chat_history_as_the_query_still_finds_what_its_first_line_named(
+    db: Database,
+) -> None:
+    import itertools
+
+    from service.recall.schemas import EventSearch
+    from service.recall.service import Reader
+
+    # A bot asks with the last forty lines of a chat; the first names the parlour, the
+    # others a hundred words of small talk. Meaning says nothing here (an unrelated query
+    # vector): the parlour's words must survive the cut of a long query's terms.
+    rng = np.random.default_rng(41)
+    tenant = await new_tenant_id(db, "long-history")
+    places = ["bakery", "museum", "harbour", "stadium", "library", "cinema", "garden", "zoo"]
+    texts = [f"went to the {places[n % 8]} with friends, visit {n}" for n in range(40)]
+    texts[17] = "ate mango ice cream at the parlour on Elm street"
+    vectors = unit(rng, 41)
+    rows = [
+        {**event_row(tenant, f"m{n}", "p:ann", START + timedelta(days=n), vectors[n]), "text": t}
+        for n, t in enumerate(texts)
+    ]
+    async with db.tenant(tenant) as session:
+        await events_repository.upsert_events(session, rows)
+    syllables = ["ka", "lo", "mi", "tu", "re", "sa", "no", "vi", "de", "zu"]
+    chatter = ["".join(p) for p in itertools.product(syllables, repeat=3)][:100]
+    history = ["remember the ice cream parlour on Elm street?"]
+    history += [" ".join(chatter[n : n + 3]) for n in range(0, 99, 3)]
+    assert 64 < len(query_terms("\n".join(history))) <= 128
+    async with db.system() as session:
+        context = await tenant_context(session, tenant, Settings())
+    reader = Reader(FixedModel(vectors[40]), None, db)  # type: ignore[arg-type]
+    async with db.tenant(tenant, read_only=True) as session:
+        found = await reader.search_events(
+            session, context, EventSearch(query="\n".join(history), user_id="ann", top_k=3)
+        )
+    assert found.events[0].text == texts[17]

@@ -28,7 +28,7 @@ from service.retrieval.neighbours import (
     asked_flags,
     score_stream,
 )
-from service.retrieval.terms import names_in, query_terms
+from service.retrieval.terms import MAX_QUERY_TERMS, names_in, query_terms
 from service.settings import QuerySettings
 from service.tenants.service import TenantContext
 
@@ -49,10 +49,6 @@ DUPLICATE_POOL = 3
 # (see near_duplicate): in a group where everyone's news reads alike, e5 puts different
 # messages above 0.97, and meaning alone dropped the one asked about.
 DUPLICATE_COSINE = 0.97
-
-# Long queries (a chat history, a pasted paragraph) keep their most telling terms: enough to
-# match, at a bounded cost.
-MAX_QUERY_TERMS = 128
 
 
 async def search(

@@ -51,15 +51,13 @@ from service.llm.rerank import Reranker
 from service.retrieval.dates import Span, days_named, envelope
 from service.retrieval.fusion import first_distinct, scale_by_max, time_decayed, unit_vector
 from service.retrieval.neighbours import Stream, StreamWeights, asked_flags, stream_features
-from service.retrieval.terms import query_terms, terms
+from service.retrieval.terms import MAX_QUERY_TERMS, query_terms, terms
 from service.settings import QuerySettings
 
 log = logging.getLogger(__name__)
 
 # Two events this close in meaning AND wording are one statement (see near_duplicate).
 DUPLICATE_COSINE = 0.97
-# Long queries (a batch of messages) keep their most telling terms, at a bounded cost.
-MAX_QUERY_TERMS = 64
 # A memo event is the bot's note of what it did ("查了北京的天气"), kept for short-term
 # continuity (the memo log is injected every turn anyway); what people said is what a long-
 # term search is for. A memo ranks as if this much as relevant as its text would make it, so

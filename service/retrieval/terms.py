@@ -118,6 +118,13 @@ def terms(text: str) -> list[str]:
     return [t for t in out if t]
 
 
+# Long queries (a chat history, a pasted paragraph) keep this many of their most telling
+# terms (``query_terms``): enough to match, at a bounded cost. The archive and the events
+# search alike; at 64 the events search found MADial's memory for .935 of its dialogues
+# (hit@10), at 128 for .950, the other sets unchanged.
+MAX_QUERY_TERMS = 128
+
+
 def query_terms(text: str, limit: int | None = None) -> list[str]:
     """The distinct terms of a query, first occurrence first.
 
