@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -361,6 +361,63 @@ async def test_the_archive_reads_its_lexical_side_while_the_question_is_embedded
     assert any("西湖边" in hit.text and "划船" in hit.text for hit in found.messages)
 
 
+class Failing(FixedModel):
+    """A model that goes away while the lexical side is being read."""
+
+    async def query(self, question: str) -> np.ndarray:
+        await asyncio.sleep(0.01)
+        raise RuntimeError("the model went away")
+
+
+async def reads_beside_safely(
+    db: Database,
+    ask: Callable[[Database | None, str], Awaitable[list[str]]],
+    marks: dict[str, str],
+    failing: Callable[[], Awaitable[Any]],
+) -> list[str]:
+    """What a search reading its lexical side beside (``ask(side, question)``, on a pool of
+    two connections) must show: the answer it gives on its own transaction, the lexical
+    statement (``marks``) on a connection of its own; twelve at once, none waiting forever;
+    nothing left open by a search that fails midway (``failing``) or whose client hangs up.
+    Its answer to the first question, alone."""
+    on: dict[str, set[int]] = {kind: set() for kind in marks}
+
+    def seen(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
+        for kind, mark in marks.items():
+            if mark in statement:
+                on[kind].add(id(conn.connection.dbapi_connection))
+
+    questions = ["西湖边划船", "张三的猫", "第7次了", "%:/ 西湖"]
+    alone = await ask(None, questions[0])
+    event.listen(db.engine.sync_engine, "before_cursor_execute", seen)
+    try:
+        beside = await ask(db, questions[0])
+    finally:
+        event.remove(db.engine.sync_engine, "before_cursor_execute", seen)
+    assert beside == alone
+    assert len(on["lexical"]) == len(on["dense"]) == 1 and on["lexical"] != on["dense"]
+
+    # Twelve at once through the two connections: those that find no second transaction
+    # free read on their own, none waits forever, and every one answers alike.
+    expected = [await ask(None, q) for q in questions * 3]
+    together = await asyncio.wait_for(asyncio.gather(*(ask(db, q) for q in questions * 3)), 60)
+    assert together == expected
+
+    with pytest.raises(RuntimeError):
+        await failing()
+    assert db.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+    # A client that hangs up mid-search, 50 times over: the search is cancelled while its
+    # lexical side is being read, and nothing stays open or lent.
+    for _ in range(50):
+        running = asyncio.ensure_future(ask(db, questions[0]))
+        await asyncio.sleep(0.005)
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+    assert db.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+    assert await ask(db, questions[0]) == alone
+    return alone
+
+
 async def test_a_big_groups_lexical_side_is_read_beside_and_never_waits_for_a_connection(
     db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -392,39 +449,7 @@ async def test_a_big_groups_lexical_side_is_read_beside_and_never_waits_for_a_co
         assert not any(hit.text.startswith("别人的") for hit in found.messages)
         return [hit.message_id for hit in found.messages]
 
-    on: dict[str, set[int]] = {"lexical": set(), "dense": set()}
-
-    def seen(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
-        for kind, mark in (("lexical", "FROM bm25"), ("dense", "WITH pool AS MATERIALIZED")):
-            if mark in statement:
-                on[kind].add(id(conn.connection.dbapi_connection))
-
-    alone = await search(None)
-    event.listen(db.engine.sync_engine, "before_cursor_execute", seen)
-    try:
-        beside = await search(db)
-    finally:
-        event.remove(db.engine.sync_engine, "before_cursor_execute", seen)
-    # The same answer, its lexical side read on a transaction of its own.
-    assert beside == alone and len(alone) == 10
-    assert len(on["lexical"]) == len(on["dense"]) == 1 and on["lexical"] != on["dense"]
-
-    # Twelve at once through the two connections: those that find no second transaction
-    # free read on their own, none waits forever, and every one answers alike.
-    questions = ["西湖边划船", "张三的猫", "第7次了", "%:/ 西湖"] * 3
-    expected = [await search(None, q) for q in questions]
-    together = await asyncio.wait_for(
-        asyncio.gather(*(search(db, q) for q in questions)), timeout=60
-    )
-    assert together == expected
-
-    class Failing(FixedModel):
-        async def query(self, question: str) -> np.ndarray:
-            await asyncio.sleep(0.01)
-            raise RuntimeError("the model went away")
-
-    # A search that fails midway leaves no transaction open behind it.
-    with pytest.raises(RuntimeError):
+    async def failing() -> None:
         async with db.tenant(tenant, read_only=True) as session:
             await archive.search(
                 session,
@@ -433,17 +458,10 @@ async def test_a_big_groups_lexical_side_is_read_beside_and_never_waits_for_a_co
                 Failing(vectors[123]),  # type: ignore[arg-type]
                 db,
             )
-    assert db.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
 
-    # A client that hangs up mid-search, 50 times over: the search is cancelled while its
-    # lexical side is being read, and nothing stays open or lent.
-    for _ in range(50):
-        running = asyncio.ensure_future(search(db))
-        await asyncio.sleep(0.005)
-        running.cancel()
-        await asyncio.gather(running, return_exceptions=True)
-    assert db.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
-    assert await search(db) == alone
+    marks = {"lexical": "FROM bm25", "dense": "WITH pool AS MATERIALIZED"}
+    alone = await reads_beside_safely(db, search, marks, failing)
+    assert len(alone) == 10
     async with db.second_tenant(tenant, read_only=True) as second:
         assert second is not None
         async with db.second_tenant(tenant, read_only=True) as third:
@@ -737,54 +755,16 @@ async def test_a_turns_lexical_side_is_read_beside_and_never_waits_for_a_connect
         assert said and not any(t.startswith("别人的") for t in said)
         return [e.id for e in found.events] + ["|"] + [e.id for e in searched.events]
 
-    on: dict[str, set[int]] = {"lexical": set(), "dense": set()}
-
-    def seen(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
-        for kind, mark in (
-            ("lexical", "WITH counted AS MATERIALIZED"),
-            ("dense", "WITH candidates AS MATERIALIZED"),
-        ):
-            if mark in statement:
-                on[kind].add(id(conn.connection.dbapi_connection))
-
-    alone = await turn(None)
-    event.listen(db.engine.sync_engine, "before_cursor_execute", seen)
-    try:
-        beside = await turn(db)
-    finally:
-        event.remove(db.engine.sync_engine, "before_cursor_execute", seen)
-    # The same events, the lexical side read on a transaction of its own.
-    assert beside == alone and "event:e123" in alone  # the nearest in meaning, in the turn
-    assert len(on["lexical"]) == len(on["dense"]) == 1 and on["lexical"] != on["dense"]
-
-    # Twelve turns at once through the two connections: those that find no second
-    # transaction free read on their own, none waits forever, every one answers alike.
-    messages = ["西湖边划船", "张三的猫", "第7次了", "%:/ 西湖"] * 3
-    expected = [await turn(None, m) for m in messages]
-    together = await asyncio.wait_for(asyncio.gather(*(turn(db, m) for m in messages)), 60)
-    assert together == expected
-
-    class Failing(FixedModel):
-        async def query(self, question: str) -> np.ndarray:
-            await asyncio.sleep(0.01)
-            raise RuntimeError("the model went away")
-
-    # A turn whose embedding fails leaves no transaction open behind it.
-    asked = ContextRequest(request_type="group", group_id=group, message="西湖边划船")
-    with pytest.raises(RuntimeError):
+    async def failing() -> None:
+        asked = ContextRequest(request_type="group", group_id=group, message="西湖边划船")
         async with db.tenant(tenant, read_only=True) as session:
             await Reader(Failing(vectors[0]), None, db).context(  # type: ignore[arg-type]
                 session, context, asked
             )
-    assert db.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
-    # Clients that hang up mid-turn, 50 times over: nothing stays open or lent.
-    for _ in range(50):
-        running = asyncio.ensure_future(turn(db))
-        await asyncio.sleep(0.004)
-        running.cancel()
-        await asyncio.gather(running, return_exceptions=True)
-    assert db.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
-    assert await turn(db) == alone
+
+    marks = {"lexical": "WITH counted AS MATERIALIZED", "dense": "WITH candidates AS MATERIALIZED"}
+    alone = await reads_beside_safely(db, turn, marks, failing)
+    assert "event:e123" in alone  # the nearest in meaning, in the turn
     await db.dispose()
 
 
