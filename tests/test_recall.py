@@ -326,39 +326,6 @@ async def test_in_a_group_the_askers_own_event_comes_first_in_context_and_search
     assert stranger == await firsts("29998")
 
 
-async def test_in_a_group_of_two_dozen_the_askers_own_event_leads_the_turns_three(
-    running: tuple[AppClient, TenantHandle],
-) -> None:
-    """Twenty-four members each told the group of an event in Shanghai, and the question
-    names none. A turn's context asks for three events; the asker's own is the first of
-    them, however many alike ones are nearer in meaning (nine candidates a side, three
-    times three, left it out for most askers)."""
-    client, tenant = running
-    kinds = ["教育", "快递", "编程", "趣跑", "美食", "摄影", "读书", "骑行"]
-    events = [f"{k}{e}" for e in ("研讨会", "提升行动", "分享会") for k in kinds]
-    for n, name in enumerate(events):
-        await end(
-            client,
-            tenant,
-            request_id=f"told-{n}",
-            sender_id=f"4{n:04d}",
-            sender_name=f"成员{n}",
-            observations=[f"{name}的地点是上海。"],
-            timestamp=f"2026-02-{1 + n:02d}T{8 + n % 12:02d}:00:00+08:00",
-        )
-    for n in range(0, 24, 3):
-        turn = {**GROUP, "sender_id": f"4{n:04d}", "sender_name": "某人"}
-        context = await client.post(
-            "/v1/context",
-            json={**turn, "message": "那个地点是上海的活动是什么？"},
-            headers=tenant.headers,
-        )
-        assert context.status_code == 200, context.text
-        shown = context.json()["events"]
-        assert len(shown) == 3  # auto_top_k
-        assert shown[0]["id"].startswith(f"event:told-{n}:"), (n, shown)
-
-
 async def test_an_event_search_naming_a_day_finds_that_days_event(
     running: tuple[AppClient, TenantHandle],
 ) -> None:

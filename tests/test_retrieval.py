@@ -373,32 +373,3 @@ def test_the_envelope_of_the_named_days_stays_within_the_range_asked_for() -> No
     assert envelope(spans, shanghai, None, cut) == (start, cut)
     assert envelope(spans, shanghai, datetime(2026, 4, 1, tzinfo=UTC), None) is None
     assert envelope([], shanghai, None, None) is None
-
-
-def test_the_shortlist_keeps_the_best_and_the_lifted_but_no_more() -> None:
-    from service.recall.ranking import RankedEvent, shortlist
-
-    def event(n: int, sender: str, relevance: float, day: int = 1) -> RankedEvent:
-        row = {
-            "id": f"e{n}",
-            "sender_id": sender,
-            "occurred_at": datetime(2026, 3, day, tzinfo=UTC),
-        }
-        return RankedEvent(row=row, similarity=relevance, lexical=0.0, relevance=relevance)
-
-    # A group of sixty members' alike events; the asker's own is the least relevant.
-    group = [event(n, f"m{n}", 0.9 - n / 100) for n in range(60)]
-    kept = [e.row["id"] for e in shortlist(group, 18, asker="m59")]
-    assert kept == [f"e{n}" for n in range(18)] + ["e59"]
-    # A day the query names: its events, the best of them first, up to 18 besides the best.
-    dated = [event(n, f"m{n}", 0.9 - n / 100, day=1 + n % 2) for n in range(60)]
-    on_the_second = shortlist(dated, 18, days=days_named("2026年3月2日"))
-    assert len(on_the_second) == 18 + 9  # the 9 odd ones beyond the best 18
-    assert all(e.row["occurred_at"].day == 2 for e in on_the_second[18:])
-    # In a dialogue the asker lifts nothing: the best alone.
-    dialogue = [event(n, "ann" if n % 2 else "bob", 0.9 - n / 100) for n in range(60)]
-    assert [e.row["id"] for e in shortlist(dialogue, 18, asker="ann")] == [
-        f"e{n}" for n in range(18)
-    ]
-    # Fewer than asked: all, as they came.
-    assert shortlist(group[:5], 18, asker="m3") == group[:5]

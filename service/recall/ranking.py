@@ -2,8 +2,7 @@
 
 1. Candidates from both sides, under the same hard filters: the exact nearest events by
    meaning (``nearest_events``) and the best lexical matches by BM25 over the application's
-   Chinese/English terms (``lexical_events``), each ``top_k × rerank_candidate_multiplier``
-   and at least ``MIN_POOL``.
+   Chinese/English terms (``lexical_events``), each ``top_k × rerank_candidate_multiplier``.
    In conversations too big for every match to be scored, terms common to many events (by
    PostgreSQL's statistics) are left out of the lexical side: they match too much and tell
    too little. In smaller ones every term counts, weighed by BM25's idf.
@@ -77,14 +76,6 @@ SPREAD = 2
 #   no more above.
 LIFT_PER_WEIGHT = 0.06
 LIFTED = ("asker", "named_day")
-# Candidates taken from each side at the least, however few are asked for. A turn's context
-# asks for 3 (auto_top_k), and 9 a side left out what a lift would have put first: in
-# MemDaily's groups of ~100 members, the member's own event among everyone's alike news.
-# Only the best of them are read with their neighbours (``shortlist``). /v1/context hit@3 at
-# 9 / 20 / 30 a side: MemDaily dev asked by its members .856 / .940 / .980; MADial .710 /
-# .737 / .737; LoCoMo .673 / .677 / .679. (All 30 a side with their neighbours: .980, .729,
-# .675, at three times the neighbours' cost.)
-MIN_POOL = 30
 
 
 @dataclass
@@ -112,12 +103,7 @@ class EventQuery:
     zone: tzinfo = UTC  # whose clocks tell the days the text names
 
     def pool(self, q: QuerySettings) -> int:
-        """Candidates taken from each side: as many as the reranker sees, at least
-        ``MIN_POOL``."""
-        return max(self.reranked(q), MIN_POOL)
-
-    def reranked(self, q: QuerySettings) -> int:
-        """Candidates the reranker sees (it is the costly step)."""
+        """Candidates taken from each side."""
         return self.top_k * max(q.rerank_candidate_multiplier, 1)
 
 
@@ -256,37 +242,6 @@ def with_neighbours(
     return added
 
 
-def shortlist(
-    candidates: list[RankedEvent],
-    k: int,
-    asker: str | None = None,
-    days: list[Span] | None = None,
-    zone: tzinfo = UTC,
-) -> list[RankedEvent]:
-    """The candidates read with their neighbours (``with_neighbours``): the ``k`` best by
-    their fused relevance, and the ``k`` best of those a lift is about (told by ``asker``,
-    on one of the ``days``, where the stream's shape gives that a weight). Every
-    candidate's neighbourhood would cost a turn three times as much; the best alone left
-    out the asker's own event among many alike."""
-    if len(candidates) <= k:
-        return candidates
-    senders = [e.row.get("sender_id") for e in candidates]
-    at = np.array([e.row["occurred_at"].timestamp() for e in candidates], dtype=np.float64)
-    by_asker, on_named_day = asked_flags(senders, at, asker, days or [], zone)
-    w = StreamWeights()
-    weight = w.feature_weights(in_dialogue=len(set(senders)) <= w.dialogue_speakers)
-    relevance = np.array([e.relevance for e in candidates], dtype=np.float64)
-    lift = np.zeros(len(candidates), dtype=np.float64)
-    for name, flags in (("asker", by_asker), ("named_day", on_named_day)):
-        if flags is not None:
-            lift += LIFT_PER_WEIGHT * weight[name] * flags
-    best = np.argsort(-relevance, kind="stable")[:k]
-    lifted = np.argsort(-(relevance + lift), kind="stable")
-    lifted = lifted[lift[lifted] > 0][:k]
-    kept = set(best.tolist()) | set(lifted.tolist())
-    return [candidates[n] for n in sorted(kept)]
-
-
 def decay_scores(
     candidates: list[RankedEvent], now: datetime, half_life_days: float, q: QuerySettings
 ) -> None:
@@ -380,7 +335,6 @@ async def rank_events(
         )
     candidates = fuse(dense, lexical, q.lexical_weight, calibration)
     if q.lexical_weight > 0 and candidates:
-        candidates = shortlist(candidates, 2 * search.reranked(q), search.asker, days, search.zone)
         around = await events.neighbours(
             session,
             tenant_id,
@@ -447,9 +401,9 @@ async def _rerank(
     q: QuerySettings,
     warnings: list[str] | None,
 ) -> None:
-    # The reranker sees the best top_k × rerank_candidate_multiplier of the fused union, as
-    # documented: it is the costly step.
-    head = candidates[: search.reranked(q)]
+    # The reranker sees the best top_k × rerank_candidate_multiplier of the fused union (both
+    # sides together give up to twice that), as documented: it is the costly step.
+    head = candidates[: search.pool(q)]
     try:
         relevance = await reranker.rerank(search.text, [e.row["text"] for e in head])
     except LLMError as exc:
