@@ -65,7 +65,10 @@ async def test_query_vectors_are_the_engines_own() -> None:
     theirs = reference_vectors(QUERIES)
     cosines = np.sum(ours * theirs, axis=1)
     assert cosines.min() >= 0.9999, cosines
-    assert np.abs(ours - theirs).max() < 2e-3
+    # Both quantize activations to 8 bits a block, each rounding on the integer paths of
+    # its CPU: one 2-core machine kept every element within 0.002, an AMD EPYC one within
+    # 0.0027 (cosines 0.99993 to 0.99998).
+    assert np.abs(ours - theirs).max() < 4e-3
 
 
 # Texts a tokenizer can get wrong: normalization (full-width forms, ligatures, compatibility
