@@ -204,7 +204,8 @@ class Reader:
                 await first()
             return None if beside is not None else await lexical(session)
 
-        async def read_beside() -> list[dict[str, Any]]:
+        async def lexical_after() -> list[dict[str, Any]]:
+            # Passed only while the lexical side is on its way beside.
             found = await beside if beside is not None else None
             return found if found is not None else await lexical(session)  # none was free
 
@@ -215,7 +216,7 @@ class Reader:
                 tenant_id,
                 search,
                 vector,
-                read_beside if found is None else found,
+                lexical_after if found is None else found,
                 q,
                 datetime.now(UTC),
                 self.reranker,
