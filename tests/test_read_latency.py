@@ -852,3 +852,106 @@ async def test_a_chat_history_as_the_query_still_finds_what_its_first_line_named
             session, context, EventSearch(query="\n".join(history), user_id="ann", top_k=3)
         )
     assert found.events[0].text == texts[17]
+
+
+async def test_months_of_turns_with_hostile_words_and_ids_stay_in_their_group_and_bounded(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from service.recall.schemas import ContextRequest, EventSearch
+    from service.recall.service import Reader
+
+    # Four months of a busy group's events, every half hour, under an id full of separators;
+    # another tenant's group of the same id says the same things, marked. Five hundred turns
+    # and searches, a dozen at a time through a pool of four (two may serve beside), with
+    # hostile questions, odd asker ids and clients that hang up.
+    db = Database(db_url, pool_size=4, max_overflow=0)
+    rng = np.random.default_rng(43)
+    tenant, other = await new_tenant_id(db, "months-of-turns"), await new_tenant_id(db, "nosy")
+    group, size = "o:%1", 4 * 30 * 48
+    vectors = unit(rng, size)
+    texts = [line(rng, n) for n in range(size)]
+    for owner, mark in ((tenant, ""), (other, "别人的：")):
+        rows = [
+            {
+                **event_row(
+                    owner, f"{mark}e{n}", f"g:{group}", START + timedelta(minutes=30 * n), v
+                ),
+                "text": mark + texts[n],
+                "sender_id": f"u:{n % 40}%2F",
+            }
+            for n, v in enumerate(vectors)
+        ]
+        async with db.tenant(owner) as session:
+            for start in range(0, size, 500):
+                await events_repository.upsert_events(session, rows[start : start + 500])
+    async with db.system() as session:
+        await session.execute(text("ANALYZE events"))
+        context = await tenant_context(session, tenant, Settings())
+
+    asked_terms: list[int] = []
+    lexical_events = events_repository.lexical_events
+
+    async def counted(
+        session: Any, tenant_id: Any, keys: Any, words: list[str], *a: Any, **k: Any
+    ) -> Any:
+        asked_terms.append(len(words))
+        return await lexical_events(session, tenant_id, keys, words, *a, **k)
+
+    monkeypatch.setattr(events_repository, "lexical_events", counted)
+
+    class Model(FixedModel):
+        async def query(self, question: str) -> np.ndarray:
+            return vectors[sum(map(ord, question)) % size]
+
+    paragraph = " ".join(f"zq{n}x" for n in range(700))[:3900]  # 4,000 characters of words
+    questions = [
+        "上次在西湖边划船怎么样",
+        "阿福 阿福 阿福 张三的猫",
+        "%:/ 西湖' OR 1=1 --",
+        "(((a+)+)+)$ \\d*\\d*\\d*!",
+        paragraph,
+        "别人的：我们在西湖边划船",
+    ]
+    askers = ["u:3%2F", "..%2Fetc", "u:%00", None]  # a '/' is refused before any read
+
+    async def turn(n: int) -> None:
+        question, asker = questions[n % len(questions)], askers[n % len(askers)]
+        reader = Reader(Model(vectors[0]), None, db)  # type: ignore[arg-type]
+        async with db.tenant(tenant, read_only=True) as session:
+            if n % 2:
+                found = await reader.context(
+                    session,
+                    context,
+                    ContextRequest(
+                        request_type="group", group_id=group, sender_id=asker, message=question
+                    ),
+                )
+                shown = [e.text for e in found.events]
+                assert len(shown) <= context.query.auto_top_k
+            else:
+                searched = await reader.search_events(
+                    session, context, EventSearch(query=question, group_id=group, top_k=8)
+                )
+                assert all(e.group_id == group for e in searched.events)
+                shown = [e.text for e in searched.events]
+                assert len(shown) == 8
+        assert not any(t.startswith("别人的") for t in shown), (question, shown)
+
+    for round_ in range(42):
+        batch = [asyncio.ensure_future(turn(12 * round_ + n)) for n in range(12)]
+        await asyncio.sleep(0.002)
+        batch[round_ % 12].cancel()  # a client that hangs up
+        done = await asyncio.wait_for(asyncio.gather(*batch, return_exceptions=True), 120)
+        failures = [d for d in done if isinstance(d, BaseException)]
+        assert all(isinstance(f, asyncio.CancelledError) for f in failures), failures
+    # The paragraph's 700 words were cut to the most telling ones; nothing leaked.
+    assert len(asked_terms) > 400 and max(asked_terms) <= MAX_QUERY_TERMS
+    assert db.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+    async with (
+        db.second_tenant(tenant, read_only=True) as first,
+        db.second_tenant(tenant, read_only=True) as second,
+        db.second_tenant(tenant, read_only=True) as third,
+    ):
+        # Every transaction lent beside came back: two of a pool of four, again.
+        assert first is not None and second is not None and third is None
+    await db.dispose()
