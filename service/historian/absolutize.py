@@ -50,10 +50,22 @@ class Person:
 
     def label(self) -> str:
         """``张三(10001)`` / ``Alice (10001)`` / the one part that is known."""
-        if self.name and self.id and self.name != self.id:
+        if self.name and self.id and self.name.casefold() != self.id.casefold():
             sep = "" if _CJK.search(self.name) else " "
             return f"{self.name}{sep}({self.id})"
         return str(self.name or self.id)
+
+    def mentions(self) -> Callable[[re.Match[str]], str]:
+        """A replacement naming the person in full the first time, by name after: a text
+        saying "I" five times names its speaker's id once."""
+        said: list[bool] = []
+
+        def mention(_: re.Match[str]) -> str:
+            full = not said
+            said.append(True)
+            return self.label() if full else str(self.name or self.id)
+
+        return mention
 
 
 @dataclass(frozen=True)
@@ -328,14 +340,13 @@ def _en_weekday(m: re.Match[str], today: date) -> str:
 def _pronouns_cn(text: str, s: Situation) -> str:
     # 我/咱/俺 alone (not 我们/咱们): the first person. 你/您 alone: the second person.
     if s.first_person.known:
-        first = s.first_person.label()
-        text = re.sub(r"(?:我|咱|俺)(?!们|国|方|司|校|院|军|党)", lambda m: first, text)
+        text = re.sub(r"(?:我|咱|俺)(?!们|国|方|司|校|院|军|党)", s.first_person.mentions(), text)
     if s.second_person.known:
-        second = s.second_person.label()
-        text = re.sub(r"(?:你|您)(?!们|好)", lambda m: second, text)
+        text = re.sub(r"(?:你|您)(?!们|好)", s.second_person.mentions(), text)
     return text
 
 
+# Longest first; "I" only in capitals (a stray "i" is rarely the speaker).
 _EN_FIRST = [
     (r"\bI'm\b|\bI am\b", "{p} is"),
     (r"\bI've\b|\bI have\b", "{p} has"),
@@ -343,9 +354,9 @@ _EN_FIRST = [
     (r"\bI'd\b", "{p} would"),
     (r"\bI was\b", "{p} was"),
     (r"\bI\b", "{p}"),
-    (r"\bmyself\b", "{p}"),
-    (r"\b(?:my|mine)\b", "{p}'s"),
-    (r"\bme\b", "{p}"),
+    (r"(?i:\bmyself\b)", "{p}"),
+    (r"(?i:\b(?:my|mine)\b)", "{p}'s"),
+    (r"(?i:\bme\b)", "{p}"),
 ]
 _EN_SECOND = [
     (r"\byou're\b|\byou are\b", "{p} is"),
@@ -358,16 +369,32 @@ _EN_SECOND = [
 ]
 
 
+def _one_pass(table: list[tuple[str, str]], flags: int = 0) -> tuple[re.Pattern[str], list[str]]:
+    # One pattern of the table's alternatives, each a group, tried in the table's order.
+    pattern = "|".join(f"({p})" for p, _ in table)
+    return re.compile(pattern, flags), [template for _, template in table]
+
+
+_EN_PRONOUNS = (_one_pass(_EN_FIRST), _one_pass(_EN_SECOND, re.I))
+
+
 def _pronouns_en(text: str, s: Situation) -> str:
-    for person, table in ((s.first_person, _EN_FIRST), (s.second_person, _EN_SECOND)):
-        if not person.known:
-            continue
-        label = person.label()
-        for pattern, template in table:
-            flags = 0 if pattern.startswith(r"\bI") else re.I
-            replacement = template.format(p=label)
-            text = re.sub(pattern, lambda m, r=replacement: r, text, flags=flags)
+    for person, (pattern, templates) in zip(
+        (s.first_person, s.second_person), _EN_PRONOUNS, strict=True
+    ):
+        if person.known:
+            text = pattern.sub(_templated(person.mentions(), templates), text)
     return text
+
+
+def _templated(
+    mention: Callable[[re.Match[str]], str], templates: list[str]
+) -> Callable[[re.Match[str]], str]:
+    # The matched alternative's template, around the person's mention.
+    def replace(m: re.Match[str]) -> str:
+        return templates[(m.lastindex or 1) - 1].format(p=mention(m))
+
+    return replace
 
 
 # ---------------------------------------------------------------- places
