@@ -208,6 +208,11 @@ def conversation_key(request_type: str, group_id: str | None, user_id: str | Non
     return f"p:{user_id}"
 
 
+def is_group(conversation_key: str) -> bool:
+    """Whether the key (see ``conversation_key``) is a group's."""
+    return conversation_key.startswith("g:")
+
+
 def scope_of(group_id: str | None, user_id: str | None) -> str:
     """The conversation named by exactly one of ``group_id`` / ``user_id`` (query parameters)."""
     if group_id and user_id:

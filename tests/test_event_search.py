@@ -511,3 +511,170 @@ async def test_a_reply_neither_side_finds_is_ranked_through_the_turn_it_answers(
     assert "late-reply" not in order
     reply = ranked[order.index("e131")].row
     assert reply.keys() == ranked[0].row.keys() and reply["text"] == "好呀，我来安排"
+
+
+async def test_a_senders_nearest_events_are_theirs_alone_exact_among_their_latest(
+    db: Database,
+) -> None:
+    """``nearest_told_by``: one sender's events nearest to the query, exactly, in their group
+    only: never a look-alike id's (``u_1`` against ``u%``), another group's or another
+    tenant's, however near; among their ``recent`` latest; under the time bounds."""
+    rng = np.random.default_rng(43)
+    tenant, other = await new_tenant_id(db, "acme"), await new_tenant_id(db, "rival")
+    key, asker = "g:a%:/b", "u%"
+    query = unit(rng, 1)[0]
+    rows = []
+    for n in range(900):
+        sender = (asker, "u_1", "u:1/..%2F")[n % 3]
+        at = START + timedelta(hours=n)
+        cosine = 0.95 if sender != asker else float(rng.uniform(0.1, 0.8))
+        rows.append(
+            {**event_row(tenant, f"e{n}", key, at, near(query, cosine, rng)), "sender_id": sender}
+        )
+    # The asker in another group, and another tenant's group of the same id: nearer still.
+    for n, (owner, where) in enumerate(((tenant, "g:a%:/c"), (other, key))):
+        rows.append(
+            {**event_row(owner, f"x{n}", where, START, near(query, 0.99, rng)), "sender_id": asker}
+        )
+    for owner in (tenant, other):
+        async with db.tenant(owner) as session:
+            await upsert_events(session, [r for r in rows if r["tenant_id"] == owner])
+
+    def expected(chosen: list[dict[str, Any]], limit: int) -> list[str]:
+        distances = [1.0 - float(r["embedding"] @ query) for r in chosen]
+        order = sorted(range(len(chosen)), key=lambda i: (distances[i], chosen[i]["id"]))
+        return [chosen[i]["id"] for i in order[:limit]]
+
+    mine = [r for r in rows if r["tenant_id"] == tenant and r["conversation_key"] == key]
+    mine = [r for r in mine if r["sender_id"] == asker]
+
+    async def told(**kw: Any) -> list[dict[str, Any]]:
+        async with db.tenant(tenant) as session:
+            return await events_repository.nearest_told_by(
+                session, tenant, [key], asker, query, kw.pop("limit", 5), **kw
+            )
+
+    found = await told()
+    assert [r["id"] for r in found] == expected(mine, 5)
+    assert all(r["sender_id"] == asker and r["conversation_key"] == key for r in found)
+    for row in found:  # the distance as the dense side gives it, with the whole row
+        truth = next(r for r in mine if r["id"] == row["id"])
+        assert row["distance"] == pytest.approx(1.0 - float(truth["embedding"] @ query), abs=1e-5)
+        assert row["text"] == truth["text"] and row["embedding"] is not None
+    latest = sorted(mine, key=lambda r: r["occurred_at"])[-100:]
+    assert [r["id"] for r in await told(recent=100)] == expected(latest, 5)
+    since = START + timedelta(days=20)
+    bounded = [r for r in mine if r["occurred_at"] >= since]
+    assert [r["id"] for r in await told(time_from=since, limit=50)] == expected(bounded, 50)
+    async with db.tenant(tenant) as session:
+        for nobody in ("u", "%", "u_", "U%"):
+            assert (
+                await events_repository.nearest_told_by(session, tenant, [key], nobody, query, 5)
+                == []
+            )
+
+
+async def test_in_a_group_of_a_hundred_members_the_askers_own_news_is_in_their_turn(
+    db: Database,
+) -> None:
+    """A hundred members each told the group alike news (nearer the question than the
+    asker's own) with none of the question's words: a turn's 3 events come from the nearest
+    9, all others'. The asker's own news is a candidate too, and shown, when they ask;
+    another member asking gets the group's nearest, not the asker's."""
+    from service.recall.ranking import EventQuery, lexical_candidates, rank_events
+    from service.settings import QuerySettings
+
+    rng = np.random.default_rng(47)
+    tenant = await new_tenant_id(db, "acme")
+    query = unit(rng, 1)[0]
+    rows = []
+    for n in range(300):
+        member = f"m{n % 100}"
+        cosine = 0.7 if member == "m42" else float(rng.uniform(0.72, 0.85))
+        rows.append(
+            {
+                **event_row(
+                    tenant, f"e{n}", "g:1", START + timedelta(hours=n), near(query, cosine, rng)
+                ),
+                "sender_id": member,
+                "text": f"{member} 报名了第{n}场",
+            }
+        )
+    async with db.tenant(tenant) as session:
+        await upsert_events(session, rows)
+
+    async def turn(asker: str | None) -> list[str]:
+        q = QuerySettings(time_decay_enabled=False)
+        search = EventQuery("周末去哪玩", ["g:1"], 3, 60.0, asker=asker)
+        async with db.tenant(tenant) as session:
+            lexical = await lexical_candidates(session, tenant, search, q)
+            ranked = await rank_events(session, tenant, search, query, lexical, q, START)
+        return [e.row["sender_id"] for e in ranked]
+
+    assert "m42" in await turn("m42")
+    assert (await turn("m42"))[0] == "m42"
+    assert "m42" not in await turn(None)
+    assert "m42" not in await turn("m7")
+
+
+async def test_a_chatty_members_months_are_read_only_as_far_as_their_latest(
+    db: Database,
+) -> None:
+    """Four months of a busy group, one member telling 1,500 of its 9,000 events: their
+    nearest are chosen among their latest ``SENDER_RECENT``, found through the sender's
+    index (the others' 7,500 events are not read) and only those scored, and equal brute
+    force over them."""
+    rng = np.random.default_rng(53)
+    tenant = await new_tenant_id(db, "acme")
+    query = unit(rng, 1)[0]
+    vectors = unit(rng, 9000)
+    rows = [
+        {
+            **event_row(tenant, f"e{n}", "g:1", START + timedelta(minutes=20 * n), vectors[n]),
+            "sender_id": "chatty" if n % 6 == 0 else f"m{n % 97}",
+        }
+        for n in range(9000)
+    ]
+    async with db.tenant(tenant) as session:
+        for start in range(0, len(rows), 1000):
+            await upsert_events(session, rows[start : start + 1000])
+    async with db.system() as session:
+        await session.execute(text("ANALYZE events"))
+    recent = events_repository.SENDER_RECENT
+    latest = [r for r in rows if r["sender_id"] == "chatty"][-recent:]
+    distances = np.array([1.0 - float(r["embedding"] @ query) for r in latest])
+    expected = [latest[i]["id"] for i in np.argsort(distances, kind="stable")[:9]]
+    params = {
+        "tenant_id": tenant,
+        "conversation_keys": ["g:1"],
+        "sender": "chatty",
+        "query": query,
+        "limit": 9,
+        "recent": recent,
+    }
+    statement = events_repository._told_by(False, False)
+    async with db.tenant(tenant) as session:
+        found = await events_repository.nearest_told_by(
+            session, tenant, ["g:1"], "chatty", query, 9
+        )
+        plan = (
+            await session.execute(text("EXPLAIN (ANALYZE, FORMAT JSON) " + statement.text), params)
+        ).scalar_one()
+    assert [r["id"] for r in found] == expected
+
+    def nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
+        return [node] + [n for child in node.get("Plans", []) for n in nodes(child)]
+
+    every = nodes(plan[0]["Plan"])
+    # Found through the sender's index alone (an index scan newest first, or a bitmap of
+    # theirs), never by reading the group.
+    assert {n["Index Name"] for n in every if "Index Name" in n} == {
+        "ix_events_sender_time",
+        "pk_events",
+    }, every
+    assert not [n for n in every if n["Node Type"] == "Seq Scan"], every
+    read = [n for n in every if n.get("Relation Name") == "events"]
+    assert sum(n["Actual Rows"] * n.get("Actual Loops", 1) for n in read) <= 1500 + 9, read
+    # Only the latest are scored: the distances are computed over at most SENDER_RECENT.
+    limits = [n for n in every if n["Node Type"] == "Limit"]
+    assert max(n["Actual Rows"] for n in limits) == recent, limits

@@ -39,6 +39,14 @@ class Event(Base):
         Index(
             "ix_events_conversation_time", "tenant_id", "conversation_key", sql("occurred_at DESC")
         ),
+        # One member's latest events in a group, for their questions about their own news.
+        Index(
+            "ix_events_sender_time",
+            "tenant_id",
+            "conversation_key",
+            "sender_id",
+            sql("occurred_at DESC"),
+        ),
         # Lexical search: which events hold a term (filtered to the conversations after).
         Index("ix_events_lexical", "lexical", postgresql_using="gin"),
     )

@@ -282,6 +282,71 @@ async def nearest_events(
     return dicts(await session.execute(_second_pass(*bounds), params))
 
 
+# The events one sender told nearest to the query: in a group of a hundred members telling
+# alike news, "where is the event I signed up for?" is about the asker's own, which the
+# conversation's nearest few may all pass over. The sender's latest :recent events (their
+# index gives them newest first) are scored exactly, with the full-precision vectors; an older
+# one is left to the conversation's own nearest.
+SENDER_RECENT = 1000
+
+
+@cache
+def _told_by(time_from: bool, time_to: bool) -> TextClause:
+    return text(
+        f"""
+        SELECT {", ".join("e." + c.strip() for c in _COLUMNS.split(","))},
+               e.embedding, m.distance
+        FROM (
+            SELECT r.id, r.embedding <=> CAST(:query AS vector) AS distance
+            FROM (
+                SELECT e.id, e.embedding FROM events e
+                WHERE {_filters("e", time_from, time_to)}
+                  AND e.sender_id = :sender AND e.embedding IS NOT NULL
+                ORDER BY e.occurred_at DESC
+                LIMIT :recent
+            ) r
+            ORDER BY distance, r.id
+            LIMIT :limit
+        ) m
+        JOIN events e ON e.tenant_id = :tenant_id AND e.id = m.id
+        ORDER BY m.distance, e.id
+        """
+    )
+
+
+async def nearest_told_by(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    conversation_keys: list[str],
+    sender_id: str,
+    query: np.ndarray,
+    limit: int,
+    time_from: datetime | None = None,
+    time_to: datetime | None = None,
+    *,
+    recent: int = SENDER_RECENT,
+) -> list[dict[str, Any]]:
+    """The ``limit`` events of ``sender_id`` nearest to ``query`` among their ``recent``
+    latest in ``conversation_keys`` (same filters as ``nearest_events``), nearest first, as
+    ``nearest_events`` gives them."""
+    if limit <= 0 or recent <= 0 or not conversation_keys:
+        return []
+    params: dict[str, Any] = {
+        "tenant_id": tenant_id,
+        "conversation_keys": list(conversation_keys),
+        "sender": sender_id,
+        "query": np.asarray(query, dtype=np.float32).ravel(),
+        "limit": limit,
+        "recent": recent,
+    }
+    if time_from is not None:
+        params["time_from"] = time_from
+    if time_to is not None:
+        params["time_to"] = time_to
+    statement = _told_by(time_from is not None, time_to is not None)
+    return dicts(await session.execute(statement, params))
+
+
 # Lexical candidates: events of the conversations holding any query term (the GIN index),
 # scored by BM25. At most :max_matches matching events are scored. Where the conversations
 # hold fewer events than that, every query term is asked for: all matches are scored, and

@@ -80,6 +80,23 @@ async def nearest(
     )
 
 
+async def nearest_told_by(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    conversation_keys: list[str],
+    sender_id: str,
+    vector: np.ndarray[Any, Any],
+    limit: int,
+    time_from: datetime | None = None,
+    time_to: datetime | None = None,
+) -> list[dict[str, Any]]:
+    """The ``limit`` events ``sender_id`` told in these conversations nearest in meaning
+    (among their latest), nearest first."""
+    return await repository.nearest_told_by(
+        session, tenant_id, conversation_keys, sender_id, vector, limit, time_from, time_to
+    )
+
+
 async def lexical(
     session: AsyncSession,
     tenant_id: uuid.UUID,

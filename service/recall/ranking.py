@@ -5,7 +5,10 @@
    Chinese/English terms (``lexical_events``), each ``top_k × rerank_candidate_multiplier``.
    In conversations too big for every match to be scored, terms common to many events (by
    PostgreSQL's statistics) are left out of the lexical side: they match too much and tell
-   too little. In smaller ones every term counts, weighed by BM25's idf.
+   too little. In smaller ones every term counts, weighed by BM25's idf. A question naming
+   a day brings that day's nearest events too; a group member's, their own nearest among
+   their latest (``nearest_told_by``): in a group of a hundred members telling alike news,
+   the asker's own is often not among the group's nearest few.
 2. Fusion on the similarity scale, so that the seeds' thresholds keep their meaning: an
    event's similarity is its cosine on the embedder's calibrated scale (0 for what the model
    scores an unrelated pair, 1 for a clearly related one: ``Calibration``), its relevance
@@ -44,6 +47,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.context import is_group
 from service.embedding.base import Calibration
 from service.events import service as events
 from service.llm.base import LLMError
@@ -323,6 +327,19 @@ async def rank_events(
         # many of the rest of the conversation's are nearer.
         dense += await events.nearest(
             session, tenant_id, search.conversation_keys, vector, search.pool(q), *named
+        )
+    if search.asker is not None and any(map(is_group, search.conversation_keys)):
+        # In a group, whoever asks is often asking about their own news among the members'
+        # alike ones: their nearest events are candidates too (see nearest_told_by).
+        dense += await events.nearest_told_by(
+            session,
+            tenant_id,
+            search.conversation_keys,
+            search.asker,
+            vector,
+            search.pool(q),
+            search.time_from,
+            search.time_to,
         )
     if callable(lexical):
         lexical = await lexical()
