@@ -22,7 +22,14 @@ from service.retrieval.fusion import (
     time_decayed,
     weighted_fusion,
 )
-from service.retrieval.neighbours import StreamPassage, StreamWeights, idf, score_stream
+from service.retrieval.neighbours import (
+    Stream,
+    StreamPassage,
+    StreamWeights,
+    idf,
+    score_stream,
+    stream_features,
+)
 from service.retrieval.terms import (
     names_in,
     query_terms,
@@ -246,6 +253,35 @@ def test_in_a_two_person_dialogue_the_reply_still_gains_from_its_neighbours() ->
     assert alone[7] is not None and alone[25] is not None
     assert together[7] > together[25]
     assert alone[7] == pytest.approx(alone[25])
+
+
+def test_a_long_streams_lone_notes_get_no_neighbour_evidence_from_rounding() -> None:
+    """Months of a dialogue, its first 5,000 turns full of matches (BM25 up to 30), then
+    notes written hours apart, each holding a query term: a note has no neighbours, so the
+    neighbours' lexical evidence is 0 for each and their order is their own features'.
+    (Running sums over the stream left ±1e-11 there, the rounding of everything before,
+    which scaling by the largest blew up to ±1 and shuffled the notes.)"""
+    rng = np.random.default_rng(5)
+    early = [
+        StreamPassage(
+            0.80,
+            float(rng.uniform(0, 30)),
+            {"lake": 1},
+            candidate=False,
+            at=60.0 * n,
+            sender=("a", "b")[n % 2],
+        )
+        for n in range(5000)
+    ]
+    notes = [
+        StreamPassage(0.80 + 0.001 * n, 5.3, {"lake": 1}, at=10**7 + 7200.0 * n, sender="a")
+        for n in range(40)
+    ]
+    picked, features = stream_features(Stream.of(early + notes), {"lake": 1.0}, StreamWeights())
+    assert picked == list(range(5000, 5040))
+    assert features["neighbour_lexical"] == [0.0] * 40
+    scores = score_stream(early + notes, {"lake": 1.0})[5000:]
+    assert scores == sorted(scores), "alike but for their similarity, the notes follow it"
 
 
 # The dialogue weights applied to every stream, as the ranking was before groups had their own.

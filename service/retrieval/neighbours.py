@@ -202,11 +202,33 @@ def _window_sums(
     ends: npt.NDArray[np.int64],
 ) -> npt.NDArray[np.float64]:
     """Sum of each item's window ``[i - reach, i + reach]``, clipped to its episode
-    ``[starts[i], ends[i])``."""
+    ``[starts[i], ends[i])``, from running sums: exact for counts (whole numbers); for
+    scores, see ``_neighbour_sums``."""
     n = len(values)
     prefix = np.concatenate(([0.0], np.cumsum(values)))
     index = np.arange(n)
     return prefix[np.minimum(ends, index + reach + 1)] - prefix[np.maximum(starts, index - reach)]
+
+
+def _neighbour_sums(
+    values: npt.NDArray[np.float64],
+    reach: int,
+    starts: npt.NDArray[np.int64],
+    ends: npt.NDArray[np.int64],
+) -> npt.NDArray[np.float64]:
+    """Sum of each item's neighbours within ``reach`` (itself left out), clipped to its
+    episode ``[starts[i], ends[i])``. Added up directly, not as a difference of running sums:
+    over a long stream those carry rounding of the size of everything before, and where every
+    neighbour is 0 the difference came out as ±1e-12, which scaling by the largest then blew
+    up to ±1."""
+    n = len(values)
+    index = np.arange(n)
+    out = np.zeros(n)
+    for offset in (*range(-reach, 0), *range(1, reach + 1)):
+        other = index + offset
+        inside = (other >= starts) & (other < ends)
+        out[inside] += values[other[inside]]
+    return out
 
 
 def dialogue(passages: Passages, speakers: int) -> bool:
@@ -279,10 +301,10 @@ def stream_features(
     )
 
     # Neighbours' mean similarity, excluding the passage itself (alone: its own).
-    sim_sums = _window_sums(sims, w.similarity_reach, starts, ends) - sims
-    counts = _window_sums(np.ones(n), w.similarity_reach, starts, ends) - 1.0
+    sim_sums = _neighbour_sums(sims, w.similarity_reach, starts, ends)
+    counts = _neighbour_sums(np.ones(n), w.similarity_reach, starts, ends)
     neighbour_sim = np.where(counts > 0, sim_sums / np.maximum(counts, 1.0), sims)
-    neighbour_lex = _window_sums(bm25, w.lexical_reach, starts, ends) - bm25
+    neighbour_lex = _neighbour_sums(bm25, w.lexical_reach, starts, ends)
 
     # The window as one small document: query terms counted over it, saturated, by idf.
     window = np.zeros(n)
