@@ -898,6 +898,15 @@ async def test_months_of_turns_with_hostile_words_and_ids_stay_in_their_group_an
         return await lexical_events(session, tenant_id, keys, words, *a, **k)
 
     monkeypatch.setattr(events_repository, "lexical_events", counted)
+    told: list[tuple[str, list[str]]] = []
+    told_by = events_repository.nearest_told_by
+
+    async def own(session: Any, tenant_id: Any, keys: Any, sender: str, *a: Any, **k: Any) -> Any:
+        found = await told_by(session, tenant_id, keys, sender, *a, **k)
+        told.append((sender, [r["sender_id"] for r in found]))
+        return found
+
+    monkeypatch.setattr(events_repository, "nearest_told_by", own)
 
     class Model(FixedModel):
         async def query(self, question: str) -> np.ndarray:
@@ -915,7 +924,7 @@ async def test_months_of_turns_with_hostile_words_and_ids_stay_in_their_group_an
     askers = ["u:3%2F", "..%2Fetc", "u:%00", None]  # a '/' is refused before any read
 
     async def turn(n: int) -> None:
-        question, asker = questions[n % len(questions)], askers[n % len(askers)]
+        question, asker = questions[n % len(questions)], askers[n // 2 % len(askers)]
         reader = Reader(Model(vectors[0]), None, db)  # type: ignore[arg-type]
         async with db.tenant(tenant, read_only=True) as session:
             if n % 2:
@@ -946,6 +955,10 @@ async def test_months_of_turns_with_hostile_words_and_ids_stay_in_their_group_an
         assert all(isinstance(f, asyncio.CancelledError) for f in failures), failures
     # The paragraph's 700 words were cut to the most telling ones; nothing leaked.
     assert len(asked_terms) > 400 and max(asked_terms) <= MAX_QUERY_TERMS
+    # The asker's own nearest, for each asker known, theirs alone (a '%' is no wildcard).
+    assert {sender for sender, _ in told} == {"u:3%2F", "..%2Fetc", "u:%00"}
+    assert all(set(senders) <= {sender} for sender, senders in told)
+    assert any(senders for sender, senders in told if sender == "u:3%2F")
     assert db.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
     async with (
         db.second_tenant(tenant, read_only=True) as first,
