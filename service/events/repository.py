@@ -514,7 +514,7 @@ async def lexical_events(
 # The tenant is bound in the subqueries too: a join condition alone does not let Citus route
 # the statement to the tenant's one shard.
 @cache
-def _neighbours(time_from: bool, time_to: bool) -> TextClause:
+def _neighbours(time_from: bool, time_to: bool, terms: bool) -> TextClause:
     bounds = ""
     if time_from:
         bounds += " AND e.occurred_at >= :time_from"
@@ -527,7 +527,24 @@ def _neighbours(time_from: bool, time_to: bool) -> TextClause:
              WHERE e.tenant_id = :tenant_id AND e.conversation_key = c.conversation_key"""
     # The asked terms each holds and how often, from its stored terms (the same segmentation
     # the ranking would do again in Python for every neighbour): one pass over its terms,
-    # once per event (windows overlap), against the asked terms as a constant (hashed).
+    # once per event (windows overlap), against the asked terms as a constant (hashed); only
+    # for the events holding one (most hold none: a look-up of each asked term is cheaper than
+    # going through all of an event's).
+    hits = (
+        """
+        LEFT JOIN LATERAL (
+            SELECT array_agg(t.lexeme ORDER BY t.lexeme) AS hit_terms,
+                   array_agg(coalesce(cardinality(t.positions), 1) ORDER BY t.lexeme)
+                       AS hit_counts
+            FROM unnest(n.lexical) t
+            WHERE n.lexical @@ CAST(:tsquery AS tsquery)
+              AND t.lexeme = ANY(CAST(:terms AS text[]))
+        ) h ON true"""
+        if terms
+        else """
+        CROSS JOIN (SELECT CAST(NULL AS text[]) AS hit_terms,
+                           CAST(NULL AS int[]) AS hit_counts) h"""
+    )
     return text(
         f"""
         SELECT {", ".join(f"n.{c}" for c in names)}, n.similarity, h.hit_terms, h.hit_counts
@@ -549,13 +566,7 @@ def _neighbours(time_from: bool, time_to: bool) -> TextClause:
             WHERE c.tenant_id = :tenant_id AND c.id = ANY(CAST(:ids AS text[]))
             ORDER BY n.id
         ) n
-        LEFT JOIN LATERAL (
-            SELECT array_agg(t.lexeme ORDER BY t.lexeme) AS hit_terms,
-                   array_agg(coalesce(cardinality(t.positions), 1) ORDER BY t.lexeme)
-                       AS hit_counts
-            FROM unnest(n.lexical) t
-            WHERE t.lexeme = ANY(CAST(:terms AS text[]))
-        ) h ON true
+        {hits}
         ORDER BY n.id
         """
     )
@@ -584,10 +595,11 @@ async def neighbour_events(
         "query": np.asarray(query, dtype=np.float32).ravel(),
         "reach": reach,
         "terms": list(terms or []),
+        "tsquery": to_tsquery_literal(terms or []),
     }
     if time_from is not None:
         params["time_from"] = time_from
     if time_to is not None:
         params["time_to"] = time_to
-    statement = _neighbours(time_from is not None, time_to is not None)
+    statement = _neighbours(time_from is not None, time_to is not None, bool(terms))
     return dicts(await session.execute(statement, params))
