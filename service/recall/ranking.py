@@ -330,14 +330,16 @@ async def rank_events(
         )
     if search.asker is not None and any(map(is_group, search.conversation_keys)):
         # In a group, whoever asks is often asking about their own news among the members'
-        # alike ones: their nearest events are candidates too (see nearest_told_by).
+        # alike ones: their nearest top_k events are candidates too (see nearest_told_by).
+        # (As many as the dense side's, top_k × rerank_candidate_multiplier, found no more on
+        # MemDaily's pools, and each candidate costs its neighbours' read.)
         dense += await events.nearest_told_by(
             session,
             tenant_id,
             search.conversation_keys,
             search.asker,
             vector,
-            search.pool(q),
+            search.top_k,
             search.time_from,
             search.time_to,
         )
