@@ -86,11 +86,13 @@ TOP_K = 10
 class EventApi(Api):
     """The public API as a bot uses it: ``end`` calls, event search, the turn's context."""
 
-    def __init__(self, http: httpx.AsyncClient, key: str) -> None:
+    def __init__(
+        self, http: httpx.AsyncClient, key: str, runtime: Any, tenant_id: uuid.UUID
+    ) -> None:
         super().__init__(http, key)
         self.context_latencies: list[float] = []
-        self.runtime: Any = None  # the app's, for the lexical side alone
-        self.tenant_id: uuid.UUID | None = None
+        # The app in process and the tenant: for the lexical side alone.
+        self.runtime, self.tenant_id = runtime, tenant_id
         # Which source item (a LoCoMo turn, a MADial memory) each event was written from.
         self.source: dict[str, str] = {}
 
@@ -284,8 +286,9 @@ async def main() -> None:
             transport=transport, base_url="http://bench", timeout=60
         ) as http:
             created = await new_tenant(http, "bench")
-            api = EventApi(http, created["api_key"]["key"])
-            api.runtime, api.tenant_id = app.state.runtime, uuid.UUID(created["tenant_id"])
+            api = EventApi(
+                http, created["api_key"]["key"], app.state.runtime, uuid.UUID(created["tenant_id"])
+            )
             await api.http.patch(
                 "/v1/settings",
                 json={"query": {"auto_top_k": args.auto_top_k}},

@@ -98,6 +98,8 @@ async def upsert_events(session: AsyncSession, rows: list[dict[str, Any]]) -> No
 _COLUMNS = """id, conversation_key, request_type, group_id, user_id, sender_id, request_id,
               end_seq, kind, perspective, text, source_text, is_absolute, warnings, occurred_at,
               timezone, location_abs, message_ids, metadata, job_id, created_at, updated_at"""
+# The same columns of the event aliased ``e``.
+_EVENT_COLUMNS = ", ".join("e." + c.strip() for c in _COLUMNS.split(","))
 
 _LIST = text(
     f"""
@@ -168,6 +170,18 @@ _EXTRA_CANDIDATES = 24
 _SAMPLE = 1000
 
 
+def _bounded(
+    params: dict[str, Any], time_from: datetime | None, time_to: datetime | None
+) -> tuple[bool, bool]:
+    """The time bounds given, added to ``params``; which of the two there are (the statement
+    writes only those: see ``_filters``)."""
+    if time_from is not None:
+        params["time_from"] = time_from
+    if time_to is not None:
+        params["time_to"] = time_to
+    return time_from is not None, time_to is not None
+
+
 def _filters(alias: str, time_from: bool, time_to: bool) -> str:
     # Bounds are only written when given, so the time range is always an index range.
     clauses = (
@@ -181,7 +195,7 @@ def _filters(alias: str, time_from: bool, time_to: bool) -> str:
 
 
 _RESCORED = f"""
-    SELECT {", ".join("e." + c.strip() for c in _COLUMNS.split(","))},
+    SELECT {_EVENT_COLUMNS},
            e.embedding, e.embedding <=> CAST(:query AS vector) AS distance{{extra}}
     FROM candidates c JOIN events e ON e.tenant_id = :tenant_id AND e.id = c.event_id
     ORDER BY distance, e.id
@@ -262,11 +276,7 @@ async def nearest_events(
         "pool": limit + _EXTRA_CANDIDATES,
         "sample": max(_SAMPLE, 8 * (limit + _EXTRA_CANDIDATES)),
     }
-    if time_from is not None:
-        params["time_from"] = time_from
-    if time_to is not None:
-        params["time_to"] = time_to
-    bounds = (time_from is not None, time_to is not None)
+    bounds = _bounded(params, time_from, time_to)
 
     rows = dicts(await session.execute(_first_pass(*bounds), params))
     if not rows:
@@ -294,7 +304,7 @@ SENDER_RECENT = 1000
 def _told_by(time_from: bool, time_to: bool) -> TextClause:
     return text(
         f"""
-        SELECT {", ".join("e." + c.strip() for c in _COLUMNS.split(","))},
+        SELECT {_EVENT_COLUMNS},
                e.embedding, m.distance
         FROM (
             SELECT r.id, r.embedding <=> CAST(:query AS vector) AS distance
@@ -339,11 +349,7 @@ async def nearest_told_by(
         "limit": limit,
         "recent": recent,
     }
-    if time_from is not None:
-        params["time_from"] = time_from
-    if time_to is not None:
-        params["time_to"] = time_to
-    statement = _told_by(time_from is not None, time_to is not None)
+    statement = _told_by(*_bounded(params, time_from, time_to))
     return dicts(await session.execute(statement, params))
 
 
@@ -450,7 +456,7 @@ def _lexical(time_from: bool, time_to: bool) -> TextClause:
             ORDER BY bm25 DESC, h.id
             LIMIT :limit
         )
-        SELECT {", ".join("e." + c.strip() for c in _COLUMNS.split(","))},
+        SELECT {_EVENT_COLUMNS},
                e.embedding, b.bm25,
                -- The query terms it holds, their frequency here and idf (for neighbours).
                (SELECT array_agg(h.term ORDER BY h.term) FROM hits h WHERE h.id = b.id) AS terms,
@@ -597,9 +603,5 @@ async def neighbour_events(
         "terms": list(terms or []),
         "tsquery": to_tsquery_literal(terms or []),
     }
-    if time_from is not None:
-        params["time_from"] = time_from
-    if time_to is not None:
-        params["time_to"] = time_to
-    statement = _neighbours(time_from is not None, time_to is not None, bool(terms))
+    statement = _neighbours(*_bounded(params, time_from, time_to), bool(terms))
     return dicts(await session.execute(statement, params))

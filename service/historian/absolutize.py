@@ -58,11 +58,11 @@ class Person:
     def mentions(self) -> Callable[[re.Match[str]], str]:
         """A replacement naming the person in full the first time, by name after: a text
         saying "I" five times names its speaker's id once."""
-        said: list[bool] = []
+        said = False
 
         def mention(_: re.Match[str]) -> str:
-            full = not said
-            said.append(True)
+            nonlocal said
+            full, said = not said, True
             return self.label() if full else str(self.name or self.id)
 
         return mention

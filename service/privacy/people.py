@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from sqlalchemy import TextClause, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.context import is_group
 from service.db import registry
 from service.db.registry import names_filter
 from service.privacy.redaction import Redactor
@@ -72,7 +73,7 @@ async def find_person(session: AsyncSession, tenant_id: uuid.UUID, user_id: str)
     keys = sorted(
         {r.key for r in await session.execute(_union("conversations"), p) if r.key} - {private_key}
     )
-    groups = [k[2:] for k in keys if k.startswith("g:")]
+    groups = [k[2:] for k in keys if is_group(k)]
     peers = sorted(
         {
             r.id
