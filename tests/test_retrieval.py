@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 import time
+from dataclasses import replace
 from datetime import UTC, date, datetime
 from zoneinfo import ZoneInfo
 
@@ -234,8 +235,12 @@ def test_in_a_many_speaker_group_the_exact_detail_beats_similar_news_of_others()
     scores = score_stream(stream, idfs)
     assert scores[2] is not None and scores[8] is not None
     assert scores[2] == max(s for s in scores if s is not None)
-    # Read as a dialogue, the similar neighbourhood would have carried the other one.
-    as_dialogue = score_stream(stream, idfs, StreamWeights(dialogue_speakers=len(senders)))
+    # Read as a dialogue, the similar neighbourhood would have carried the other one (its
+    # similarity alone: the terms over the window left out on both readings).
+    alone = StreamWeights(window_lexical=0)
+    as_group = score_stream(stream, idfs, alone)
+    assert as_group[2] is not None and as_group[8] is not None and as_group[2] > as_group[8]
+    as_dialogue = score_stream(stream, idfs, replace(alone, dialogue_speakers=len(senders)))
     assert as_dialogue[8] is not None and as_dialogue[2] is not None
     assert as_dialogue[8] > as_dialogue[2]
 
@@ -297,23 +302,25 @@ def test_in_a_group_the_rare_exact_terms_beat_another_speakers_closer_meaning() 
     person's message much closer in meaning; a dialogue of the same messages ranks exactly as
     before, where closeness in meaning wins."""
     sims = [0.80] * 12
-    sims[8] = 0.92  # close in meaning, none of the asked terms
+    # Close in meaning, none of the asked terms; within the window of the passage holding
+    # them, so that the terms over the window do not tell the two apart in a dialogue.
+    sims[5] = 0.92
     matches = {2: ("tesla", 4.0)}  # the asked rare term
     idfs = {"tesla": 3.0}
 
     group = _group([f"user-{n:03d}" for n in range(12)], sims, matches)
     scores = score_stream(group, idfs)
-    assert scores[2] is not None and scores[8] is not None
+    assert scores[2] is not None and scores[5] is not None
     assert scores[2] == max(s for s in scores if s is not None)
     before = score_stream(group, idfs, _DIALOGUE_WEIGHTS_EVERYWHERE)
-    assert before[2] is not None and before[8] is not None
-    assert before[8] > before[2]  # what the group weights change
+    assert before[2] is not None and before[5] is not None
+    assert before[5] > before[2]  # what the group weights change
 
     pair = _group(["alice", "bob"] * 6, sims, matches)
     in_dialogue = score_stream(pair, idfs)
     assert in_dialogue == pytest.approx(score_stream(pair, idfs, _DIALOGUE_WEIGHTS_EVERYWHERE))
-    assert in_dialogue[2] is not None and in_dialogue[8] is not None
-    assert in_dialogue[8] > in_dialogue[2]
+    assert in_dialogue[2] is not None and in_dialogue[5] is not None
+    assert in_dialogue[5] > in_dialogue[2]
 
 
 def test_the_group_weights_follow_the_number_of_senders() -> None:
