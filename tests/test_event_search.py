@@ -678,3 +678,74 @@ async def test_a_chatty_members_months_are_read_only_as_far_as_their_latest(
     # Only the latest are scored: the distances are computed over at most SENDER_RECENT.
     limits = [n for n in every if n["Node Type"] == "Limit"]
     assert max(n["Actual Rows"] for n in limits) == recent, limits
+
+
+async def test_an_events_vector_is_read_from_its_row_and_a_long_text_still_whole(
+    db: Database,
+) -> None:
+    """An event's vector stays in its row (a 2.7 kB row is over PostgreSQL's 2 kB bar, at
+    which pgvector's vectors went to the TOAST table): reading a neighbour's similarity is
+    then one row read, not a TOAST look-up as well. Only a text too long for a page is moved
+    out, and reads back whole. Rows rewritten later (a re-embedding) stay whole too."""
+    rng = np.random.default_rng(59)
+    tenant = await new_tenant_id(db, "acme")
+    vectors = unit(rng, 600)
+    rows = [
+        {
+            **event_row(tenant, f"e{n}", "g:1", START + timedelta(minutes=n), vectors[n]),
+            # An ordinary event's text and terms: the row is about 2.5 kB with its vector.
+            "text": f"张三{n}说周末要去西湖边划船，顺便去看看断桥和雷峰塔，晚上吃杭帮菜" * 3,
+        }
+        for n in range(600)
+    ]
+    # A text that cannot fit a page, nor compress to fit one (random characters).
+    long_text = "".join(chr(0x4E00 + int(c)) for c in rng.integers(0, 20000, 30_000))
+    rows[300]["text"] = long_text
+    async with db.tenant(tenant) as session:
+        await upsert_events(session, rows)
+        await upsert_events(session, [{**r, "embedding": -r["embedding"]} for r in rows[:100]])
+    async with db.system() as session:
+        toast = (
+            await session.execute(
+                text(
+                    "SELECT reltoastrelid::regclass::text FROM pg_class"
+                    " WHERE oid = 'events'::regclass"
+                )
+            )
+        ).scalar_one()
+        moved = (
+            await session.execute(text(f"SELECT count(DISTINCT chunk_id) FROM {toast}"))
+        ).scalar_one()
+    assert moved == 2  # the long text and its terms, alone
+
+    query = unit(rng, 1)[0]
+    ids = [f"e{n}" for n in range(0, 600, 20)]
+    params = {
+        "tenant_id": tenant,
+        "ids": ids,
+        "query": query,
+        "reach": 6,
+        "terms": [],
+        "tsquery": "",
+    }
+    statement = events_repository._neighbours(False, False, False)
+    async with db.tenant(tenant) as session:
+        found = await events_repository.neighbour_events(session, tenant, ids, query, 6)
+        plan = (
+            await session.execute(
+                text("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + statement.text), params
+            )
+        ).scalar_one()
+        whole = await events_repository.events_by_ids(session, tenant, ["e300", "e0"])
+    assert whole["e300"]["text"] == long_text
+    assert np.allclose(whole["e0"]["embedding"].to_numpy(), -vectors[0], atol=1e-6)
+    expected = {f"e{n}": float(v @ query) for n, v in enumerate(vectors)}
+    expected.update({f"e{n}": -expected[f"e{n}"] for n in range(100)})
+    assert len(found) == 30 * 12 - 6  # the first candidate has none before it
+    for row in found:
+        assert row["similarity"] == pytest.approx(expected[row["id"]], abs=1e-5)
+    # About two buffers a neighbour (its index entry's page, its row's page); through TOAST
+    # it was five or more (the TOAST index's levels and its chunk's page as well).
+    top = plan[0]["Plan"]
+    touched = top["Shared Hit Blocks"] + top["Shared Read Blocks"]
+    assert touched <= 3 * len(found), touched
