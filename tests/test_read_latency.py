@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import event, text
 
 from service.db import vector_index
-from service.db.engine import Database
+from service.db.engine import Database, settled
 from service.embedding.base import Calibration
 from service.events import repository as events_repository
 from service.messages import repository as messages_repository
@@ -416,6 +416,52 @@ async def reads_beside_safely(
     assert db.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
     assert await ask(db, questions[0]) == alone
     return alone
+
+
+async def test_a_read_beside_hands_its_rows_over_before_its_transaction_ends(
+    db_url: str,
+) -> None:
+    """The rows read on a second transaction reach the request as soon as they are read: its
+    COMMIT goes on meanwhile, and ``settled`` waits for it. A read that fails, one cancelled
+    while it reads and one cancelled before it starts each end cleanly, with nothing lent."""
+    db = Database(db_url, pool_size=2, max_overflow=0)
+    tenant = await new_tenant_id(db, "handed-over")
+
+    async def read(session: Any) -> list[str]:
+        rows = await session.execute(text("SELECT name FROM tenants"))
+        return [r[0] for r in rows]
+
+    for _ in range(20):
+        beside = db.read_beside(tenant, read)
+        assert await beside == ["handed-over"]  # row-level security: its own tenant only
+        # Its transaction still ending (the COMMIT on its way), its connection still lent.
+        assert not beside.ended.done()
+        assert db.engine.pool.checkedout() == 1  # type: ignore[attr-defined]
+        await settled(beside)
+        assert beside.ended.done() and beside.ended.exception() is None
+        assert db.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+
+    async def fails(session: Any) -> None:
+        await session.execute(text("SELECT 1 / 0"))
+
+    failed = db.read_beside(tenant, fails)
+    with pytest.raises(Exception, match="division by zero"):
+        await failed
+    await settled(failed)
+
+    async def slow(session: Any) -> None:
+        await session.execute(text("SELECT pg_sleep(5)"))
+
+    for cancelled_while in (0.05, None):
+        hung = db.read_beside(tenant, slow)
+        if cancelled_while is not None:
+            await asyncio.sleep(cancelled_while)
+        started = asyncio.get_running_loop().time()
+        await settled(hung)  # cancelled, not waited for
+        assert asyncio.get_running_loop().time() - started < 2
+        assert hung.found.cancelled()
+    assert db.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+    await db.dispose()
 
 
 async def test_a_big_groups_lexical_side_is_read_beside_and_never_waits_for_a_connection(

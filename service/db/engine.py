@@ -17,9 +17,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import asyncpg
 from pgvector import Vector
@@ -254,18 +254,27 @@ class Database:
 
     def read_beside(
         self, tenant_id: uuid.UUID, read: Callable[[AsyncSession], Awaitable[T]]
-    ) -> asyncio.Future[T | None]:
+    ) -> Beside[T]:
         """``read`` started on a second read-only transaction (``second_tenant``), to run
-        beside what the request's own transaction reads meanwhile; it resolves to None when
-        no second one was free (the caller then reads on its own). Whoever starts it awaits
-        it, or cancels it and then awaits it (``settled``): its transaction must end before
-        the request's does."""
+        beside what the request's own transaction reads meanwhile. Awaited, it gives what
+        ``read`` found as soon as it has (the transaction then ends on its own), or None when
+        no second one was free (the caller then reads on its own). Whoever starts it ends it
+        with ``settled``: its transaction must end before the request's does."""
+        found: asyncio.Future[T | None] = asyncio.get_running_loop().create_future()
 
-        async def beside() -> T | None:
-            async with self.second_tenant(tenant_id, read_only=True) as other:
-                return None if other is None else await read(other)
+        async def beside() -> None:
+            try:
+                async with self.second_tenant(tenant_id, read_only=True) as other:
+                    found.set_result(None if other is None else await read(other))
+            except BaseException as exc:
+                if not found.done():
+                    if isinstance(exc, asyncio.CancelledError):
+                        found.cancel()
+                    else:
+                        found.set_exception(exc)
+                raise
 
-        return asyncio.ensure_future(beside())
+        return Beside(found, asyncio.ensure_future(beside()))
 
     @asynccontextmanager
     async def tenant_connection(
@@ -389,9 +398,28 @@ def _first_line(orig: Any) -> str:
     return str(orig).strip().splitlines()[0] if orig is not None else ""
 
 
-async def settled(future: asyncio.Future[Any] | None) -> None:
-    """Cancel ``future`` (a ``read_beside``) if it still runs, and wait until it has ended,
-    however it ends."""
-    if future is not None:
-        future.cancel()
-        await asyncio.gather(future, return_exceptions=True)
+class Beside(Generic[T]):
+    """A read on a second transaction (``Database.read_beside``): awaiting it gives what it
+    found, while ``ended`` still closes its transaction (a COMMIT's round trip the request
+    need not wait for)."""
+
+    def __init__(self, found: asyncio.Future[T | None], ended: asyncio.Future[None]) -> None:
+        self.found = found
+        self.ended = ended
+
+    def __await__(self) -> Generator[Any, None, T | None]:
+        return self.found.__await__()
+
+
+async def settled(beside: Beside[Any] | None) -> None:
+    """Wait until ``beside``'s transaction has ended, however it ends: a read still running
+    is cancelled first, one that has found its rows is left to close its transaction."""
+    if beside is None:
+        return
+    if not beside.found.done():
+        beside.ended.cancel()
+    await asyncio.gather(beside.ended, return_exceptions=True)
+    if not beside.found.done():  # cancelled before it started
+        beside.found.cancel()
+    elif not beside.found.cancelled():
+        beside.found.exception()  # seen: the request ends as its own reads did

@@ -13,7 +13,7 @@ import numpy as np
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.context import scope_of
-from service.db.engine import Database, settled
+from service.db.engine import Beside, Database, settled
 from service.embedding import Embedder
 from service.embedding.base import Calibration
 from service.messages import repository
@@ -139,7 +139,7 @@ async def find_candidates(
         )
 
     embedding = asyncio.ensure_future(embedder.query(query))
-    beside: asyncio.Future[dict[int, repository.LexicalMatch] | None] | None = None
+    beside: Beside[dict[int, repository.LexicalMatch]] | None = None
     try:
         matches: dict[int, repository.LexicalMatch] | None = None
         size = await repository.conversation_size(session, tenant_id, key)
