@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
+from sqlalchemy import event
 from sqlalchemy import text as sql_text
 
 from service.app import create_app
@@ -958,3 +959,55 @@ async def test_the_bot_reads_every_time_on_the_conversations_clock(
     )
     hit = next(e for e in found.json()["events"] if e["id"] == "morning:1")
     assert hit["occurred_at"] == "2026-11-24T07:27:00+08:00"
+
+
+async def test_a_turns_question_is_embedded_while_its_transaction_opens(
+    running: tuple[AppClient, TenantHandle], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The turn's question goes to the model as soon as the caller is known, before its read
+    transaction binds the tenant, and once per turn. No question is embedded for a caller
+    the service refused, a body it refused, or a tenant that switched its memory off."""
+    client, tenant = running
+    runtime = client.app.state.runtime
+    seen: list[str] = []
+    model = runtime.embedder.inner
+    asked = model.query
+
+    async def query(text: str) -> Any:
+        seen.append("embed")
+        return await asked(text)
+
+    def bound(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
+        if "transaction_read_only" in statement:
+            seen.append("read transaction")
+
+    monkeypatch.setattr(model, "query", query)
+    engine = runtime.read_db.engine.sync_engine
+    event.listen(engine, "before_cursor_execute", bound)
+    try:
+        for n in range(5):
+            seen.clear()
+            message = f"<message><content>周末去哪里 %:/ {n}</content></message>"
+            response = await client.post(
+                "/v1/context", json={**GROUP, "message": message}, headers=tenant.headers
+            )
+            assert response.status_code == 200, response.text
+            assert seen[:2] == ["embed", "read transaction"] and seen.count("embed") == 1
+        seen.clear()
+        refused = [
+            await client.post(
+                "/v1/context", json={**GROUP, "message": "你好"}, headers={"Authorization": "x"}
+            ),
+            await client.post("/v1/context", json={**GROUP, "message": 7}, headers=tenant.headers),
+        ]
+        assert [r.status_code for r in refused] == [401, 422]
+        await client.patch(
+            "/v1/settings", json={"cognitive_enabled": False}, headers=tenant.headers
+        )
+        off = await client.post(
+            "/v1/context", json={**GROUP, "message": "你好"}, headers=tenant.headers
+        )
+        assert off.status_code == 200 and off.json()["events"] == []
+        assert "embed" not in seen
+    finally:
+        event.remove(engine, "before_cursor_execute", bound)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 from service.embedding.base import (
@@ -30,10 +31,29 @@ def build_embedder(settings: EmbeddingModelSettings) -> Embedder:
     return LocalEmbedder(settings)
 
 
-async def embedded_while(embedder: Embedder, text: str, reads: Awaitable[T]) -> tuple[Vector, T]:
+@dataclass(frozen=True)
+class Started:
+    """A query's embedding already on its way (see ``embedded_while``)."""
+
+    text: str
+    vector: asyncio.Future[Vector]
+
+
+def start_embedding(embedder: Embedder, text: str) -> Started:
+    """Start embedding ``text`` as a query now; whoever starts it cancels it if unused."""
+    return Started(text, asyncio.ensure_future(embedder.query(text)))
+
+
+async def embedded_while(
+    embedder: Embedder, text: str, reads: Awaitable[T], started: Started | None = None
+) -> tuple[Vector, T]:
     """The query's vector, and what ``reads`` (which need none) found meanwhile: the query
-    is embedded on the embedding thread while they run."""
-    embedding = asyncio.ensure_future(embedder.query(text))
+    is embedded on the embedding thread while they run (or was already, when ``started``
+    embeds this same text)."""
+    if started is not None and started.text == text:
+        embedding = started.vector
+    else:
+        embedding = asyncio.ensure_future(embedder.query(text))
     try:
         found = await reads
         return await embedding, found

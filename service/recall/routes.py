@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
 
 from litestar import Controller, delete, get, post, put
+from litestar.di import Provide
+from litestar.params import Dependency
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db.engine import Database
+from service.embedding import Started, start_embedding
 from service.errors import NotFound
 from service.http import EmbedderDependency, RerankerDependency, errors, reads
 from service.recall import tools
@@ -21,10 +25,28 @@ from service.recall.schemas import (
     ToolCall,
     ToolResult,
 )
-from service.recall.service import Reader
+from service.recall.service import Reader, build_query
 from service.settings import Settings
 from service.tenants import service as tenants
 from service.tenants.service import Authenticator, TenantContext
+
+StartedDependency = Annotated[Started | None, Dependency(skip_validation=True)]
+
+
+async def provide_turn_embedding(
+    tenant: TenantContext, embedder: EmbedderDependency, data: ContextRequest
+) -> AsyncIterator[Started | None]:
+    """A turn's question embedded from the moment its caller is known, while its transaction
+    opens (Litestar resolves the two side by side): the embedding is the longest step before
+    the dense pass can start. Cancelled if the turn ends without it."""
+    started = start_embedding(embedder, build_query(data)) if tenant.cognitive_enabled else None
+    try:
+        yield started
+    finally:
+        if started is not None:
+            started.vector.cancel()
+            if not started.vector.cancelled():
+                started.vector.exception()  # seen: the turn reported its own outcome
 
 
 class RecallController(Controller):
@@ -33,7 +55,11 @@ class RecallController(Controller):
     path = "/v1"
     tags = ["read"]
 
-    @post("/context", status_code=200, dependencies=reads())
+    @post(
+        "/context",
+        status_code=200,
+        dependencies={**reads(), "started": Provide(provide_turn_embedding)},
+    )
     async def context(
         self,
         tenant: TenantContext,
@@ -42,9 +68,10 @@ class RecallController(Controller):
         reranker: RerankerDependency,
         read_db: Database,
         data: ContextRequest,
+        started: StartedDependency,
     ) -> ContextResponse:
         """The memory context to inject this turn, with a ready ``prompt`` block."""
-        return await Reader(embedder, reranker, read_db).context(session, tenant, data)
+        return await Reader(embedder, reranker, read_db).context(session, tenant, data, started)
 
     @post("/events/search", status_code=200, responses=errors(403), dependencies=reads())
     async def search_events(

@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.context import ConversationContext
 from service.db.engine import Database, settled
-from service.embedding import Embedder, embedded_while
+from service.embedding import Embedder, Started, embedded_while
 from service.embedding.base import Vector
 from service.ends import service as memos
 from service.errors import Forbidden, Invalid
@@ -117,9 +117,14 @@ class Reader:
     side: Database | None = None
 
     async def context(
-        self, session: AsyncSession, tenant: TenantContext, request: ContextRequest
+        self,
+        session: AsyncSession,
+        tenant: TenantContext,
+        request: ContextRequest,
+        started: Started | None = None,
     ) -> ContextResponse:
-        """Everything to inject for this turn, within the token budget."""
+        """Everything to inject for this turn, within the token budget (``started``: its
+        question's embedding, begun before this transaction opened; see ``turn_embedding``)."""
         q = tenant.query
         query = build_query(request)
         keys, scope, person = conversation_scope(request)
@@ -146,7 +151,7 @@ class Reader:
             injected.todos = await self._todos(session, tenant, request.conversation_key, zone)
             await self._profiles(session, tenant, request, person, injected)
 
-        vector, ranked = await self._ranked(session, tenant, search, unembedded)
+        vector, ranked = await self._ranked(session, tenant, search, unembedded, started=started)
         injected.events = [
             ContextItem(
                 id=f"event:{e.row['id']}",
@@ -182,6 +187,7 @@ class Reader:
         search: EventQuery,
         first: Callable[[], Awaitable[None]] | None = None,
         warnings: list[str] | None = None,
+        started: Started | None = None,
     ) -> tuple[Vector, list[RankedEvent]]:
         """The query's vector, and the events of ``search`` ranked with this reader's reranker
         and the embedder's scale, as of now (see ``rank_events``).
@@ -210,7 +216,7 @@ class Reader:
             return found if found is not None else await lexical(session)  # none was free
 
         try:
-            vector, found = await embedded_while(self.embedder, search.text, unembedded())
+            vector, found = await embedded_while(self.embedder, search.text, unembedded(), started)
             ranked = await rank_events(
                 session,
                 tenant_id,
