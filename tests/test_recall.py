@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import uuid
@@ -19,6 +20,7 @@ from sqlalchemy import text as sql_text
 
 from service.app import create_app
 from service.embedding import Calibration, calibration
+from service.errors import Invalid
 from service.events import repository as events
 from service.memories import repository as memory_rows
 from service.recall.ranking import (
@@ -29,7 +31,7 @@ from service.recall.ranking import (
     without_duplicates,
 )
 from service.recall.schemas import ContextRequest
-from service.recall.service import build_query, estimate_tokens
+from service.recall.service import Reader, build_query, estimate_tokens
 from service.settings import EmbeddingModelSettings, QuerySettings
 from tests.conftest import (
     FAST_QUEUE,
@@ -1011,3 +1013,34 @@ async def test_a_turns_question_is_embedded_while_its_transaction_opens(
         assert "embed" not in seen
     finally:
         event.remove(engine, "before_cursor_execute", bound)
+
+
+async def test_a_turn_that_fails_before_its_question_is_embedded_answers_its_own_error(
+    running: tuple[AppClient, TenantHandle], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The question goes to the model before the turn is read; a turn refused meanwhile (or
+    whose read fails) answers its own error, and the embedding still on its way is dropped."""
+    client, tenant = running
+    runtime = client.app.state.runtime
+    model = runtime.embedder.inner
+    asked = model.query
+    pending: list[asyncio.Task[Any]] = []
+
+    async def slow(text: str) -> Any:
+        pending.append(asyncio.current_task())  # type: ignore[arg-type]
+        await asyncio.sleep(0.5)
+        return await asked(text)
+
+    async def refuse(*_: Any, **__: Any) -> None:
+        raise Invalid("refused while the question was embedded", field="message")
+
+    monkeypatch.setattr(model, "query", slow)
+    monkeypatch.setattr(Reader, "context", refuse)
+    for n in range(3):
+        response = await client.post(
+            "/v1/context", json={**GROUP, "message": f"周末 {n}"}, headers=tenant.headers
+        )
+        assert response.status_code == 422, response.text
+        assert "refused while the question was embedded" in response.text
+    await asyncio.sleep(0)
+    assert len(pending) == 3 and all(task.cancelled() for task in pending)

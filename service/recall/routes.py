@@ -43,10 +43,12 @@ async def provide_turn_embedding(
     try:
         yield started
     finally:
-        if started is not None:
-            started.vector.cancel()
-            if not started.vector.cancelled():
-                started.vector.exception()  # seen: the turn reported its own outcome
+        if started is None:
+            pass
+        elif not started.vector.done():
+            started.vector.cancel()  # the turn ended before it needed the vector
+        elif not started.vector.cancelled():
+            started.vector.exception()  # seen: the turn reported its own outcome
 
 
 class RecallController(Controller):
