@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import math
 import uuid
@@ -1044,3 +1045,40 @@ async def test_a_turn_that_fails_before_its_question_is_embedded_answers_its_own
         assert "refused while the question was embedded" in response.text
     await asyncio.sleep(0)
     assert len(pending) == 3 and all(task.cancelled() for task in pending)
+
+
+async def test_a_turn_its_model_refuses_opens_no_transaction_and_leaves_none_open(
+    running: tuple[AppClient, TenantHandle],
+) -> None:
+    """A body that passes the document's schema but not the model's own rules (a group with
+    no group_id, a private chat naming a group) is refused before a transaction opens: none is
+    left half-opened, nor a connection lent, however many such turns come."""
+    client, tenant = running
+    runtime = client.app.state.runtime
+    refused = [
+        {"request_type": "group", "message": "周末去哪"},
+        {"request_type": "private", "group_id": "g:%/1", "user_id": "u1", "message": "hi"},
+        {"request_type": "private", "message": "no one"},
+        {**GROUP, "message": "", "messages": []},
+    ]
+    opened: list[str] = []
+
+    def bound(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
+        if "transaction_read_only" in statement:
+            opened.append(statement)
+
+    engine = runtime.read_db.engine.sync_engine
+    event.listen(engine, "before_cursor_execute", bound)
+    try:
+        for n in range(40):
+            response = await client.post(
+                "/v1/context", json=refused[n % len(refused)], headers=tenant.headers
+            )
+            assert response.status_code == 422, response.text
+    finally:
+        event.remove(engine, "before_cursor_execute", bound)
+    assert opened == []  # refused before any transaction opened
+    gc.collect()
+    assert runtime.read_db.engine.pool.checkedout() == 0
+    ok = await client.post("/v1/context", json={**GROUP, "message": "周末"}, headers=tenant.headers)
+    assert ok.status_code == 200, ok.text

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import Any
 
 from litestar import Controller, delete, get, post, put
-from litestar.di import Provide
-from litestar.params import Dependency
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db.engine import Database
-from service.embedding import Started, start_embedding
+from service.embedding import start_embedding
 from service.errors import NotFound
 from service.http import EmbedderDependency, RerankerDependency, errors, reads
 from service.recall import tools
@@ -30,26 +27,6 @@ from service.settings import Settings
 from service.tenants import service as tenants
 from service.tenants.service import Authenticator, TenantContext
 
-StartedDependency = Annotated[Started | None, Dependency(skip_validation=True)]
-
-
-async def provide_turn_embedding(
-    tenant: TenantContext, embedder: EmbedderDependency, data: ContextRequest
-) -> AsyncIterator[Started | None]:
-    """A turn's question embedded from the moment its caller is known, while its transaction
-    opens (Litestar resolves the two side by side): the embedding is the longest step before
-    the dense pass can start. Cancelled if the turn ends without it."""
-    started = start_embedding(embedder, build_query(data)) if tenant.cognitive_enabled else None
-    try:
-        yield started
-    finally:
-        if started is None:
-            pass
-        elif not started.vector.done():
-            started.vector.cancel()  # the turn ended before it needed the vector
-        elif not started.vector.cancelled():
-            started.vector.exception()  # seen: the turn reported its own outcome
-
 
 class RecallController(Controller):
     """What the bot reads: every turn, and on purpose."""
@@ -57,23 +34,33 @@ class RecallController(Controller):
     path = "/v1"
     tags = ["read"]
 
-    @post(
-        "/context",
-        status_code=200,
-        dependencies={**reads(), "started": Provide(provide_turn_embedding)},
-    )
+    @post("/context", status_code=200)
     async def context(
         self,
         tenant: TenantContext,
-        session: AsyncSession,
         embedder: EmbedderDependency,
         reranker: RerankerDependency,
         read_db: Database,
         data: ContextRequest,
-        started: StartedDependency,
     ) -> ContextResponse:
         """The memory context to inject this turn, with a ready ``prompt`` block."""
-        return await Reader(embedder, reranker, read_db).context(session, tenant, data, started)
+        # The question goes to the model as soon as the caller is known, while the turn's
+        # read transaction opens (as ``provide_read_session`` would open it): the embedding is
+        # the longest step before the dense pass. The transaction is opened here, in the
+        # request's own task: as a dependency resolved beside another, Litestar would open it
+        # in a task of its own, which left connections to the garbage collector.
+        started = None
+        if tenant.cognitive_enabled:
+            started = start_embedding(embedder, build_query(data))
+        try:
+            async with read_db.tenant(tenant.tenant_id, read_only=True) as session:
+                reader = Reader(embedder, reranker, read_db)
+                return await reader.context(session, tenant, data, started)
+        finally:
+            if started is not None:
+                started.vector.cancel()  # the turn ended before it needed the vector
+                if started.vector.done() and not started.vector.cancelled():
+                    started.vector.exception()  # seen: the turn reported its own outcome
 
     @post("/events/search", status_code=200, responses=errors(403), dependencies=reads())
     async def search_events(
