@@ -39,12 +39,13 @@ class QuerySettings(_Section):
     tool_default_top_k: int = Field(12, ge=1, le=200)
     profile_top_k: int = Field(8, ge=1, le=200)
     # Candidates from each side of an event search: top_k × this (the reranker sees as many).
-    # A turn's 3 events thus come from 9 a side, and in a group the asker's own nearest 9 (in
-    # groups of ~100 members telling alike news, MemDaily's pools, the group's nearest 9 often
-    # pass over the asker's own: /v1/context hit@3 .851 without that pass, 1.000 with it). At
-    # 10 (30 a side, before that pass) hit@3 there was .980, MADial .710 → .729, LoCoMo .673 →
-    # .675, and a turn took 36 / 46 ms (p50 / p95) in a typical group of a million-event table
-    # instead of 25 / 32, 67 / 144 in one of 50,000 events instead of 41 / 53.
+    # A turn's 3 events thus come from 9 a side, and in a group from the asker's own nearest 3
+    # too (in groups of ~100 members telling alike news, MemDaily's pools, the group's nearest
+    # 9 often pass over the asker's own: /v1/context hit@3 .851 without that pass, 1.000 with
+    # it). At 10 (30 a side, before that pass) hit@3 there was .980, MADial .710 → .729,
+    # LoCoMo .673 → .675, and a turn took 36 / 46 ms (p50 / p95) in a typical group of a
+    # million-event table instead of 25 / 32, 67 / 144 in one of 50,000 events instead of
+    # 41 / 53.
     rerank_candidate_multiplier: int = Field(3, ge=1, le=20)
     # Lexical evidence closes this share of the gap between an event's similarity and 1
     # (its BM25 relative to the best match's): 0 = dense only. On the event bench (LoCoMo dev,

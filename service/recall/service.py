@@ -124,7 +124,7 @@ class Reader:
         started: Started | None = None,
     ) -> ContextResponse:
         """Everything to inject for this turn, within the token budget (``started``: its
-        question's embedding, begun before this transaction opened; see ``turn_embedding``)."""
+        question's embedding, begun before this transaction opened by the ``/v1/context`` route)."""
         q = tenant.query
         query = build_query(request)
         keys, scope, person = conversation_scope(request)
