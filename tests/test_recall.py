@@ -20,10 +20,11 @@ from sqlalchemy import event
 from sqlalchemy import text as sql_text
 
 from service.app import create_app
-from service.embedding import Calibration, calibration
+from service.embedding import Calibration, calibration, start_embedding
 from service.errors import Invalid
 from service.events import repository as events
 from service.memories import repository as memory_rows
+from service.recall import routes as recall_routes
 from service.recall.ranking import (
     RankedEvent,
     decay_scores,
@@ -44,6 +45,7 @@ from tests.conftest import (
     until_finished,
 )
 from tests.fake_llm import FakeLLM
+from tests.test_event_search import event_row
 
 GROUP = {
     "request_type": "group",
@@ -1082,3 +1084,81 @@ async def test_a_turn_its_model_refuses_opens_no_transaction_and_leaves_none_ope
     assert runtime.read_db.engine.pool.checkedout() == 0
     ok = await client.post("/v1/context", json={**GROUP, "message": "周末"}, headers=tenant.headers)
     assert ok.status_code == 200, ok.text
+
+
+async def test_months_of_turns_over_http_each_embedded_once_in_its_own_group_and_none_left_open(
+    running: tuple[AppClient, TenantHandle], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four months of three groups (3,000 events; group ids and senders built of ``%``, ``:``,
+    ``%2F`` and ``..``), then 600 turns through ``/v1/context``, every 40th hung up by its client
+    midway: each answered turn shows only its own group's events and asked the model once, a
+    hung-up turn's embedding is dropped, and no transaction or connection is left open."""
+    client, tenant = running
+    runtime = client.app.state.runtime
+    tenant_id = uuid.UUID(tenant.id)
+    groups = ["a%:b", "..%2Fetc", "a%"]  # "/" is refused in ids (they appear in URLs)
+    rng = np.random.default_rng(61)
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    rows = []
+    for n in range(3000):
+        group = groups[n % 3]
+        vector = rng.standard_normal(384).astype(np.float32)
+        row = event_row(
+            tenant_id,
+            f"{group}#{n}",
+            f"g:{group}",
+            start + timedelta(minutes=58 * n),
+            vector / np.linalg.norm(vector),
+        )
+        row["sender_id"] = ["u%", "u:1..%2F", "u_1"][n % 7 % 3]
+        row["text"] = f"{row['sender_id']} 说第{n}次去西湖边划船 %:/"
+        rows.append(row)
+    async with runtime.db.tenant(tenant_id) as session:
+        await events.upsert_events(session, rows)
+
+    model = runtime.embedder.inner
+    asked = model.query
+    embedded: list[str] = []
+
+    async def counted(text: str) -> Any:
+        embedded.append(text)
+        return await asked(text)
+
+    monkeypatch.setattr(model, "query", counted)
+    begun: list[Any] = []
+
+    def start(embedder: Any, text: str) -> Any:
+        begun.append(start_embedding(embedder, text))
+        return begun[-1]
+
+    monkeypatch.setattr(recall_routes, "start_embedding", start)
+    answered = 0
+    for n in range(600):
+        group = groups[n % 3]
+        body = {
+            "request_type": "group",
+            "group_id": group,
+            "sender_id": ["u%", "u:1..%2F", "u_1", "U%"][n % 4],
+            "message": f"<message><content>第{n % 97}次划船 %:/ ..%2F</content></message>",
+        }
+        turn = asyncio.ensure_future(client.post("/v1/context", json=body, headers=tenant.headers))
+        if n % 40 == 39:
+            await asyncio.sleep(0.002)
+            turn.cancel()  # the client hangs up
+            await asyncio.gather(turn, return_exceptions=True)
+            # Its embedding, if it had begun, is no longer on its way.
+            await asyncio.sleep(0.01)
+            assert all(b.vector.done() for b in begun)
+            continue
+        before = len(embedded)
+        response = await turn
+        assert response.status_code == 200, response.text
+        found = [e["id"] for e in response.json()["events"]]
+        assert found and all(e.startswith(f"event:{group}#") for e in found), (group, found)
+        assert len(embedded) - before <= 1  # once, or not at all when cached
+        answered += 1
+    assert answered == 585 and len(begun) >= 585
+    gc.collect()
+    await asyncio.sleep(0.05)
+    assert runtime.read_db.engine.pool.checkedout() == 0
+    assert runtime.db.engine.pool.checkedout() == 0
