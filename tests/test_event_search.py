@@ -337,6 +337,88 @@ async def test_lexical_search_skips_common_terms_only_where_matches_would_be_too
     assert [r["id"] for r in busy] == ["e0"]
 
 
+def textbook_bm25(
+    texts: dict[str, str], asked: list[str], documents: int
+) -> dict[str, tuple[float, dict[str, float]]]:
+    """BM25 of the events holding an asked term, as the lexical side defines it: idf over the
+    matches among ``documents`` events, lengths in distinct terms normalized by their mean
+    over the (event, term) hits, a term's frequency as stored (at most 256 positions)."""
+    held = {}
+    for event_id, text_ in texts.items():
+        found = terms(text_)
+        counts = Counter(t for t in found if t in asked)
+        if counts:
+            held[event_id] = ({t: min(c, 256) for t, c in counts.items()}, len(set(found)))
+    hits = [length for counts, length in held.values() for _ in counts]
+    mean_length = max(sum(hits) / len(hits), 1.0)
+    df = Counter(t for counts, _ in held.values() for t in counts)
+    idf = {
+        t: math.log(1 + (documents - min(n, documents) + 0.5) / (min(n, documents) + 0.5))
+        for t, n in df.items()
+    }
+    return {
+        event_id: (
+            sum(
+                idf[t] * tf * 2.2 / (tf + 1.2 * (0.25 + 0.75 * length / mean_length))
+                for t, tf in counts.items()
+            ),
+            {t: idf[t] for t in counts},
+        )
+        for event_id, (counts, length) in held.items()
+    }
+
+
+async def test_lexical_scores_are_textbook_bm25_of_the_stored_terms_through_either_branch(
+    db: Database,
+) -> None:
+    """A group too big for its matches to be read row by row (through the GIN index and the
+    tenant-bound look-up) and a small one (row by row) score the same way: BM25 of the terms
+    stored with each event, repeats capped as stored (a line of 300 "阿福"), ids and texts of
+    colons, percent signs and quotes; another tenant's copy of the group changes nothing."""
+    rng = np.random.default_rng(41)
+    tenant, other = await new_tenant_id(db, "bm25"), await new_tenant_id(db, "copycat")
+    common = ["西湖", "散步", "猫粮", "划船"]
+    rare = ["鱼缸", "tesla", "x1:2", "it's", "50%", "a\\b"]
+
+    def line(n: int) -> str:
+        if n % 97 == 0:
+            return "阿福" * 300 + " 打翻了鱼缸"
+        picked = [common[k] for k in rng.choice(4, size=int(rng.integers(1, 4)), replace=False)]
+        if rng.random() < 0.06:
+            picked += [rare[k] for k in rng.choice(6, size=int(rng.integers(1, 3)), replace=False)]
+        return f"第{n}条：" + "，".join(picked) + f"；杂项{n % 13}"
+
+    groups = {"g:big%:'x": 2400, "g:small": 300}
+    texts: dict[str, dict[str, str]] = {}
+    for key, size in groups.items():
+        rows = [
+            {
+                **event_row(tenant, f"{key}/{n}", key, START + timedelta(minutes=n), v),
+                "text": line(n),
+            }
+            for n, v in enumerate(unit(rng, size))
+        ]
+        texts[key] = {r["id"]: r["text"] for r in rows}
+        for owner in (tenant, other):
+            async with db.tenant(owner) as session:
+                for start in range(0, size, 500):
+                    chunk = rows[start : start + 500]
+                    await upsert_events(session, [{**r, "tenant_id": owner} for r in chunk])
+    asked = query_terms("阿福的鱼缸 tesla x1:2 it's 50% a\\b")
+    assert {"阿福", "鱼缸", "tesla", "x1", "50"} <= set(asked)
+    for key, size in groups.items():
+        async with db.tenant(tenant) as session:
+            found = await events_repository.lexical_events(session, tenant, [key], asked, 60)
+        expected = textbook_bm25(texts[key], asked, size)
+        best = sorted(expected, key=lambda i: (-expected[i][0], i))[:60]
+        assert [r["id"] for r in found] == best, key
+        for row in found:
+            score, idfs = expected[row["id"]]
+            assert row["bm25"] == pytest.approx(score, rel=1e-9)
+            assert dict(zip(row["terms"], row["idfs"], strict=True)) == pytest.approx(idfs)
+        assert 20 < len(expected) < events_repository.MAX_LEXICAL_MATCHES
+
+
 def near(query: np.ndarray, cosine: float, rng: np.random.Generator) -> np.ndarray:
     """A unit vector at exactly ``cosine`` from the unit ``query``."""
     other = rng.standard_normal(DIM)

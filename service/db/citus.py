@@ -212,7 +212,7 @@ def distribute_schema(connection: Connection) -> bool:
     return True
 
 
-# The lexical searches' functions (migrations 0009 and 0015) read events and messages as the owner,
+# The lexical searches' functions (migrations 0015 and 0020) read events and messages as the owner,
 # confined to the bound tenant by ``tenant_id = memoria_current_tenant()``. On Citus the
 # search's query, one tenant's, is sent whole to that tenant's worker, function call included,
 # and there the function's own query is a distributed query nested in a shard's query, which
@@ -225,12 +225,12 @@ _ROUTED_TERM_MATCHES = (
     CREATE OR REPLACE FUNCTION memoria_event_term_matches(
         conversation_keys text[], terms tsquery, time_from timestamptz, time_to timestamptz,
         max_matches integer
-    ) RETURNS TABLE (id varchar)
+    ) RETURNS TABLE (id varchar, lexical tsvector)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path = pg_catalog, public SET citus.allow_nested_distributed_execution = on AS $$
     BEGIN
         RETURN QUERY EXECUTE
-            'SELECT e.id FROM events e'
+            'SELECT e.id, e.lexical FROM events e'
             ' WHERE e.tenant_id = $1 AND e.conversation_key = ANY($2) AND e.lexical @@ $3'
             ' AND ($4 IS NULL OR e.occurred_at >= $4) AND ($5 IS NULL OR e.occurred_at < $5)'
             ' LIMIT $6'

@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db.engine import uses_citus
 from service.db.vector_index import rescoring_ceiling
-from service.retrieval.terms import to_tsquery_literal
+from service.retrieval.terms import held_terms_sql, to_tsquery_literal
 
 # One statement for the whole batch; duplicates (by conversation and message_id) are skipped.
 # Rows get their seq in array order, so seq follows the batch's order.
@@ -297,8 +297,7 @@ _LEXICAL = text(
     hits AS MATERIALIZED (
         SELECT x.seq, t.lexeme AS term, coalesce(cardinality(t.positions), 1) AS tf,
                length(x.lexical) AS length
-        FROM matched x, unnest(x.lexical) t
-        WHERE t.lexeme = ANY(CAST(:terms AS text[]))
+        FROM matched x, unnest({held_terms_sql("x.lexical", "CAST(:terms AS text[])")}) t
     ),
     idf AS (
         SELECT h.term,

@@ -156,6 +156,17 @@ def to_tsquery_literal(found: Iterable[str]) -> str:
     return " | ".join(f"'{_quote(t)}'" for t in dict.fromkeys(found))
 
 
+def held_terms_sql(vector: str, terms: str) -> str:
+    """SQL for the lexemes of the ``tsvector`` expression ``vector`` that are among the
+    ``text[]`` expression ``terms``, as a ``tsvector`` (unnested: each with its positions).
+
+    Marked and kept by weight inside PostgreSQL's own tsvector code: unnesting a whole vector
+    and joining it with the terms makes a row of every stored term (12,000 rows for 400
+    matched events), for the few that are asked. (Stored vectors always carry positions,
+    which carry the weights: see ``to_tsvector_literal``.)"""
+    return f"ts_filter(setweight(setweight({vector}, 'D'), 'A', {terms}), '{{a}}')"
+
+
 def frequencies(found: Iterable[str]) -> Counter[str]:
     """Term frequencies."""
     return Counter(found)
