@@ -448,18 +448,16 @@ def _lexical(time_from: bool, time_to: bool) -> TextClause:
             SELECT h.id,
                    sum(i.idf * h.tf * (CAST(:k1 AS float8) + 1)
                        / (h.tf + CAST(:k1 AS float8) * (1 - CAST(:b AS float8)
-                                + CAST(:b AS float8) * h.length / s.mean_length))) AS bm25
+                                + CAST(:b AS float8) * h.length / s.mean_length))) AS bm25,
+                   -- The query terms it holds and their idf (for its neighbours).
+                   array_agg(h.term ORDER BY h.term) AS terms,
+                   array_agg(i.idf ORDER BY h.term) AS idfs
             FROM hits h JOIN idf i USING (term) CROSS JOIN stats s
             GROUP BY h.id
             ORDER BY bm25 DESC, h.id
             LIMIT :limit
         )
-        SELECT {_EVENT_COLUMNS},
-               e.embedding, b.bm25,
-               -- The query terms it holds, their frequency here and idf (for neighbours).
-               (SELECT array_agg(h.term ORDER BY h.term) FROM hits h WHERE h.id = b.id) AS terms,
-               (SELECT array_agg(i.idf ORDER BY h.term) FROM hits h JOIN idf i USING (term)
-                WHERE h.id = b.id) AS idfs
+        SELECT {_EVENT_COLUMNS}, e.embedding, b.bm25, b.terms, b.idfs
         FROM best b JOIN events e ON e.tenant_id = :tenant_id AND e.id = b.id
         ORDER BY b.bm25 DESC, e.id
         """
