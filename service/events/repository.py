@@ -416,7 +416,7 @@ def _lexical(time_from: bool, time_to: bool) -> TextClause:
               AND {_filters("e", time_from, time_to)}
               AND e.lexical @@ (SELECT tsquery FROM asked)
             UNION ALL
-            -- The GIN index, through the tenant-bound function (see migration 0009).
+            -- The GIN index, through the tenant-bound function (see migration 0020).
             SELECT m.id, m.lexical
             FROM memoria_event_term_matches(
                 CAST(:conversation_keys AS text[]), (SELECT tsquery FROM asked),
