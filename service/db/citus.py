@@ -290,12 +290,15 @@ _SHARDS_COMMON_TERMS = """
             $cmd$) r
             WHERE r.success
         ),
-        total AS (SELECT nullif(sum((stats->>'rows')::float8), 0) AS rows FROM shards)
-        SELECT t.term, sum((s.stats->>'rows')::float8 * t.frequency) / max(total.rows)
-        FROM shards s CROSS JOIN total,
-             LATERAL (SELECT x->>0 AS term, (x->>1)::float8 AS frequency
-                      FROM json_array_elements(s.stats->'terms') x) t
-        GROUP BY t.term
-        HAVING sum((s.stats->>'rows')::float8 * t.frequency) / max(total.rows) >= min_frequency
+        total AS (SELECT nullif(sum((stats->>'rows')::float8), 0) AS rows FROM shards),
+        terms AS (
+            SELECT t.term, sum((s.stats->>'rows')::float8 * t.frequency) / max(total.rows)
+                       AS frequency
+            FROM shards s CROSS JOIN total,
+                 LATERAL (SELECT x->>0 AS term, (x->>1)::float8 AS frequency
+                          FROM json_array_elements(s.stats->'terms') x) t
+            GROUP BY t.term
+        )
+        SELECT term, frequency FROM terms WHERE frequency >= min_frequency
     $$
 """

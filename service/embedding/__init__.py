@@ -38,6 +38,13 @@ class Started:
     text: str
     vector: asyncio.Future[Vector]
 
+    def discard(self) -> None:
+        """Cancel it if it still runs; a failure it ended with counts as seen (whoever
+        started it reports their own outcome)."""
+        self.vector.cancel()
+        if self.vector.done() and not self.vector.cancelled():
+            self.vector.exception()
+
 
 def start_embedding(embedder: Embedder, text: str) -> Started:
     """Start embedding ``text`` as a query now; whoever starts it cancels it if unused."""
@@ -50,15 +57,13 @@ async def embedded_while(
     """The query's vector, and what ``reads`` (which need none) found meanwhile: the query
     is embedded on the embedding thread while they run (or was already, when ``started``
     embeds this same text)."""
-    if started is not None and started.text == text:
-        embedding = started.vector
-    else:
-        embedding = asyncio.ensure_future(embedder.query(text))
+    if started is None or started.text != text:
+        started = start_embedding(embedder, text)
     try:
         found = await reads
-        return await embedding, found
+        return await started.vector, found
     finally:
-        embedding.cancel()
+        started.discard()
 
 
 def vector_space(settings: EmbeddingModelSettings) -> tuple[str, int]:

@@ -3,7 +3,6 @@ conversation, ranked with each message's neighbours."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import Awaitable
 from datetime import UTC, datetime, tzinfo
@@ -14,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.context import scope_of
 from service.db.engine import Beside, Database, settled
-from service.embedding import Embedder
+from service.embedding import Embedder, start_embedding
 from service.embedding.base import Calibration
 from service.messages import repository
 from service.messages.schemas import MessageHit, MessageSearch, MessageSearchResult
@@ -138,7 +137,7 @@ async def find_candidates(
             on, tenant_id, key, words, SEARCH_PLAN, time_from, time_to
         )
 
-    embedding = asyncio.ensure_future(embedder.query(query))
+    embedding = start_embedding(embedder, query)
     beside: Beside[dict[int, repository.LexicalMatch]] | None = None
     try:
         matches: dict[int, repository.LexicalMatch] | None = None
@@ -147,7 +146,7 @@ async def find_candidates(
             beside = side.read_beside(tenant_id, lexical)
         else:
             matches = await lexical(session)
-        vector = await embedding
+        vector = await embedding.vector
         nearest = await repository.nearest_messages(
             session, tenant_id, key, vector, SEARCH_PLAN, time_from, time_to
         )
@@ -156,7 +155,7 @@ async def find_candidates(
         if matches is None:  # no second transaction was free
             matches = await lexical(session)
     finally:
-        embedding.cancel()
+        embedding.discard()
         # Its transaction ends before the search does, however the search ends.
         await settled(beside)
     seeds = nearest + repository.lexical_seeds(matches, SEARCH_PLAN)

@@ -58,9 +58,7 @@ class RecallController(Controller):
                 return await reader.context(session, tenant, data, started)
         finally:
             if started is not None:
-                started.vector.cancel()  # the turn ended before it needed the vector
-                if started.vector.done() and not started.vector.cancelled():
-                    started.vector.exception()  # seen: the turn reported its own outcome
+                started.discard()  # the turn may have ended before it needed the vector
 
     @post("/events/search", status_code=200, responses=errors(403), dependencies=reads())
     async def search_events(
