@@ -338,17 +338,19 @@ async def test_lexical_search_skips_common_terms_only_where_matches_would_be_too
 
 
 def textbook_bm25(
-    texts: dict[str, str], asked: list[str], documents: int
+    stored: dict[str, list[str]], asked: list[str], documents: int
 ) -> dict[str, tuple[float, dict[str, float]]]:
-    """BM25 of the events holding an asked term, as the lexical side defines it: idf over the
-    matches among ``documents`` events, lengths in distinct terms normalized by their mean
-    over the (event, term) hits, a term's frequency as stored (at most 256 positions)."""
+    """BM25 of the events holding an asked term (``stored``: each event's terms), as the
+    lexical side defines it: idf over the matches among ``documents`` events, lengths in
+    distinct terms normalized by their mean over the (event, term) hits, a term's frequency
+    as stored (at most 256 positions)."""
     held = {}
-    for event_id, text_ in texts.items():
-        found = terms(text_)
+    for event_id, found in stored.items():
         counts = Counter(t for t in found if t in asked)
         if counts:
             held[event_id] = ({t: min(c, 256) for t, c in counts.items()}, len(set(found)))
+    if not held:
+        return {}
     hits = [length for counts, length in held.values() for _ in counts]
     mean_length = max(sum(hits) / len(hits), 1.0)
     df = Counter(t for counts, _ in held.values() for t in counts)
@@ -409,7 +411,7 @@ async def test_lexical_scores_are_textbook_bm25_of_the_stored_terms_through_eith
     for key, size in groups.items():
         async with db.tenant(tenant) as session:
             found = await events_repository.lexical_events(session, tenant, [key], asked, 60)
-        expected = textbook_bm25(texts[key], asked, size)
+        expected = textbook_bm25({i: terms(t) for i, t in texts[key].items()}, asked, size)
         best = sorted(expected, key=lambda i: (-expected[i][0], i))[:60]
         assert [r["id"] for r in found] == best, key
         for row in found:
@@ -417,6 +419,80 @@ async def test_lexical_scores_are_textbook_bm25_of_the_stored_terms_through_eith
             assert row["bm25"] == pytest.approx(score, rel=1e-9)
             assert dict(zip(row["terms"], row["idfs"], strict=True)) == pytest.approx(idfs)
         assert 20 < len(expected) < events_repository.MAX_LEXICAL_MATCHES
+
+
+async def test_months_of_lexical_searches_in_a_busy_group_score_as_textbook_bm25(
+    db: Database,
+) -> None:
+    """Four months of a busy group (4,000 events, an id and key of %, :, / and ..), then 1,000
+    lexical searches such as a model's tool calls make: words and junk of every kind, repeats,
+    words no event holds, with and without a time range (which moves a search between the
+    row-by-row reading and the GIN look-up). Each one's scores, order and idfs are BM25 of the
+    stored terms over its range; another tenant's copy of the group never counts."""
+    rng = np.random.default_rng(43)
+    tenant, other = await new_tenant_id(db, "months"), await new_tenant_id(db, "twin")
+    key, size = "g:..%2F:x/1", 4000
+    frequent = ["今天", "天气", "大家", "吃饭", "上班", "hello", "meeting"]
+    rare = [f"{w}{n}" for w in ("地点", "room", "活动", "x:") for n in range(10)]
+    rare += ["it's", "50%", "a\\b", "' OR 1=1 --", "%_%", "阿福"]
+
+    def line(n: int) -> str:
+        words = [frequent[k] for k in rng.choice(len(frequent), size=3)]
+        if rng.random() < 0.25:
+            words.append(rare[int(rng.integers(len(rare)))])
+        return f"第{n}条 " + " ".join(words)
+
+    minutes = 120 * 24 * 60 / size
+    rows = [
+        {
+            **event_row(tenant, f"{key}#{n}", key, START + timedelta(minutes=n * minutes), v),
+            "text": line(n),
+        }
+        for n, v in enumerate(unit(rng, size))
+    ]
+    for owner in (tenant, other):
+        async with db.tenant(owner) as session:
+            for start in range(0, size, 500):
+                chunk = rows[start : start + 500]
+                await upsert_events(session, [{**r, "tenant_id": owner} for r in chunk])
+    stored = {r["id"]: terms(r["text"]) for r in rows}
+    common = frozenset(t for w in frequent for t in terms(w))
+    junk = ["", "   ", "%", "/", "..", "\\", "'", "🙂", "x" * 300]
+    for n in range(1000):
+        words = [
+            str(rng.choice(rare + frequent + junk + ["没人说过", "nobody"]))
+            for _ in range(int(rng.integers(1, 12)))
+        ]
+        asked = query_terms(" ".join(words))
+        time_from = time_to = None
+        if n % 2:
+            start_day = int(rng.integers(0, 100))
+            time_from = START + timedelta(days=start_day)
+            time_to = time_from + timedelta(days=int(rng.integers(1, 120 - start_day + 1)))
+        async with db.tenant(tenant) as session:
+            found = await events_repository.lexical_events(
+                session, tenant, [key], asked, 20, time_from, time_to, common=common
+            )
+        in_range = {
+            r["id"]: stored[r["id"]]
+            for r in rows
+            if (time_from is None or r["occurred_at"] >= time_from)
+            and (time_to is None or r["occurred_at"] < time_to)
+        }
+        documents = min(len(in_range), events_repository.MAX_COUNTED_DOCUMENTS)
+        scored = (
+            asked
+            if len(in_range) < events_repository.MAX_LEXICAL_MATCHES
+            else [t for t in asked if t not in common]
+        )
+        expected = textbook_bm25(in_range, scored, documents)
+        assert len(found) == min(20, len(expected)), (words, time_from, time_to)
+        best = sorted((score for score, _ in expected.values()), reverse=True)[: len(found)]
+        assert [r["bm25"] for r in found] == pytest.approx(best, rel=1e-9)
+        for row in found:
+            score, idfs = expected[row["id"]]
+            assert row["bm25"] == pytest.approx(score, rel=1e-9)
+            assert dict(zip(row["terms"], row["idfs"], strict=True)) == pytest.approx(idfs)
 
 
 def near(query: np.ndarray, cosine: float, rng: np.random.Generator) -> np.ndarray:

@@ -67,6 +67,8 @@ CITUS_SUITE = (
     "_would_be_too_many",
     "tests/test_event_search.py::test_lexical_scores_are_textbook_bm25_of_the_stored_terms"
     "_through_either_branch",
+    "tests/test_event_search.py::test_months_of_lexical_searches_in_a_busy_group_score_as"
+    "_textbook_bm25",
 )
 
 
