@@ -34,6 +34,8 @@ from service.recall.ranking import (
 )
 from service.recall.schemas import ContextRequest
 from service.recall.service import Reader, build_query, estimate_tokens
+from service.retrieval.dates import days_named
+from service.retrieval.neighbours import StreamPassage, StreamWeights, score_stream
 from service.settings import EmbeddingModelSettings, QuerySettings
 from tests.conftest import (
     FAST_QUEUE,
@@ -168,6 +170,57 @@ def test_a_many_sender_groups_events_are_weighed_as_the_message_search_weighs_th
 
     assert best([f"user-{n:03d}" for n in range(12)]) == "e04"
     assert best(["alice", "bob"] * 6) == "e08"
+
+
+@pytest.mark.parametrize("local", [True, False])
+def test_a_named_day_weighs_in_the_event_search_as_in_the_message_search(local: bool) -> None:
+    """Two things said on two days, the one on the day the question names a little further
+    in meaning: both searches put it first up to the same gap in cosine, and the nearer one
+    first beyond it, whatever the embedder's scale (the local model's, or raw cosines)."""
+    scale = calibration(EmbeddingModelSettings()) if local else Calibration()
+    weights = StreamWeights()
+    # In the message search a named day is worth this rise of an item's and its
+    # neighbours' cosines (here it has none: its own counts for both).
+    worth = weights.named_day / (weights.similarity + weights.neighbour_similarity)
+    named_day = datetime(2023, 12, 11, 20, 0, tzinfo=UTC)
+    days = days_named("What did John and Tim talk about on 11 December, 2023?")
+    assert days
+
+    def firsts(gap: float) -> tuple[str, str]:
+        sims = {"on the day": 0.86 - gap, "a week later": 0.86}
+        times = {"on the day": named_day, "a week later": named_day + timedelta(days=7)}
+        passages = [
+            StreamPassage(
+                similarity=sims[name],
+                bm25=0.0,
+                at=times[name].timestamp(),
+                sender=sender,
+                on_named_day=name == "on the day",
+            )
+            for name, sender in (("on the day", "john"), ("a week later", "tim"))
+        ]
+        scores = score_stream(passages, {}, weights)
+        message_search = max(zip(sims, scores, strict=True), key=lambda p: p[1] or 0.0)[0]
+        rows = [
+            {
+                "id": name,
+                "distance": 1 - sims[name],
+                "occurred_at": times[name],
+                "created_at": times[name],
+                "conversation_key": "g:talk",
+                "sender_id": sender,
+                "text": name,
+                "kind": "observation",
+            }
+            for name, sender in (("on the day", "john"), ("a week later", "tim"))
+        ]
+        candidates = fuse(rows, [], 0.5, scale)
+        with_neighbours(candidates, [], [], 0.5, scale, days=days)
+        event_search = max(candidates, key=lambda e: e.relevance).row["id"]
+        return message_search, event_search
+
+    assert firsts(0.9 * worth) == ("on the day", "on the day")
+    assert firsts(1.1 * worth) == ("a week later", "a week later")
 
 
 def test_near_duplicate_events_are_returned_once() -> None:

@@ -33,6 +33,11 @@ class Calibration:
     floor: float = 0.0
     ceiling: float = 1.0
 
+    @property
+    def span(self) -> float:
+        """The cosines one unit of the scale covers (1 where the bounds say nothing)."""
+        return self.ceiling - self.floor if self.ceiling > self.floor else 1.0
+
     @overload
     def similarity(self, cosine: float) -> float: ...
     @overload
