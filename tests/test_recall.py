@@ -460,6 +460,34 @@ async def test_the_named_days_event_is_found_among_many_nearer_ones_of_other_day
     assert all(not e["id"].startswith("sketch:") for e in bounded.json()["events"])
 
 
+async def test_two_members_telling_the_same_words_are_two_results_one_member_twice_is_one(
+    running: tuple[AppClient, TenantHandle],
+) -> None:
+    """In a group where everyone announces their own event in the same words, the member
+    asked about is not dropped as the repeat of another's; one member's line said twice
+    that day still comes once."""
+    client, tenant = running
+    line = "烹饪乐聚团建盛宴的持续时间是九天。"
+    for n, member in enumerate(["30001", "30002", "30002"]):
+        await end(
+            client,
+            tenant,
+            request_id=f"dinner-{n}",
+            sender_id=member,
+            sender_name=f"成员{member}",
+            observations=[line],
+            timestamp=f"2026-03-03T1{n}:00:00+08:00",
+        )
+    found = await client.post(
+        "/v1/events/search",
+        json={"query": "烹饪乐聚团建盛宴的持续时间是什么？", "context": GROUP, "top_k": 5},
+        headers=tenant.headers,
+    )
+    assert found.status_code == 200, found.text
+    told = [e for e in found.json()["events"] if e["text"] == line]
+    assert sorted(e["sender_id"] for e in told) == ["30001", "30002"], found.json()
+
+
 async def test_injected_text_is_quoted_data_and_the_budget_drops_the_least_relevant(
     running: tuple[AppClient, TenantHandle],
 ) -> None:

@@ -31,8 +31,9 @@
    events with ``sim ≥ time_decay_min_similarity``.
 4. With a reranker configured (and ``enable_rerank``), its relevance replaces the fused one
    for the candidates, decayed the same way; if it fails or is slow, step 3's order stands.
-5. Near-duplicates (the same statement recorded twice on one day) are dropped, the better
-   one kept.
+5. Near-duplicates (the same statement recorded twice on one day, told by the same sender)
+   are dropped, the better one kept: two members telling the same words is two pieces of
+   news, as in the message search.
 """
 
 from __future__ import annotations
@@ -281,13 +282,14 @@ def decay_scores(
 
 
 def without_duplicates(ranked: list[RankedEvent], k: int) -> list[RankedEvent]:
-    """The first ``k`` events, skipping any that repeats one already kept on its day."""
+    """The first ``k`` events, skipping any that repeats one already kept on its day and told
+    by the same sender."""
     keep = first_distinct(
         [event.row["text"] for event in ranked],
         [unit_vector(event.row.get("embedding")) for event in ranked],
         k,
         DUPLICATE_COSINE,
-        lambda a, b: _same_day(ranked[a].row, ranked[b].row),
+        lambda a, b: _same_occasion(ranked[a].row, ranked[b].row),
     )
     return [ranked[n] for n in keep]
 
@@ -455,7 +457,13 @@ async def _rerank(
     candidates.sort(key=lambda e: (-e.score, e.row["id"]))
 
 
-def _same_day(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    # The same words on two days are two happenings (a weekly meeting), not one repeated.
+def _same_occasion(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    # The same words on two days are two happenings (a weekly meeting), not one repeated;
+    # from two members of a group, two members' news ("the duration of the dinner is nine
+    # days", each of their own dinner): in a group of a hundred alike announcements, the one
+    # asked about was dropped as the repeat of another's. MemDaily's pools without the
+    # asker: hit@10 .814 -> .827 (its lexical side alone .829); with the worst asker .763 ->
+    # .779; LoCoMo and MADial unchanged.
     at, other = a.get("occurred_at"), b.get("occurred_at")
-    return at is None or other is None or at.date() == other.date()
+    same_day = at is None or other is None or at.date() == other.date()
+    return same_day and a.get("sender_id") == b.get("sender_id")
