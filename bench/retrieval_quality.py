@@ -25,6 +25,9 @@ in-sample fit and the shipped defaults. That is how the defaults in
 every stream, once gated as the service gates them: a dialogue's weights fitted on the
 streams that read as dialogues, a many-sender group's on the others (where the sets left in
 hold no stream of a shape, that shape takes the other's weights).
+Then the features the sets left in never exercise (never firing, or equal to the
+similarity: neighbours never present), and the held-out figure with just those at the
+shipped weights: how much of a fall is what the other sets cannot teach.
 
 ``--cache DIR`` keeps the vectors of every embedded message (keyed by a hash of model, kind
 and text) in DIR, outside the repository, so that a second run does not embed again, and
@@ -659,6 +662,21 @@ def fit(asked: list[Asked], names: list[str]) -> np.ndarray[Any, Any]:
     return weights
 
 
+def unexercised(asked: list[Asked], names: list[str], in_dialogue: bool) -> list[int] | None:
+    """The features (their positions in ``names``) that the streams of one shape never tell
+    apart from nothing or from the similarity (the first feature): a fit learns nothing of
+    them. None: no stream has the shape (the fit takes the other shape's weights)."""
+    rows = [a.matrices["shipped"] for a in asked if a.ids and a.dialogues["shipped"] == in_dialogue]
+    if not rows:
+        return None
+    matrix = np.vstack(rows)
+    return [
+        j
+        for j in range(1, len(names))
+        if not matrix[:, j].any() or np.allclose(matrix[:, j], matrix[:, 0])
+    ]
+
+
 def fit_gated(
     asked: list[Asked], names: list[str]
 ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
@@ -703,6 +721,28 @@ def cross_validate(asked: list[Asked], names: list[str]) -> None:
         left_out = [a for a in asked if a.dataset == held]
         out = measure(left_out, gated[held][0], group=gated[held][1])[held]
         print(f"  {held:<18} {out[0]:>9.3f} {gated_in[held][0]:>10.3f}")
+    # What the sets left in cannot teach: a feature that never fires in their streams of a
+    # shape, or always equals the similarity (neighbours that are never there), keeps the
+    # fit's starting weight. The held-out figure once more with those at the shipped
+    # weights shows how much of the fall is such a feature (the rest is weights that do not
+    # carry over).
+    print("\n  Features the other sets never exercise (dialogue / group), and the held-out")
+    print("  hit@10 with those at the shipped weights:")
+    for held in sets:
+        train = [a for a in asked if a.dataset != held]
+        blind = [unexercised(train, names, in_dialogue) for in_dialogue in (True, False)]
+        patched = [gated[held][n].copy() for n in (0, 1)]
+        for n, in_dialogue in enumerate((True, False)):
+            if blind[n]:
+                shipped = shipped_weights(names, in_dialogue)
+                patched[n][blind[n]] = shipped[blind[n]]
+        left_out = [a for a in asked if a.dataset == held]
+        out = measure(left_out, patched[0], group=patched[1])[held]
+        unseen = " / ".join(
+            "no such streams" if b is None else ", ".join(names[j] for j in b) or "none"
+            for b in blind
+        )
+        print(f"  {held:<18} {out[0]:>9.3f}  ({unseen})")
     for held in sets:
         dialogue_weights, group_weights = (shown(w) for w in gated[held])
         print(f"  without {held}, gated: dialogue {dialogue_weights}")
