@@ -75,9 +75,9 @@ SPREAD = 2
 # the message search gives it (5 in a group). Through events/search, hit@10 at 0 / 0.01 /
 # 0.02 / 0.04 / 0.06 / 0.08 a unit on MemDaily's pools, asked by the member: .815 / .948 /
 # .963 / .980 / .980 / .980; with the worst asker for it (the member of the best wrong
-# event) .807 / .805 / .805 at 0.01 / 0.02 / 0.04. Not more: at 0.159 (what a day the query
-# names gains, below) the worst asker's .763 falls to .664 (2026-11, 1.000 asked by the
-# member either way).
+# event) .807 / .805 / .805 at 0.01 / 0.02 / 0.04. Not more: at 0.159 (what a unit of weight
+# buys in a group by the rule of ``day_lift``) the worst asker's .763 falls to .664 (2026-11,
+# 1.000 asked by the member either way).
 ASKER_LIFT_PER_WEIGHT = 0.06
 
 
@@ -145,8 +145,8 @@ def day_lift(weight: dict[str, float], calibration: Calibration) -> float:
 
     Through events/search on LoCoMo (103 of its 997 questions name a day or month), hit@10
     .858 at 0.12 (0.06 a unit of weight, the rule before), .859 / .860 / .861 / .862 / .859
-    at 0.18 / 0.24 / 0.30 / 0.36 / 0.48; the message search, .843 without the named days and
-    .864 with them. No other set's questions name a day."""
+    at 0.18 / 0.24 / 0.30 / 0.36 / 0.48, .862 at 0.38 (this rule); the message search, .843
+    without the named days and .864 with them. No other set's questions name a day."""
     dense = weight["similarity"] + weight["neighbour_similarity"]
     return weight["named_day"] / (dense * calibration.span) if dense > 0 else 0.0
 
