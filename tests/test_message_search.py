@@ -214,6 +214,42 @@ EVENTS = [
 ]
 
 
+async def test_a_members_flood_hides_nothing_else_that_was_said(
+    embedded: tuple[AppClient, TenantHandle], db_url: str
+) -> None:
+    """One member sends the same ad two hundred times among the group's talk: asked about
+    it, the ad comes once and the rest of the results are the other members' messages on
+    the subject, which the ad's copies would otherwise fill both sides' candidates with."""
+    client, tenant = embedded
+    talk = [
+        "买车还是租车划算？",
+        "我新买了一辆车，开着很顺",
+        "周末一起打羽毛球吧",
+        "有人推荐科幻电影吗",
+    ]
+    rows = []
+    for n in range(300):
+        sender, said = ("ads", "买车找我，优惠多多") if n % 3 else (f"u{n % 20}", talk[n % 4])
+        if sender != "ads":
+            said = f"{said}（{n}）"
+        rows.append(
+            {
+                "message_id": f"m{n}",
+                "sender_id": sender,
+                "sender_name": sender,
+                "text": said,
+                "sent_at": f"2026-03-01T{8 + n // 60:02d}:{n % 60:02d}:00",
+            }
+        )
+    await store(client, tenant, {**GROUP, "messages": rows})
+    await wait_for(lambda: all_embedded(db_url), timeout=120)
+    hits = await search(client, tenant, query="买车优惠", top_k=10)
+    assert len(hits) == 10
+    assert [h["sender_id"] for h in hits].count("ads") == 1
+    others = [h["text"] for h in hits if h["sender_id"] != "ads"]
+    assert all("车" in said for said in others), others
+
+
 async def test_in_a_group_the_askers_own_message_comes_first_among_alike_ones(
     embedded: tuple[AppClient, TenantHandle], db_url: str
 ) -> None:

@@ -10,11 +10,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 from pgvector import Vector
-from sqlalchemy import text
+from sqlalchemy import Row, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db.engine import uses_citus
 from service.db.vector_index import rescoring_ceiling
+from service.retrieval.fusion import distinct_reading
 from service.retrieval.terms import held_terms_sql, to_tsquery_literal
 
 # One statement for the whole batch; duplicates (by conversation and message_id) are skipped.
@@ -336,7 +337,8 @@ _DENSE = text(
         ORDER BY approx
         LIMIT :dense_pool
     )
-    SELECT p.seq, p.approx, m.embedding <=> :query AS distance
+    SELECT p.seq, p.approx, m.embedding <=> :query AS distance, m.sender_id,
+           md5(m.text) AS said
     FROM pool p
     JOIN messages m ON m.tenant_id = :tenant_id AND m.conversation_key = :conversation_key
                    AND m.seq = p.seq
@@ -346,7 +348,7 @@ _DENSE = text(
 
 _DENSE_REST = text(
     f"""
-    SELECT seq FROM messages
+    SELECT seq, sender_id, md5(text) AS said FROM messages
     WHERE tenant_id = :tenant_id AND conversation_key = :conversation_key
       AND embedding_half IS NOT NULL
       AND {_IN_RANGE}
@@ -627,7 +629,8 @@ async def nearest_messages(
     time_to: datetime | None,
 ) -> list[int]:
     """The seqs of the conversation's ``plan.dense_limit`` messages nearest to ``query`` by
-    cosine distance (exactly), nearest first."""
+    cosine distance (exactly), nearest first, one of each statement (``statement``: one
+    sender's repeats of the same words are read past, see ``distinct_reading``)."""
     unit = _unit(query)
     params = {
         "tenant_id": tenant_id,
@@ -636,22 +639,34 @@ async def nearest_messages(
         "query_unit": unit,
         "time_from": time_from,
         "time_to": time_to,
-        "dense_limit": plan.dense_limit,
-        "dense_pool": plan.dense_limit + DENSE_EXTRA,
     }
-    pool = list(await session.execute(_DENSE, params))
-    nearest = pool[: plan.dense_limit]
-    if not nearest:
-        return []
-    ceiling = rescoring_ceiling(
-        nearest[-1].distance,
-        max(row.approx for row in pool),
-        len(pool) < plan.dense_limit + DENSE_EXTRA,
-        len(unit),
-    )
-    if ceiling is None:
-        return [row.seq for row in nearest]
-    return list((await session.execute(_DENSE_REST, {**params, "ceiling": ceiling})).scalars())
+
+    async def nearest(depth: int) -> list[Row[Any]]:
+        # At least the nearest ``depth``: as many of the pool as are proven the nearest
+        # (where a sender's repeats fill the first, the rest may hold the statements wanted).
+        limits = {"dense_limit": depth, "dense_pool": depth + DENSE_EXTRA}
+        pool = list(await session.execute(_DENSE, {**params, **limits}))
+        if not pool:
+            return []
+        horizon = max(row.approx for row in pool)
+        complete = len(pool) < depth + DENSE_EXTRA
+        proven = [
+            r for r in pool if rescoring_ceiling(r.distance, horizon, complete, len(unit)) is None
+        ]
+        if len(proven) >= min(depth, len(pool)):
+            return proven
+        ceiling = rescoring_ceiling(pool[depth - 1].distance, horizon, complete, len(unit))
+        rest = {**params, **limits, "ceiling": ceiling}
+        return list(await session.execute(_DENSE_REST, rest))
+
+    rows = await distinct_reading(nearest, plan.dense_limit, statement)
+    return [row.seq for row in rows]
+
+
+def statement(row: Any) -> tuple[Any, ...]:
+    """Who said a message and what (its text's digest): one sender's repeats of the same
+    words are one statement (the message search shows one of them)."""
+    return row.sender_id, row.said
 
 
 async def neighbourhoods(
@@ -695,10 +710,40 @@ async def neighbourhoods(
     )
 
 
-def lexical_seeds(matches: Mapping[int, LexicalMatch], plan: SearchPlan) -> list[int]:
-    """The best of the lexical matches (equal BM25 scores: the newer message)."""
+_STATEMENTS = text(
+    """
+    SELECT seq, sender_id, md5(text) AS said FROM messages
+    WHERE tenant_id = :tenant_id AND conversation_key = :conversation_key
+      AND seq = ANY(CAST(:seqs AS bigint[]))
+    """
+)
+
+
+async def lexical_seeds(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    conversation_key: str,
+    matches: Mapping[int, LexicalMatch],
+    plan: SearchPlan,
+) -> list[int]:
+    """The best of the lexical matches (equal BM25 scores: the newer message), one of each
+    statement. One sender's repeats match alike (the same terms, as often, in as long a
+    text): only where the best hold two such are the matches' senders and texts read, as
+    deep as ``distinct_reading`` reads the dense side."""
     best = sorted(matches.values(), key=lambda m: (-m.score, -m.seq))
-    return [m.seq for m in best[: plan.lexical_limit]]
+    head = best[: plan.lexical_limit]
+    alike = {(m.score, tuple(m.terms), tuple(m.tfs)) for m in head}
+    if len(alike) == len(head):
+        return [m.seq for m in head]
+
+    async def statements(depth: int) -> list[Row[Any]]:
+        seqs = [m.seq for m in best[:depth]]
+        params = {"tenant_id": tenant_id, "conversation_key": conversation_key, "seqs": seqs}
+        found = {row.seq: row for row in await session.execute(_STATEMENTS, params)}
+        return [found[seq] for seq in seqs if seq in found]
+
+    rows = await distinct_reading(statements, plan.lexical_limit, statement)
+    return [row.seq for row in rows]
 
 
 async def nearest_candidates(
@@ -717,7 +762,7 @@ async def nearest_candidates(
     nearest = await nearest_messages(
         session, tenant_id, conversation_key, query, plan, time_from, time_to
     )
-    seeds = nearest + lexical_seeds(matches, plan)
+    seeds = nearest + await lexical_seeds(session, tenant_id, conversation_key, matches, plan)
     size = await conversation_size(session, tenant_id, conversation_key)
     return await neighbourhoods(
         session,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Awaitable
 from datetime import UTC, datetime, tzinfo
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import numpy as np
@@ -78,22 +79,18 @@ async def search(
         request.asker_id,
         ZoneInfo(request.timezone or tenant.timezone),
     )
-    pool = ranked[: request.top_k * DUPLICATE_POOL]
-    found = await repository.messages_by_seq(
-        session, tenant.tenant_id, key, [seq for seq, _, _ in pool]
-    )
-    pool = [(seq, score, sim) for seq, score, sim in pool if seq in found]
-    if not pool:
-        return MessageSearchResult(messages=[], warnings=warnings)
-    shown = [found[seq] for seq, _, _ in pool]
-    keep = first_distinct(
-        [row.text for row in shown],
-        [unit_vector(row.embedding) for row in shown],
-        request.top_k,
-        DUPLICATE_COSINE,
-        # The same words from two people are two messages (the one asked about is one).
-        lambda a, b: shown[a].sender_id == shown[b].sender_id,
-    )
+    head, found = request.top_k * DUPLICATE_POOL, dict[int, Any]()
+    while True:
+        # Rows for the best ``head``; repeats skipped: further down the ranking, until
+        # top_k are kept or the ranking is through (a sender's flood ranked high).
+        found |= await repository.messages_by_seq(
+            session, tenant.tenant_id, key, [seq for seq, _, _ in ranked[:head] if seq not in found]
+        )
+        pool = [(seq, score, sim) for seq, score, sim in ranked[:head] if seq in found]
+        keep = _distinct([found[seq] for seq, _, _ in pool], request.top_k)
+        if len(keep) == request.top_k or head >= len(ranked):
+            break
+        head *= 2
     hits = []
     for n in keep:
         seq, score, _ = pool[n]
@@ -109,6 +106,18 @@ async def search(
             )
         )
     return MessageSearchResult(messages=hits, warnings=warnings)
+
+
+def _distinct(shown: list[Any], k: int) -> list[int]:
+    """Positions of the first ``k`` messages that repeat none kept before them."""
+    return first_distinct(
+        [row.text for row in shown],
+        [unit_vector(row.embedding) for row in shown],
+        k,
+        DUPLICATE_COSINE,
+        # The same words from two people are two messages (the one asked about is one).
+        lambda a, b: shown[a].sender_id == shown[b].sender_id,
+    )
 
 
 async def find_candidates(
@@ -158,7 +167,7 @@ async def find_candidates(
         embedding.discard()
         # Its transaction ends before the search does, however the search ends.
         await settled(beside)
-    seeds = nearest + repository.lexical_seeds(matches, SEARCH_PLAN)
+    seeds = nearest + await repository.lexical_seeds(session, tenant_id, key, matches, SEARCH_PLAN)
     return await repository.neighbourhoods(
         session, tenant_id, key, vector, seeds, matches, SEARCH_PLAN, time_from, time_to, size
     )

@@ -54,7 +54,13 @@ from service.events import service as events
 from service.llm.base import LLMError
 from service.llm.rerank import Reranker
 from service.retrieval.dates import Span, days_named, envelope
-from service.retrieval.fusion import first_distinct, scale_by_max, time_decayed, unit_vector
+from service.retrieval.fusion import (
+    distinct_reading,
+    first_distinct,
+    scale_by_max,
+    time_decayed,
+    unit_vector,
+)
 from service.retrieval.neighbours import Stream, StreamWeights, asked_flags, stream_features
 from service.retrieval.terms import MAX_QUERY_TERMS, query_terms, terms
 from service.settings import QuerySettings
@@ -297,19 +303,24 @@ def without_duplicates(ranked: list[RankedEvent], k: int) -> list[RankedEvent]:
 async def lexical_candidates(
     session: AsyncSession, tenant_id: Any, search: EventQuery, q: QuerySettings
 ) -> list[dict[str, Any]]:
-    """The lexical side's candidates. It needs no query vector, so the read path runs it while
-    the query is being embedded."""
+    """The lexical side's candidates, one of each statement (``distinct_reading``). They need
+    no query vector, so the read path reads them while the query is being embedded."""
     if search.top_k <= 0 or q.lexical_weight <= 0:
         return []
-    return await events.lexical(
-        session,
-        tenant_id,
-        search.conversation_keys,
-        query_terms(search.text, MAX_QUERY_TERMS),
-        search.pool(q),
-        search.time_from,
-        search.time_to,
-    )
+    words = query_terms(search.text, MAX_QUERY_TERMS)
+
+    def best(depth: int) -> Awaitable[list[dict[str, Any]]]:
+        return events.lexical(
+            session,
+            tenant_id,
+            search.conversation_keys,
+            words,
+            depth,
+            search.time_from,
+            search.time_to,
+        )
+
+    return await distinct_reading(best, search.pool(q), _statement)
 
 
 async def rank_events(
@@ -329,23 +340,16 @@ async def rank_events(
     what reads them once the dense side is searched: they may be on their way beside)."""
     if search.top_k <= 0:
         return []
-    dense = await events.nearest(
-        session,
-        tenant_id,
-        search.conversation_keys,
-        vector,
-        search.pool(q),
-        search.time_from,
-        search.time_to,
+    pool = search.pool(q)
+    dense = await _nearest_statements(
+        session, tenant_id, search, vector, pool, search.time_from, search.time_to
     )
     days = days_named(search.text)
     named = envelope(days, search.zone, search.time_from, search.time_to)
     if named is not None:
         # A question naming a day: that day's nearest events are candidates too, however
         # many of the rest of the conversation's are nearer.
-        dense += await events.nearest(
-            session, tenant_id, search.conversation_keys, vector, search.pool(q), *named
-        )
+        dense += await _nearest_statements(session, tenant_id, search, vector, pool, *named)
     if search.asker is not None and any(map(is_group, search.conversation_keys)):
         # In a group, whoever asks is often asking about their own news among the members'
         # alike ones: their nearest top_k events are candidates too (see nearest_told_by).
@@ -407,6 +411,31 @@ async def rank_events(
         candidates = await _whole_rows(session, tenant_id, candidates, head)
         kept = without_duplicates(candidates, search.top_k)
     return kept
+
+
+def _statement(row: dict[str, Any]) -> tuple[Any, ...]:
+    """What one member said on one day, word for word (see ``_same_occasion``)."""
+    at = row.get("occurred_at")
+    return row.get("sender_id"), at.date() if at is not None else None, row["text"]
+
+
+async def _nearest_statements(
+    session: AsyncSession,
+    tenant_id: Any,
+    search: EventQuery,
+    vector: np.ndarray[Any, Any],
+    pool: int,
+    time_from: datetime | None,
+    time_to: datetime | None,
+) -> list[dict[str, Any]]:
+    """The ``pool`` nearest events, one of each statement (``distinct_reading``)."""
+
+    def nearest(depth: int) -> Awaitable[list[dict[str, Any]]]:
+        return events.nearest(
+            session, tenant_id, search.conversation_keys, vector, depth, time_from, time_to
+        )
+
+    return await distinct_reading(nearest, pool, _statement)
 
 
 async def _whole_rows(

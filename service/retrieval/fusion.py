@@ -6,7 +6,7 @@ same way and the arithmetic is tested without a database.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -16,6 +16,7 @@ from pgvector import Vector
 from service.retrieval.terms import near_duplicate
 
 K = TypeVar("K", bound=Hashable)
+T = TypeVar("T")
 
 # The constant of Cormack et al.: damps the head of each list so one list cannot dominate.
 RRF_K = 60
@@ -132,3 +133,42 @@ def first_distinct(
             continue
         kept.append(n)
     return kept
+
+
+# How much deeper a side's candidates are read, and how many times at most, while one
+# sender's repeats fill them (``distinct_reading``): a flood of up to 16 times the pool.
+FLOOD_WIDENING = 4
+FLOOD_ROUNDS = 2
+
+
+def first_of_each(items: Sequence[T], key: Callable[[T], Hashable]) -> list[T]:
+    """The items in their order, only the first of each ``key``."""
+    seen: set[Hashable] = set()
+    firsts = []
+    for item in items:
+        if (which := key(item)) not in seen:
+            seen.add(which)
+            firsts.append(item)
+    return firsts
+
+
+async def distinct_reading(
+    read: Callable[[int], Awaitable[Sequence[T]]], wanted: int, key: Callable[[T], Hashable]
+) -> list[T]:
+    """The best of ``wanted`` items, only the first of each ``key`` (a statement: one sender's
+    words); ``read(depth)`` gives at least the best ``depth`` (fewer when there are no more).
+
+    One member's flood (an ad sent two hundred times in a day) would fill a side's candidates
+    with one statement, and nothing else said would be a candidate. While fewer than a
+    ``FLOOD_WIDENING``-th of ``wanted`` differ, the items are read ``FLOOD_WIDENING`` times
+    deeper, at most ``FLOOD_ROUNDS`` times. Texts said a few times each (greetings, a bot's
+    notices) leave enough different ones in the first reading, which is all they cost."""
+    enough = max(1, wanted // FLOOD_WIDENING)
+    depth = wanted
+    for _ in range(FLOOD_ROUNDS):
+        items = await read(depth)
+        firsts = first_of_each(items, key)
+        if len(firsts) >= enough or len(items) < depth:
+            return firsts[:wanted]
+        depth *= FLOOD_WIDENING
+    return first_of_each(await read(depth), key)[:wanted]
