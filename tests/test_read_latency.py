@@ -718,7 +718,7 @@ async def test_texts_said_again_and_again_are_ranked_exactly_in_one_pass(db: Dat
             scores = vectors[order].astype(np.float64) @ asked.astype(np.float64)
             nearest = first_of_each(list(np.argsort(-scores)), lambda n: (n % 5, said[n]))
             got = np.sort([r.similarity for r in found])[::-1]
-            assert plan.dense_limit // 4 <= len(got) <= plan.dense_limit
+            assert messages_repository.DISTINCT_ENOUGH <= len(got) <= plan.dense_limit
             assert np.allclose(got, scores[nearest[: len(got)]], atol=1e-5)
     finally:
         event.remove(db.engine.sync_engine, "before_cursor_execute", seen)

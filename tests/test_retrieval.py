@@ -423,7 +423,7 @@ def test_the_envelope_of_the_named_days_stays_within_the_range_asked_for() -> No
 
 def test_a_side_is_read_deeper_while_one_statement_fills_it() -> None:
     """A flood of one statement is read past, four times deeper a round, at most twice; a
-    side with no more to give, or enough different ones, is read once."""
+    side with no more to give, or enough different ones (3 here), is read once."""
     calls: list[int] = []
 
     def side(stream: list[str]) -> Callable[[int], Awaitable[list[str]]]:
@@ -434,22 +434,24 @@ def test_a_side_is_read_deeper_while_one_statement_fills_it() -> None:
         return read
 
     flood = ["ad"] * 150 + [f"news {n}" for n in range(100)]
-    assert asyncio.run(distinct_reading(side(flood), 10, str)) == ["ad"] + [
+    assert asyncio.run(distinct_reading(side(flood), 10, str, 3)) == ["ad"] + [
         f"news {n}" for n in range(9)
     ]
     assert calls == [10, 40, 160]
     calls.clear()
     # Beyond 16 times the pool the flood wins: the reading stops there.
-    assert asyncio.run(distinct_reading(side(["ad"] * 1000 + ["news"]), 10, str)) == ["ad"]
+    assert asyncio.run(distinct_reading(side(["ad"] * 1000 + ["news"]), 10, str, 3)) == ["ad"]
     assert calls == [10, 40, 160]
     calls.clear()
-    assert asyncio.run(distinct_reading(side(["ad"] * 5), 10, str)) == ["ad"]
+    assert asyncio.run(distinct_reading(side(["ad"] * 5), 10, str, 3)) == ["ad"]
     assert calls == [10]
     calls.clear()
-    assert len(asyncio.run(distinct_reading(side([str(n) for n in range(50)]), 10, str))) == 10
+    assert len(asyncio.run(distinct_reading(side([str(n) for n in range(50)]), 10, str, 3))) == 10
     assert calls == [10]
     calls.clear()
     # Texts said a few times each: the different ones of the first reading, once.
     twice = [f"hello {n // 2}" for n in range(100)]
-    assert asyncio.run(distinct_reading(side(twice), 10, str)) == [f"hello {n}" for n in range(5)]
+    assert asyncio.run(distinct_reading(side(twice), 10, str, 3)) == [
+        f"hello {n}" for n in range(5)
+    ]
     assert calls == [10]

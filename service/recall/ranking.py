@@ -320,7 +320,7 @@ async def lexical_candidates(
             search.time_to,
         )
 
-    return await distinct_reading(best, search.pool(q), _statement)
+    return await distinct_reading(best, search.pool(q), _statement, search.top_k)
 
 
 async def rank_events(
@@ -435,7 +435,7 @@ async def _nearest_statements(
             session, tenant_id, search.conversation_keys, vector, depth, time_from, time_to
         )
 
-    return await distinct_reading(nearest, pool, _statement)
+    return await distinct_reading(nearest, pool, _statement, search.top_k)
 
 
 async def _whole_rows(

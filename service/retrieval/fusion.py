@@ -153,17 +153,20 @@ def first_of_each(items: Sequence[T], key: Callable[[T], Hashable]) -> list[T]:
 
 
 async def distinct_reading(
-    read: Callable[[int], Awaitable[Sequence[T]]], wanted: int, key: Callable[[T], Hashable]
+    read: Callable[[int], Awaitable[Sequence[T]]],
+    wanted: int,
+    key: Callable[[T], Hashable],
+    enough: int,
 ) -> list[T]:
     """The best of ``wanted`` items, only the first of each ``key`` (a statement: one sender's
     words); ``read(depth)`` gives at least the best ``depth`` (fewer when there are no more).
 
     One member's flood (an ad sent two hundred times in a day) would fill a side's candidates
-    with one statement, and nothing else said would be a candidate. While fewer than a
-    ``FLOOD_WIDENING``-th of ``wanted`` differ, the items are read ``FLOOD_WIDENING`` times
+    with one statement, and nothing else said would be a candidate. While fewer than
+    ``enough`` differ (what the search shows), the items are read ``FLOOD_WIDENING`` times
     deeper, at most ``FLOOD_ROUNDS`` times. Texts said a few times each (greetings, a bot's
-    notices) leave enough different ones in the first reading, which is all they cost."""
-    enough = max(1, wanted // FLOOD_WIDENING)
+    notices) leave enough different ones in the first reading, which is all they cost: every
+    deeper reading is another scan of the conversation."""
     depth = wanted
     for _ in range(FLOOD_ROUNDS):
         items = await read(depth)
