@@ -659,6 +659,38 @@ async def test_the_context_reads_each_kind_of_profile_that_exists(db_url: str) -
         assert private["group_profile"] is None and private["member_profile"] is None
 
 
+async def test_where_every_text_comes_seven_times_a_search_still_shows_top_k_of_them(
+    db: Database,
+) -> None:
+    # Each member's lines said seven times over (a bot's notices, a chatty member's "收到"):
+    # the best ranked are copies of a few statements, and the search reads further down its
+    # ranking until it has top_k different ones to show.
+    rng = np.random.default_rng(43)
+    tenant = await new_tenant_id(db, "seven-times")
+    said = [f"{line(rng, n)}（{n}）" for n in range(120)]
+    query = unit(rng, 1)[0]
+    near = query + rng.standard_normal((120, 384)).astype(np.float32) * 0.6
+    near /= np.linalg.norm(near, axis=1, keepdims=True)
+    # store_messages gives message n the sender n % 5: a text's seven copies sit where their
+    # sender is the same (text t at every fifth message from t % 5 on).
+    order = np.array([p % 5 + 5 * ((p // 5) // 7) for p in range(840)])
+    assert all(len({p % 5 for p in np.flatnonzero(order == t)}) == 1 for t in range(120))
+    texts = [said[t] for t in order]
+    rows = near[order]
+    await store_messages(db, tenant, "g:seven", texts, rows)
+    async with db.system() as session:
+        context = await tenant_context(session, tenant, Settings())
+    async with db.tenant(tenant) as session:
+        found = await archive.search(
+            session,
+            context,
+            MessageSearch(query="西湖边划船", group_id="seven", top_k=12),
+            FixedModel(query),  # type: ignore[arg-type]
+        )
+    shown = [(hit.sender_id, hit.text) for hit in found.messages]
+    assert len(shown) == 12 and len(set(shown)) == 12
+
+
 async def test_many_equal_vectors_still_give_the_exact_nearest_distances(db: Database) -> None:
     rng = np.random.default_rng(17)
     tenant = await new_tenant_id(db, "dense-ties")
