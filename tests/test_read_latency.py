@@ -910,7 +910,7 @@ async def test_a_members_flood_is_one_result_and_a_chain_line_is_each_members_ow
     from service.recall.service import Reader
 
     # One day of a busy group: 300 members repost a chain line word for word, one member
-    # sends an ad 200 times, and the rest is talk. Asked about the ad, it comes once (one
+    # sends an ad 100 times, and the rest is talk. Asked about the ad, it comes once (one
     # member's repeats are one statement); asked about the chain, every result is another
     # member's own post of it (alike words from many people stay many people's).
     rng = np.random.default_rng(41)
