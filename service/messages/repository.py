@@ -257,7 +257,9 @@ DENSE_EXTRA = 100
 # A side's seeds are read deeper while fewer than this many statements differ among them
 # (``distinct_reading``): about what a search shows (its default top_k, 12). Where every text
 # comes seven times (the 50,000-message benchmark), a quarter of the seeds (25) took a second
-# scan of the conversation on most questions: p95 52 -> 122 ms.
+# scan of the conversation on most questions: p95 52 -> 122 ms. Seeds holding enough are
+# kept as they are (their repeats dropped by the search's own pass): telling their
+# statements apart costs a look-up, 1 ms a search where templated lines match alike.
 DISTINCT_ENOUGH = 12
 
 # Within the search's time range (either bound optional), a message's or (_M) alias m's.
@@ -342,8 +344,7 @@ _DENSE = text(
         ORDER BY approx
         LIMIT :dense_pool
     )
-    SELECT p.seq, p.approx, m.embedding <=> :query AS distance, m.sender_id,
-           md5(m.text) AS said
+    SELECT p.seq, p.approx, m.embedding <=> :query AS distance
     FROM pool p
     JOIN messages m ON m.tenant_id = :tenant_id AND m.conversation_key = :conversation_key
                    AND m.seq = p.seq
@@ -353,7 +354,7 @@ _DENSE = text(
 
 _DENSE_REST = text(
     f"""
-    SELECT seq, sender_id, md5(text) AS said FROM messages
+    SELECT seq, embedding <=> :query AS distance FROM messages
     WHERE tenant_id = :tenant_id AND conversation_key = :conversation_key
       AND embedding_half IS NOT NULL
       AND {_IN_RANGE}
@@ -634,8 +635,9 @@ async def nearest_messages(
     time_to: datetime | None,
 ) -> list[int]:
     """The seqs of the conversation's ``plan.dense_limit`` messages nearest to ``query`` by
-    cosine distance (exactly), nearest first, one of each statement (``statement``: one
-    sender's repeats of the same words are read past, see ``distinct_reading``)."""
+    cosine distance (exactly), nearest first. Where they hold fewer than ``DISTINCT_ENOUGH``
+    statements (a sender's flood), one of each statement, read as deep as
+    ``distinct_reading`` reads."""
     unit = _unit(query)
     params = {
         "tenant_id": tenant_id,
@@ -664,8 +666,18 @@ async def nearest_messages(
         rest = {**params, **limits, "ceiling": ceiling}
         return list(await session.execute(_DENSE_REST, rest))
 
-    rows = await distinct_reading(nearest, plan.dense_limit, statement, DISTINCT_ENOUGH)
-    return [row.seq for row in rows]
+    first = await nearest(plan.dense_limit)
+    head = first[: plan.dense_limit]
+    # One statement's copies lie at one distance: the nearest at enough distances hold
+    # enough statements, and only the search's own pass drops their repeats.
+    if len(head) < plan.dense_limit or len({row.distance for row in head}) >= DISTINCT_ENOUGH:
+        return [row.seq for row in head]
+
+    async def said(depth: int) -> list[Row[Any]]:
+        rows = first if depth == plan.dense_limit else await nearest(depth)
+        return await _statements(session, tenant_id, conversation_key, [r.seq for r in rows])
+
+    return [row.seq for row in await distinct_reading(said, len(head), statement, DISTINCT_ENOUGH)]
 
 
 def statement(row: Any) -> tuple[Any, ...]:
@@ -724,6 +736,16 @@ _STATEMENTS = text(
 )
 
 
+async def _statements(
+    session: AsyncSession, tenant_id: uuid.UUID, conversation_key: str, seqs: list[int]
+) -> list[Row[Any]]:
+    """Who said each of the messages ``seqs`` and what (see ``statement``), in that order
+    (one deleted meanwhile left out)."""
+    params = {"tenant_id": tenant_id, "conversation_key": conversation_key, "seqs": seqs}
+    found = {row.seq: row for row in await session.execute(_STATEMENTS, params)}
+    return [found[seq] for seq in seqs if seq in found]
+
+
 async def lexical_seeds(
     session: AsyncSession,
     tenant_id: uuid.UUID,
@@ -731,23 +753,23 @@ async def lexical_seeds(
     matches: Mapping[int, LexicalMatch],
     plan: SearchPlan,
 ) -> list[int]:
-    """The best of the lexical matches (equal BM25 scores: the newer message), one of each
-    statement. One sender's repeats match alike (the same terms, as often, in as long a
-    text): only where the best hold two such are the matches' senders and texts read, as
-    deep as ``distinct_reading`` reads the dense side."""
+    """The best of the lexical matches (equal BM25 scores: the newer message). Where they
+    hold fewer than ``DISTINCT_ENOUGH`` statements (a sender's flood), one of each, read as
+    deep as ``distinct_reading`` reads. One statement's copies match alike (the same terms,
+    as often, in as long a text): only where the best match in fewer ways than that are
+    their senders and texts read."""
     best = sorted(matches.values(), key=lambda m: (-m.score, -m.seq))
     head = best[: plan.lexical_limit]
     alike = {(m.score, tuple(m.terms), tuple(m.tfs)) for m in head}
-    if len(alike) == len(head):
+    if len(head) < plan.lexical_limit or len(alike) >= DISTINCT_ENOUGH:
         return [m.seq for m in head]
 
-    async def statements(depth: int) -> list[Row[Any]]:
-        seqs = [m.seq for m in best[:depth]]
-        params = {"tenant_id": tenant_id, "conversation_key": conversation_key, "seqs": seqs}
-        found = {row.seq: row for row in await session.execute(_STATEMENTS, params)}
-        return [found[seq] for seq in seqs if seq in found]
+    async def said(depth: int) -> list[Row[Any]]:
+        return await _statements(
+            session, tenant_id, conversation_key, [m.seq for m in best[:depth]]
+        )
 
-    rows = await distinct_reading(statements, plan.lexical_limit, statement, DISTINCT_ENOUGH)
+    rows = await distinct_reading(said, plan.lexical_limit, statement, DISTINCT_ENOUGH)
     return [row.seq for row in rows]
 
 
