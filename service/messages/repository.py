@@ -677,7 +677,8 @@ async def nearest_messages(
         rows = first if depth == plan.dense_limit else await nearest(depth)
         return await _statements(session, tenant_id, conversation_key, [r.seq for r in rows])
 
-    return [row.seq for row in await distinct_reading(said, len(head), statement, DISTINCT_ENOUGH)]
+    rows = await distinct_reading(said, plan.dense_limit, statement, DISTINCT_ENOUGH)
+    return [row.seq for row in rows]
 
 
 def statement(row: Any) -> tuple[Any, ...]:

@@ -83,9 +83,8 @@ async def search(
     while True:
         # Rows for the best ``head``; repeats skipped: further down the ranking, until
         # top_k are kept or the ranking is through (a sender's flood ranked high).
-        found |= await repository.messages_by_seq(
-            session, tenant.tenant_id, key, [seq for seq, _, _ in ranked[:head] if seq not in found]
-        )
+        missing = [seq for seq, _, _ in ranked[:head] if seq not in found]
+        found |= await repository.messages_by_seq(session, tenant.tenant_id, key, missing)
         pool = [(seq, score, sim) for seq, score, sim in ranked[:head] if seq in found]
         keep = _distinct([found[seq] for seq, _, _ in pool], request.top_k)
         if len(keep) == request.top_k or head >= len(ranked):
