@@ -238,7 +238,7 @@ async def test_explain_shows_the_event_search_is_routed_to_one_shard(
             plan = "\n".join(
                 r[0]
                 for r in await session.execute(
-                    text("EXPLAIN " + _first_pass(False, False).text), params
+                    text("EXPLAIN " + _first_pass(False, False, False).text), params
                 )
             )
     finally:

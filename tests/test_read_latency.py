@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
@@ -118,9 +119,12 @@ async def store_messages(
     texts: list[str],
     vectors: np.ndarray,
     every: timedelta = timedelta(minutes=1),
+    senders: list[str] | None = None,
+    times: list[datetime] | None = None,
 ) -> None:
-    """Messages of one conversation, ``every`` apart, embedded, as ingest and the embedding
-    job leave them."""
+    """Messages of one conversation, ``every`` apart (or at ``times``), embedded, as ingest
+    and the embedding job leave them; message n from sender n % 5 unless ``senders`` says."""
+    who = senders or [str(n % 5) for n in range(len(texts))]
     rows = [
         {
             "conversation_key": key,
@@ -128,10 +132,10 @@ async def store_messages(
             "request_type": "group",
             "group_id": key[2:],
             "user_id": None,
-            "sender_id": str(n % 5),
-            "sender_name": f"成员{n % 5}",
+            "sender_id": who[n],
+            "sender_name": f"成员{who[n]}",
             "text": body,
-            "sent_at": START + every * n,
+            "sent_at": times[n] if times else START + every * n,
             "lexical": to_tsvector_literal(terms(body)),
         }
         for n, body in enumerate(texts)
@@ -1090,3 +1094,244 @@ async def test_months_of_turns_with_hostile_words_and_ids_stay_in_their_group_an
         # Every transaction lent beside came back: two of a pool of four, again.
         assert first is not None and second is not None and third is None
     await db.dispose()
+
+
+def reads_to_fill(
+    cosines: np.ndarray, said: list[tuple[Any, ...]], vector_of: np.ndarray, pool: int, enough: int
+) -> int | None:
+    """How many readings of the ``pool`` nearest it takes until ``enough`` statements differ
+    among them, as the search should read them: a reading holding fewer (and a full
+    ``pool``) is followed by one that skips the vectors it held more than once, twice at
+    most. None where equal cosines of different statements meet at a reading's edge (which
+    come first is then the database's choice)."""
+    order = np.argsort(-cosines, kind="stable")
+    skipped: set[int] = set()
+    firsts: set[tuple[Any, ...]] = set()
+    for reading in (1, 2, 3):
+        left = [n for n in order if vector_of[n] not in skipped]
+        edge = left[pool - 1 : pool + 1]
+        tied = len(edge) == 2 and abs(cosines[edge[0]] - cosines[edge[1]]) < 2e-3
+        if tied and said[edge[0]] != said[edge[1]]:
+            return None
+        items = left[:pool]
+        firsts |= {said[n] for n in items} | {said[n] for n in order if vector_of[n] in skipped}
+        counts = Counter(vector_of[n] for n in items)
+        repeated = {v for v, copies in counts.items() if copies > 1}
+        if len(firsts) >= enough or len(items) < pool or not repeated or reading == 3:
+            return reading
+        skipped |= repeated
+    return 3
+
+
+AD = "买车找我，优惠多多，加微信"
+
+
+def four_months(rng: np.random.Generator) -> tuple[list[dict[str, Any]], np.ndarray]:
+    """Four months of a busy group as a real one runs, in time order: a bot's notice every
+    morning (the same words and vector each day), two members' tics said a few times a day,
+    a spammer flooding an ad 40-400 times on one day in nine (about 3,000 copies in all), and
+    a score of members' own lines a day. Also the ad's vector."""
+    notice, ad, laugh, ack = unit(rng, 4)
+    said: list[dict[str, Any]] = []
+
+    def say(sender: str, body: str, at: datetime, vector: np.ndarray) -> None:
+        said.append({"sender_id": sender, "text": body, "at": at, "vector": vector})
+
+    for day in range(120):
+        morning = START + timedelta(days=day, hours=1)
+        say("bot", "每日打卡提醒：今天也要记得喝水运动", morning, notice)
+        for k in range(20):
+            at = morning + timedelta(minutes=5 + int(rng.integers(0, 780)))
+            body = f"{line(rng, k)}，第{day}天{k}号"
+            say(f"m{int(rng.integers(30)):02d}", body, at, unit(rng, 1)[0])
+        for who, body, vector in (("m07", "哈哈哈哈", laugh), ("m12", "收到收到", ack)):
+            for _ in range(int(rng.integers(2, 6))):
+                say(who, body, morning + timedelta(minutes=int(rng.integers(5, 780))), vector)
+        if day % 9 == 3:
+            for _ in range(int(rng.integers(40, 401))):
+                at = morning + timedelta(minutes=int(rng.integers(5, 780)))
+                say("ads", AD, at, ad)
+    said.sort(key=lambda s: s["at"])
+    return said, ad
+
+
+async def test_four_months_of_a_group_fill_every_search_with_distinct_statements(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four months of a busy group (``four_months``). A thousand event searches (a model's
+    tool calls: any vector, words and junk, a day named or a range of days) each show top_k
+    different statements, or all the range holds, and read each side no more than three
+    times; a search with enough different nearest reads once, one flooded twice or three
+    times, however many copies the flood holds."""
+    from service.events import service as event_service
+    from service.recall.schemas import EventSearch
+    from service.recall.service import Reader
+
+    rng = np.random.default_rng(44)
+    tenant = await new_tenant_id(db, "four-months")
+    group = "月%:x..100"
+    key = f"g:{group}"
+    said, ad = four_months(rng)
+    notice = said[0]["vector"]
+    laugh = next(s["vector"] for s in said if s["text"] == "哈哈哈哈")
+    ack = next(s["vector"] for s in said if s["text"] == "收到收到")
+    flood_days = {day for day in range(120) if day % 9 == 3}
+    vectors = np.stack([s["vector"] for s in said])
+    rows = [
+        {
+            **event_row(tenant, f"{key}#{n}", key, s["at"], s["vector"]),
+            "text": s["text"],
+            "sender_id": s["sender_id"],
+        }
+        for n, s in enumerate(said)
+    ]
+    async with db.tenant(tenant) as session:
+        for start in range(0, len(rows), 500):
+            await events_repository.upsert_events(session, rows[start : start + 500])
+    statement = [(s["sender_id"], s["at"].date(), s["text"]) for s in said]
+    vector_of = np.unique(vectors, axis=0, return_inverse=True)[1].ravel()
+    days = np.array([(s["at"] - START).days for s in said])
+
+    readings: list[str] = []
+    sides = {"nearest": event_service.nearest, "lexical": event_service.lexical}
+    for name, read in sides.items():
+
+        def counted(*args: Any, _read: Any = read, _name: str = name) -> Any:
+            readings.append(_name)
+            return _read(*args)
+
+        monkeypatch.setattr(event_service, name, counted)
+    async with db.system() as session:
+        context = await tenant_context(session, tenant, Settings())
+    top_k, pool = 10, 30
+    once = flooded = 0
+    junk = ["%", "/", ":", "..", "' OR 1=1 --", "🙂", "x" * 300]
+    for n in range(1000):
+        kind = n % 5
+        first = last = None
+        if kind == 0:  # near one member's line, in their words
+            target = int(rng.choice([i for i, s in enumerate(said) if s["sender_id"][0] == "m"]))
+            vector = vectors[target] + unit(rng, 1)[0] * 0.5
+            asked = said[target]["text"][:8]
+        elif kind == 1:  # the ad, on a day it flooded or over weeks
+            vector, asked = ad, "买车优惠"
+            first = int(rng.choice(sorted(flood_days)))
+            last = first + 1 if n % 2 else min(first + int(rng.integers(2, 40)), 120)
+        elif kind == 2:  # the notice, in a model's words and junk
+            vector, asked = notice, "打卡提醒 " + " ".join(rng.choice(junk, 2))
+        elif kind == 3:  # a day named, as a model's tool call names it
+            first = int(rng.integers(120))
+            last = first + 1
+            day = START + timedelta(days=first)
+            vector, asked = unit(rng, 1)[0], f"{day.month}月{day.day}日大家聊了什么"
+        else:  # a tic, over a range of days or all
+            vector, asked = (laugh, "哈哈") if n % 2 else (ack, "收到")
+            if n % 4 == 1:
+                first = int(rng.integers(110))
+                last = first + int(rng.integers(1, 11))
+        vector = (vector / np.linalg.norm(vector)).astype(np.float32)
+        bounds = {}
+        if first is not None:
+            bounds = {
+                "time_from": START + timedelta(days=first),
+                "time_to": START + timedelta(days=last),
+            }
+        inside = [i for i in range(len(said)) if first is None or first <= days[i] < (last or 0)]
+        readings.clear()
+        reader = Reader(FixedModel(vector), None, db)  # type: ignore[arg-type]
+        request = EventSearch(query=asked, group_id=group, top_k=top_k, **bounds)
+        async with db.tenant(tenant, read_only=True) as session:
+            found = (await reader.search_events(session, context, request)).events
+        shown = [(e.sender_id, e.occurred_at.astimezone(UTC).date(), e.text) for e in found]
+        assert len(set(shown)) == len(shown), (n, asked)
+        assert len(shown) == min(top_k, len({statement[i] for i in inside})), (n, asked)
+        assert readings.count("nearest") <= 3 and readings.count("lexical") <= 3, n
+        expected = reads_to_fill(
+            vectors[inside] @ vector,
+            [statement[i] for i in inside],
+            vector_of[inside],
+            pool,
+            top_k,
+        )
+        if expected is not None and (kind == 0 or last == (first or 0) + 1):
+            assert readings.count("nearest") == expected, (n, asked)
+            once += expected == 1
+            flooded += expected > 1
+    # Most searches read once; the ad's days read past the ad.
+    assert once >= 200 and flooded >= 50, (once, flooded)
+
+
+async def test_four_months_in_the_archive_a_flood_of_thousands_hides_nothing_else(
+    db: Database,
+) -> None:
+    """The archive over the same four months (``four_months``): the ad's 3,000 copies are
+    one statement, more copies than reading deeper reaches. Three hundred searches (the
+    ad's, the notice's, a member's line's, random; over all of it or a range of days) each
+    show top_k different statements, the ad first where it is asked about, and read the
+    nearest no more than three times."""
+    rng = np.random.default_rng(45)
+    tenant = await new_tenant_id(db, "four-months-archive")
+    said, ad = four_months(rng)
+    key = "g:月%:x..100"
+    vectors = np.stack([s["vector"] for s in said])
+    await store_messages(
+        db,
+        tenant,
+        key,
+        [s["text"] for s in said],
+        vectors,
+        senders=[s["sender_id"] for s in said],
+        times=[s["at"] for s in said],
+    )
+    async with db.system() as session:
+        await session.execute(text("ANALYZE messages"))  # as autovacuum does after an import
+    async with db.system() as session:
+        context = await tenant_context(session, tenant, Settings())
+    scans: list[str] = []
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        # A reading of the nearest (its second pass, where one is needed, reads on from it);
+        # the statements at the distances it skips.
+        if "WITH pool AS MATERIALIZED" in statement:
+            scans.append("nearest")
+        elif "DISTINCT ON (sender_id, md5(text))" in statement:
+            scans.append("said at")
+
+    event.listen(db.engine.sync_engine, "before_cursor_execute", count)
+    days = np.array([(s["at"] - START).days for s in said])
+    members = [n for n, s in enumerate(said) if s["sender_id"].startswith("m")]
+    try:
+        for n in range(300):
+            kind, first = n % 4, None
+            if kind == 0:
+                vector, asked = ad, "买车优惠"
+            elif kind == 1:
+                vector, asked = said[0]["vector"], "打卡提醒"
+            elif kind == 2:
+                target = int(rng.choice(members))
+                vector = vectors[target] + unit(rng, 1)[0] * 0.5
+                asked = said[target]["text"][:8]
+            else:
+                vector, asked = unit(rng, 1)[0], "大家最近在聊什么"
+            bounds = {}
+            if n % 3 == 1:
+                first = int(rng.integers(0, 100))
+                last = first + int(rng.integers(1, 21))
+                bounds = {
+                    "time_from": START + timedelta(days=first),
+                    "time_to": START + timedelta(days=last),
+                }
+            inside = [i for i in range(len(said)) if first is None or first <= days[i] < last]
+            scans.clear()
+            vector = (vector / np.linalg.norm(vector)).astype(np.float32)
+            request = MessageSearch(query=asked, group_id=key[2:], top_k=12, **bounds)
+            async with db.tenant(tenant) as session:
+                found = await archive.search(session, context, request, FixedModel(vector))  # type: ignore[arg-type]
+            shown = [(hit.sender_id, hit.text) for hit in found.messages]
+            assert len(set(shown)) == len(shown) == 12, (n, asked, len(inside), shown)
+            if kind == 0 and any(said[i]["text"] == AD for i in inside):
+                assert shown[0] == ("ads", AD), n
+            assert scans.count("nearest") <= 3 and scans.count("said at") <= 2, (n, asked)
+
+    finally:
+        event.remove(db.engine.sync_engine, "before_cursor_execute", count)

@@ -18,6 +18,7 @@ from service.embedding.base import Calibration
 from service.retrieval.dates import MAX_NAMED, days_named, envelope, on_days
 from service.retrieval.fusion import (
     decay,
+    distinct_nearest,
     distinct_reading,
     first_distinct,
     reciprocal_rank_fusion,
@@ -455,3 +456,53 @@ def test_a_side_is_read_deeper_while_one_statement_fills_it() -> None:
         f"hello {n}" for n in range(5)
     ]
     assert calls == [10]
+
+
+def test_the_nearest_skip_a_flood_of_any_size_and_miss_no_statement() -> None:
+    """Items (distance, id, statement). A flood's copies share a distance; the readings skip
+    the distances of statements repeated among the nearest and read those distances'
+    statements apart: the result is the first of each statement of the whole ranking, and a
+    flood of 100,000 copies costs the readings one of 100 costs."""
+
+    def search(stream: list[tuple[float, int, str]]) -> tuple[list[str], list[str]]:
+        ranked = sorted(stream)
+        calls: list[str] = []
+
+        async def read(depth: int, skipped: list[float]) -> list[tuple[float, int, str]]:
+            calls.append("read")
+            return [item for item in ranked if item[0] not in skipped][:depth]
+
+        async def said_at(distances: list[float]) -> list[tuple[float, int, str]]:
+            calls.append("said at")
+            firsts: dict[str, tuple[float, int, str]] = {}
+            for item in ranked:
+                if item[0] in distances:
+                    firsts.setdefault(item[2], item)
+            return list(firsts.values())
+
+        found = asyncio.run(
+            distinct_nearest(read, said_at, 10, lambda i: i[2], 5, lambda i: i[:2], lambda i: i[0])
+        )
+        return [statement for _, _, statement in found], calls
+
+    news = [(0.3 + n / 100, n, f"news {n}") for n in range(40)]
+    # One member's copies at one distance, and the same words from four others at it too.
+    chain = [(0.2, 90 + n, f"chain by m{n}") for n in range(4)]
+    for size in (100, 100_000):
+        ad = [(0.1, 1000 + n, "ad") for n in range(size)]
+        found, calls = search([*ad, *chain, *news])
+        assert found == [
+            "ad",
+            *(f"chain by m{n}" for n in range(4)),
+            *(f"news {n}" for n in range(5)),
+        ]
+        assert calls == ["read", "read", "said at"]
+    # A second flood under the first: one more round, and no more than two.
+    ad = [(0.1, 1000 + n, "ad") for n in range(300)]
+    spam = [(0.15, 5000 + n, "spam") for n in range(300)]
+    found, calls = search([*ad, *spam, *news])
+    assert found[:3] == ["ad", "spam", "news 0"] and len(found) == 10
+    assert calls == ["read", "read", "said at", "read", "said at"]
+    # Enough different statements at first, or no more to read: one reading.
+    assert search(news)[1] == ["read"]
+    assert search([(0.1, n, "ad") for n in range(7)])[1] == ["read"]

@@ -6,6 +6,7 @@ import json
 import math
 import time
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
 from functools import cache
 from typing import Any
@@ -196,7 +197,7 @@ def _filters(alias: str, time_from: bool, time_to: bool) -> str:
 
 _RESCORED = f"""
     SELECT {_EVENT_COLUMNS},
-           e.embedding, e.embedding <=> CAST(:query AS vector) AS distance{{extra}}
+           e.embedding, e.embedding <=> CAST(:query AS vector) AS distance, c.approx{{extra}}
     FROM candidates c JOIN events e ON e.tenant_id = :tenant_id AND e.id = c.event_id
     ORDER BY distance, e.id
     LIMIT :limit
@@ -206,8 +207,15 @@ _RESCORED = f"""
 _QUERY_HALF = "(SELECT CAST(CAST(:query AS vector) AS halfvec))"
 
 
+def _unskipped(alias: str, skipping: bool) -> str:
+    # Vectors left out by their distance to the query (``nearest_events``' ``skipped``).
+    if not skipping:
+        return ""
+    return f" AND {alias}.embedding <#> {_QUERY_HALF} <> ALL(CAST(:skipped AS float8[]))"
+
+
 @cache
-def _first_pass(time_from: bool, time_to: bool) -> TextClause:
+def _first_pass(time_from: bool, time_to: bool, skipping: bool) -> TextClause:
     # The best :pool by approx. Feeding every scanned row to the sort would cost as much as
     # the scan itself (each row is copied into the sort), so a bar is set first: the
     # :pool-th best approx among the first :sample rows. At least :pool rows are under it,
@@ -217,11 +225,11 @@ def _first_pass(time_from: bool, time_to: bool) -> TextClause:
         WITH candidates AS MATERIALIZED (
             SELECT v.event_id, v.embedding <#> {_QUERY_HALF} AS approx
             FROM event_vectors v
-            WHERE {_filters("v", time_from, time_to)}
+            WHERE {_filters("v", time_from, time_to)}{_unskipped("v", skipping)}
               AND v.embedding <#> {_QUERY_HALF} <= COALESCE((
                   SELECT sample.approx FROM (
                       SELECT s.embedding <#> {_QUERY_HALF} AS approx FROM event_vectors s
-                      WHERE {_filters("s", time_from, time_to)}
+                      WHERE {_filters("s", time_from, time_to)}{_unskipped("s", skipping)}
                       LIMIT :sample
                   ) sample
                   ORDER BY sample.approx OFFSET :pool - 1 LIMIT 1
@@ -235,16 +243,39 @@ def _first_pass(time_from: bool, time_to: bool) -> TextClause:
 
 
 @cache
-def _second_pass(time_from: bool, time_to: bool) -> TextClause:
+def _second_pass(time_from: bool, time_to: bool, skipping: bool) -> TextClause:
     return text(
         f"""
         WITH candidates AS MATERIALIZED (
-            SELECT v.event_id FROM event_vectors v
-            WHERE {_filters("v", time_from, time_to)}
+            SELECT v.event_id, v.embedding <#> {_QUERY_HALF} AS approx FROM event_vectors v
+            WHERE {_filters("v", time_from, time_to)}{_unskipped("v", skipping)}
               AND v.embedding <#> {_QUERY_HALF} <= :ceiling
         )
         """
         + _RESCORED.format(extra="")
+    )
+
+
+@cache
+def _said_at(time_from: bool, time_to: bool) -> TextClause:
+    # Every statement (one sender's words on one day, UTC) among the events at these
+    # approx distances, its nearest copy each.
+    return text(
+        f"""
+        WITH candidates AS MATERIALIZED (
+            SELECT v.event_id, v.embedding <#> {_QUERY_HALF} AS approx FROM event_vectors v
+            WHERE {_filters("v", time_from, time_to)}
+              AND v.embedding <#> {_QUERY_HALF} = ANY(CAST(:approx AS float8[]))
+        ), copies AS (
+            SELECT DISTINCT ON (e.sender_id, e.text, (e.occurred_at AT TIME ZONE 'UTC')::date)
+                   {_EVENT_COLUMNS}, e.embedding,
+                   e.embedding <=> CAST(:query AS vector) AS distance, c.approx
+            FROM candidates c JOIN events e ON e.tenant_id = :tenant_id AND e.id = c.event_id
+            ORDER BY e.sender_id, e.text, (e.occurred_at AT TIME ZONE 'UTC')::date,
+                     distance, e.id
+        )
+        SELECT * FROM copies ORDER BY distance, id LIMIT :limit
+        """
     )
 
 
@@ -256,27 +287,27 @@ async def nearest_events(
     limit: int,
     time_from: datetime | None = None,
     time_to: datetime | None = None,
+    skipped: Sequence[float] = (),
 ) -> list[dict[str, Any]]:
-    """The exact ``limit`` events nearest to ``query`` by cosine distance, nearest first.
+    """The exact ``limit`` events nearest to ``query`` by cosine distance, nearest first,
+    each with its ``approx`` (the half-precision inner product of the unit vectors, negated).
 
     Only events of the tenant in ``conversation_keys`` with ``time_from <= occurred_at <
-    time_to`` (either bound optional) and with an embedding take part.
+    time_to`` (either bound optional) and with an embedding take part, and none at an
+    ``approx`` in ``skipped`` (a flood's copies: one vector, one distance).
     """
     if limit <= 0 or not conversation_keys:
         return []
-    vector = np.asarray(query, dtype=np.float64).ravel()
-    norm = float(np.linalg.norm(vector))
-    if not np.isfinite(norm) or norm == 0.0:
-        raise Invalid("the query vector must be finite and non-zero", field="query")
     params: dict[str, Any] = {
         "tenant_id": tenant_id,
         "conversation_keys": list(conversation_keys),
-        "query": (vector / norm).astype(np.float32),
+        "query": _unit_query(query),
         "limit": limit,
         "pool": limit + _EXTRA_CANDIDATES,
         "sample": max(_SAMPLE, 8 * (limit + _EXTRA_CANDIDATES)),
+        "skipped": list(skipped),
     }
-    bounds = _bounded(params, time_from, time_to)
+    bounds = (*_bounded(params, time_from, time_to), bool(skipped))
 
     rows = dicts(await session.execute(_first_pass(*bounds), params))
     if not rows:
@@ -285,11 +316,45 @@ async def nearest_events(
     for row in rows[1:]:
         del row["pooled"], row["horizon"]
     # Else every event that could still be nearer, all re-scored.
-    ceiling = rescoring_ceiling(rows[-1]["distance"], horizon, pooled < params["pool"], len(vector))
+    dimensions = len(params["query"])
+    ceiling = rescoring_ceiling(rows[-1]["distance"], horizon, pooled < params["pool"], dimensions)
     if ceiling is None:
         return rows
     params["ceiling"] = ceiling
     return dicts(await session.execute(_second_pass(*bounds), params))
+
+
+async def said_at(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    conversation_keys: list[str],
+    query: np.ndarray,
+    approx: Sequence[float],
+    limit: int,
+    time_from: datetime | None = None,
+    time_to: datetime | None = None,
+) -> list[dict[str, Any]]:
+    """Of the events ``nearest_events`` would give at these ``approx`` distances, the nearest
+    ``limit`` statements: one copy (the nearest) of each sender's words on each day (UTC)."""
+    if limit <= 0 or not conversation_keys or not approx:
+        return []
+    params: dict[str, Any] = {
+        "tenant_id": tenant_id,
+        "conversation_keys": list(conversation_keys),
+        "query": _unit_query(query),
+        "approx": list(approx),
+        "limit": limit,
+    }
+    bounds = _bounded(params, time_from, time_to)
+    return dicts(await session.execute(_said_at(*bounds), params))
+
+
+def _unit_query(query: np.ndarray) -> np.ndarray:
+    vector = np.asarray(query, dtype=np.float64).ravel()
+    norm = float(np.linalg.norm(vector))
+    if not np.isfinite(norm) or norm == 0.0:
+        raise Invalid("the query vector must be finite and non-zero", field="query")
+    return (vector / norm).astype(np.float32)
 
 
 # The events one sender told nearest to the query: in a group of a hundred members telling

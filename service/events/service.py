@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -73,10 +74,29 @@ async def nearest(
     limit: int,
     time_from: datetime | None = None,
     time_to: datetime | None = None,
+    skipped: Sequence[float] = (),
 ) -> list[dict[str, Any]]:
-    """The ``limit`` events of these conversations nearest in meaning, nearest first."""
+    """The ``limit`` events of these conversations nearest in meaning, nearest first, none
+    at a distance (``approx``) in ``skipped``."""
     return await repository.nearest_events(
-        session, tenant_id, conversation_keys, vector, limit, time_from, time_to
+        session, tenant_id, conversation_keys, vector, limit, time_from, time_to, skipped
+    )
+
+
+async def said_at(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    conversation_keys: list[str],
+    vector: np.ndarray[Any, Any],
+    approx: Sequence[float],
+    limit: int,
+    time_from: datetime | None = None,
+    time_to: datetime | None = None,
+) -> list[dict[str, Any]]:
+    """The nearest ``limit`` statements (one sender's words on one day) among the events at
+    these distances (``approx``), one copy each."""
+    return await repository.said_at(
+        session, tenant_id, conversation_keys, vector, approx, limit, time_from, time_to
     )
 
 

@@ -6,16 +6,17 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cache
 from typing import Any, NamedTuple
 
 import numpy as np
 from pgvector import Vector
-from sqlalchemy import Row, text
+from sqlalchemy import Row, TextClause, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db.engine import uses_citus
 from service.db.vector_index import rescoring_ceiling
-from service.retrieval.fusion import distinct_reading
+from service.retrieval.fusion import distinct_nearest, distinct_reading
 from service.retrieval.terms import held_terms_sql, to_tsquery_literal
 
 # One statement for the whole batch; duplicates (by conversation and message_id) are skipped.
@@ -254,12 +255,13 @@ MIN_TERM_SAMPLE = 16
 # every text eight times took a second pass over all its messages on 70 of 300 questions
 # (50,000 messages: 60 ms instead of 30), with 100 extra on none, for about 1 ms more.
 DENSE_EXTRA = 100
-# A side's seeds are read deeper while fewer than this many statements differ among them
-# (``distinct_reading``): about what a search shows (its default top_k, 12). Where every text
-# comes seven times (the 50,000-message benchmark), a quarter of the seeds (25) took a second
-# scan of the conversation on most questions: p95 52 -> 122 ms. Seeds holding enough are
-# kept as they are (their repeats dropped by the search's own pass): telling their
-# statements apart costs a look-up, 1 ms a search where templated lines match alike.
+# A side's seeds are read past a flood while fewer than this many statements differ among
+# them (``distinct_nearest``, ``distinct_reading``): about what a search shows (its default
+# top_k, 12). Where every text comes seven times (the 50,000-message benchmark), a quarter
+# of the seeds (25) took a second scan of the conversation on most questions: p95 52 -> 122
+# ms. Seeds holding enough are kept as they are (their repeats dropped by the search's own
+# pass): telling their statements apart costs a look-up, 1 ms a search where templated
+# lines match alike.
 DISTINCT_ENOUGH = 12
 
 # Within the search's time range (either bound optional), a message's or (_M) alias m's.
@@ -330,39 +332,76 @@ _LEXICAL = text(
 
 # Step two: the nearest messages, exactly. The half-precision copies in the covering index
 # (an index-only scan of the conversation) pick :dense_pool candidates, their full vectors
-# decide; ``rescoring_ceiling`` tells whether they hold the answer, else _DENSE_REST scores
-# every message that could still be among the nearest.
-_DENSE = text(
+# decide; ``rescoring_ceiling`` tells whether they hold the answer, else ``_dense_rest``
+# scores every message that could still be among the nearest.
+_QUERY_HALF = "(SELECT CAST(CAST(:query_unit AS vector) AS halfvec))"
+
+
+def _unskipped(skipping: bool) -> str:
+    # Messages left out by their distance to the query (``nearest_messages``' flood reading).
+    if not skipping:
+        return ""
+    return f"AND embedding_half <#> {_QUERY_HALF} <> ALL(CAST(:skipped AS float8[]))"
+
+
+@cache
+def _dense(skipping: bool) -> TextClause:
+    return text(
+        f"""
+        WITH pool AS MATERIALIZED (
+            SELECT seq, embedding_half <#> {_QUERY_HALF} AS approx
+            FROM messages
+            WHERE tenant_id = :tenant_id AND conversation_key = :conversation_key
+              AND embedding_half IS NOT NULL
+              AND {_IN_RANGE} {_unskipped(skipping)}
+            ORDER BY approx
+            LIMIT :dense_pool
+        )
+        SELECT p.seq, p.approx, m.embedding <=> :query AS distance
+        FROM pool p
+        JOIN messages m ON m.tenant_id = :tenant_id AND m.conversation_key = :conversation_key
+                       AND m.seq = p.seq
+        ORDER BY distance, p.seq
+        """
+    )
+
+
+@cache
+def _dense_rest(skipping: bool) -> TextClause:
+    return text(
+        f"""
+        SELECT seq, embedding_half <#> {_QUERY_HALF} AS approx,
+               embedding <=> :query AS distance
+        FROM messages
+        WHERE tenant_id = :tenant_id AND conversation_key = :conversation_key
+          AND embedding_half IS NOT NULL
+          AND {_IN_RANGE} {_unskipped(skipping)}
+          AND embedding_half <#> {_QUERY_HALF} <= :ceiling
+        ORDER BY embedding <=> :query, seq
+        LIMIT :dense_limit
+        """
+    )
+
+
+# Every statement (one sender's words) among the messages at these approx distances, its
+# nearest copy each (``nearest_messages``' flood reading).
+_SAID_AT = text(
     f"""
-    WITH pool AS MATERIALIZED (
-        SELECT seq, embedding_half <#> (SELECT CAST(CAST(:query_unit AS vector) AS halfvec))
-                    AS approx
+    WITH copies AS (
+        SELECT DISTINCT ON (sender_id, md5(text))
+               seq, embedding <=> :query AS distance,
+               embedding_half <#> {_QUERY_HALF} AS approx, sender_id, md5(text) AS said
         FROM messages
         WHERE tenant_id = :tenant_id AND conversation_key = :conversation_key
           AND embedding_half IS NOT NULL
           AND {_IN_RANGE}
-        ORDER BY approx
-        LIMIT :dense_pool
+          AND embedding_half <#> {_QUERY_HALF} = ANY(CAST(:approx AS float8[]))
+        ORDER BY sender_id, md5(text), distance, seq
     )
-    SELECT p.seq, p.approx, m.embedding <=> :query AS distance
-    FROM pool p
-    JOIN messages m ON m.tenant_id = :tenant_id AND m.conversation_key = :conversation_key
-                   AND m.seq = p.seq
-    ORDER BY distance, p.seq
+    SELECT * FROM copies ORDER BY distance, seq LIMIT :dense_limit
     """
 )
 
-_DENSE_REST = text(
-    f"""
-    SELECT seq, embedding <=> :query AS distance FROM messages
-    WHERE tenant_id = :tenant_id AND conversation_key = :conversation_key
-      AND embedding_half IS NOT NULL
-      AND {_IN_RANGE}
-      AND embedding_half <#> (SELECT CAST(CAST(:query_unit AS vector) AS halfvec)) <= :ceiling
-    ORDER BY embedding <=> :query, seq
-    LIMIT :dense_limit
-    """
-)
 
 # Step three: the seeds (the nearest and the lexical side's best), each with its
 # neighbourhood, and the per-message features the ranking needs. The neighbours are read
@@ -636,8 +675,8 @@ async def nearest_messages(
 ) -> list[int]:
     """The seqs of the conversation's ``plan.dense_limit`` messages nearest to ``query`` by
     cosine distance (exactly), nearest first. Where they hold fewer than ``DISTINCT_ENOUGH``
-    statements (a sender's flood), one of each statement, read as deep as
-    ``distinct_reading`` reads."""
+    statements (a sender's flood), one of each statement, read past the flood
+    (``distinct_nearest``)."""
     unit = _unit(query)
     params = {
         "tenant_id": tenant_id,
@@ -648,11 +687,11 @@ async def nearest_messages(
         "time_to": time_to,
     }
 
-    async def nearest(depth: int) -> list[Row[Any]]:
+    async def nearest(depth: int, skipped: list[float]) -> list[Row[Any]]:
         # At least the nearest ``depth``: as many of the pool as are proven the nearest
         # (where a sender's repeats fill the first, the rest may hold the statements wanted).
-        limits = {"dense_limit": depth, "dense_pool": depth + DENSE_EXTRA}
-        pool = list(await session.execute(_DENSE, {**params, **limits}))
+        limits = {"dense_limit": depth, "dense_pool": depth + DENSE_EXTRA, "skipped": skipped}
+        pool = list(await session.execute(_dense(bool(skipped)), {**params, **limits}))
         if not pool:
             return []
         horizon = max(row.approx for row in pool)
@@ -664,21 +703,51 @@ async def nearest_messages(
             return proven
         ceiling = rescoring_ceiling(pool[depth - 1].distance, horizon, complete, len(unit))
         rest = {**params, **limits, "ceiling": ceiling}
-        return list(await session.execute(_DENSE_REST, rest))
+        return list(await session.execute(_dense_rest(bool(skipped)), rest))
 
-    first = await nearest(plan.dense_limit)
+    first = await nearest(plan.dense_limit, [])
     head = first[: plan.dense_limit]
     # One statement's copies lie at one distance: the nearest at enough distances hold
     # enough statements, and only the search's own pass drops their repeats.
     if len(head) < plan.dense_limit or len({row.distance for row in head}) >= DISTINCT_ENOUGH:
         return [row.seq for row in head]
 
-    async def said(depth: int) -> list[Row[Any]]:
-        rows = first if depth == plan.dense_limit else await nearest(depth)
-        return await _statements(session, tenant_id, conversation_key, [r.seq for r in rows])
+    async def read(depth: int, skipped: list[float]) -> list[Said]:
+        rows = head if not skipped else (await nearest(depth, skipped))[:depth]
+        told = await _statements(session, tenant_id, conversation_key, [r.seq for r in rows])
+        by_seq = {r.seq: r for r in told}
+        return [
+            Said(r.seq, r.distance, r.approx, by_seq[r.seq].sender_id, by_seq[r.seq].said)
+            for r in rows
+            if r.seq in by_seq
+        ]
 
-    rows = await distinct_reading(said, plan.dense_limit, statement, DISTINCT_ENOUGH)
+    async def said_at(approx: list[float]) -> list[Said]:
+        found = await session.execute(
+            _SAID_AT, {**params, "approx": approx, "dense_limit": plan.dense_limit}
+        )
+        return [Said(r.seq, r.distance, r.approx, r.sender_id, r.said) for r in found]
+
+    rows = await distinct_nearest(
+        read,
+        said_at,
+        plan.dense_limit,
+        statement,
+        DISTINCT_ENOUGH,
+        lambda row: (row.distance, row.seq),
+        lambda row: row.approx,
+    )
     return [row.seq for row in rows]
+
+
+class Said(NamedTuple):
+    """A message among the nearest, who said it and what (its text's digest)."""
+
+    seq: int
+    distance: float
+    approx: float
+    sender_id: str | None
+    said: str
 
 
 def statement(row: Any) -> tuple[Any, ...]:

@@ -55,6 +55,7 @@ from service.llm.base import LLMError
 from service.llm.rerank import Reranker
 from service.retrieval.dates import Span, days_named, envelope
 from service.retrieval.fusion import (
+    distinct_nearest,
     distinct_reading,
     first_distinct,
     scale_by_max,
@@ -428,14 +429,27 @@ async def _nearest_statements(
     time_from: datetime | None,
     time_to: datetime | None,
 ) -> list[dict[str, Any]]:
-    """The ``pool`` nearest events, one of each statement (``distinct_reading``)."""
+    """The ``pool`` nearest events, one of each statement (``distinct_nearest``)."""
+    keys = search.conversation_keys
 
-    def nearest(depth: int) -> Awaitable[list[dict[str, Any]]]:
-        return events.nearest(
-            session, tenant_id, search.conversation_keys, vector, depth, time_from, time_to
-        )
+    def nearest(depth: int, skipped: list[float]) -> Awaitable[list[dict[str, Any]]]:
+        return events.nearest(session, tenant_id, keys, vector, depth, time_from, time_to, skipped)
 
-    return await distinct_reading(nearest, pool, _statement, search.top_k)
+    def said_at(approx: list[float]) -> Awaitable[list[dict[str, Any]]]:
+        return events.said_at(session, tenant_id, keys, vector, approx, pool, time_from, time_to)
+
+    rows = await distinct_nearest(
+        nearest,
+        said_at,
+        pool,
+        _statement,
+        search.top_k,
+        lambda row: (row["distance"], row["id"]),
+        lambda row: row["approx"],
+    )
+    for row in rows:  # a row as any other event's (a neighbour fetched by id)
+        del row["approx"]
+    return rows
 
 
 async def _whole_rows(

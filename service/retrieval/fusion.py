@@ -6,6 +6,7 @@ same way and the arithmetic is tested without a database.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -175,3 +176,39 @@ async def distinct_reading(
             return firsts[:wanted]
         depth *= FLOOD_WIDENING
     return first_of_each(await read(depth), key)[:wanted]
+
+
+async def distinct_nearest(
+    read: Callable[[int, list[float]], Awaitable[Sequence[T]]],
+    said_at: Callable[[list[float]], Awaitable[Sequence[T]]],
+    wanted: int,
+    key: Callable[[T], Hashable],
+    enough: int,
+    order: Callable[[T], Any],
+    at: Callable[[T], float],
+) -> list[T]:
+    """The nearest ``wanted`` items in ``order``, only the first of each ``key`` (a
+    statement); ``read(depth, skipped)`` gives the nearest ``depth`` not at a distance
+    (``at``) in ``skipped``, ``said_at(distances)`` the first of each statement at those.
+
+    A flood's copies share one vector (one text, embedded alike), so one distance. Where
+    fewer than ``enough`` statements differ among the nearest, the distances of the ones
+    said more than once there are skipped in the next reading, and every statement at those
+    distances is read apart: a spammer's ad sent thousands of times over weeks costs the
+    same two more scans as one sent fifty times in a day (reading deeper would not reach
+    past it), at most ``FLOOD_ROUNDS`` times."""
+    items = await read(wanted, [])
+    firsts = first_of_each(items, key)
+    skipped: list[float] = []
+    for _ in range(FLOOD_ROUNDS):
+        if len(firsts) >= enough or len(items) < wanted:
+            break
+        copies = Counter(map(key, items))
+        repeated = sorted({at(item) for item in items if copies[key(item)] > 1})
+        if not repeated:
+            break
+        skipped += repeated
+        items = await read(wanted, skipped)
+        apart = await said_at(repeated)
+        firsts = first_of_each(sorted([*firsts, *apart, *items], key=order), key)
+    return firsts[:wanted]
