@@ -1335,3 +1335,63 @@ async def test_four_months_in_the_archive_a_flood_of_thousands_hides_nothing_els
 
     finally:
         event.remove(db.engine.sync_engine, "before_cursor_execute", count)
+
+
+async def test_a_flood_holding_the_asked_words_hides_no_one_else_who_said_them(
+    db: Database,
+) -> None:
+    """A spammer sends an ad naming a member 1,900 times in a day (the events' lexical side
+    scores up to 2,000 matches, the archive's every match in a conversation this size); the
+    member said one line that names them too. Asked the name (meaning says nothing here: an
+    unrelated query vector), the ad's copies score best on the words, and the member's line
+    is still found, by the event search and the archive alike."""
+    from service.recall.schemas import EventSearch
+    from service.recall.service import Reader
+
+    rng = np.random.default_rng(46)
+    tenant = await new_tenant_id(db, "word-flood")
+    group, ad, vectors = "flood%:words", "王芳 买车找我", unit(rng, 202)
+    said = [("ads", ad, vectors[0])] * 1900
+    said += [("m01", "王芳明天去杭州出差", vectors[1])]
+    said += [(f"m{n % 30:02d}", line(rng, n), vectors[n + 2]) for n in range(200)]
+    order = rng.permutation(len(said))
+    said = [said[n] for n in order]
+    times = [START + timedelta(hours=1, seconds=10 * n) for n in range(len(said))]
+    rows = [
+        {
+            **event_row(tenant, f"e{n}", f"g:{group}", times[n], vector),
+            "text": body,
+            "sender_id": who,
+        }
+        for n, (who, body, vector) in enumerate(said)
+    ]
+    async with db.tenant(tenant) as session:
+        for start in range(0, len(rows), 500):
+            await events_repository.upsert_events(session, rows[start : start + 500])
+    await store_messages(
+        db,
+        tenant,
+        f"g:{group}",
+        [body for _, body, _ in said],
+        np.stack([vector for _, _, vector in said]),
+        senders=[who for who, _, _ in said],
+        times=times,
+    )
+    async with db.system() as session:
+        await session.execute(text("ANALYZE messages"))
+    async with db.system() as session:
+        context = await tenant_context(session, tenant, Settings())
+    query = unit(rng, 1)[0]
+    reader = Reader(FixedModel(query), None, db)  # type: ignore[arg-type]
+    async with db.tenant(tenant, read_only=True) as session:
+        request = EventSearch(query="王芳", group_id=group, top_k=10)
+        found = (await reader.search_events(session, context, request)).events
+    shown = [(e.sender_id, e.text) for e in found]
+    assert ("ads", ad) in shown and ("m01", "王芳明天去杭州出差") in shown, shown
+    assert len(shown) == 10 and shown.count(("ads", ad)) == 1
+    async with db.tenant(tenant) as session:
+        request = MessageSearch(query="王芳", group_id=group, top_k=12)
+        hits = (await archive.search(session, context, request, FixedModel(query))).messages  # type: ignore[arg-type]
+    shown = [(hit.sender_id, hit.text) for hit in hits]
+    assert ("ads", ad) in shown and ("m01", "王芳明天去杭州出差") in shown, shown
+    assert len(shown) == 12 and shown.count(("ads", ad)) == 1

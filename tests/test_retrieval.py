@@ -6,7 +6,6 @@ import asyncio
 import math
 import random
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import UTC, date, datetime
 from zoneinfo import ZoneInfo
@@ -19,7 +18,6 @@ from service.retrieval.dates import MAX_NAMED, days_named, envelope, on_days
 from service.retrieval.fusion import (
     decay,
     distinct_nearest,
-    distinct_reading,
     first_distinct,
     reciprocal_rank_fusion,
     scale_by_max,
@@ -420,42 +418,6 @@ def test_the_envelope_of_the_named_days_stays_within_the_range_asked_for() -> No
     assert envelope(spans, shanghai, None, cut) == (start, cut)
     assert envelope(spans, shanghai, datetime(2026, 4, 1, tzinfo=UTC), None) is None
     assert envelope([], shanghai, None, None) is None
-
-
-def test_a_side_is_read_deeper_while_one_statement_fills_it() -> None:
-    """A flood of one statement is read past, four times deeper a round, at most twice; a
-    side with no more to give, or enough different ones (3 here), is read once."""
-    calls: list[int] = []
-
-    def side(stream: list[str]) -> Callable[[int], Awaitable[list[str]]]:
-        async def read(depth: int) -> list[str]:
-            calls.append(depth)
-            return stream[:depth]
-
-        return read
-
-    flood = ["ad"] * 150 + [f"news {n}" for n in range(100)]
-    assert asyncio.run(distinct_reading(side(flood), 10, str, 3)) == ["ad"] + [
-        f"news {n}" for n in range(9)
-    ]
-    assert calls == [10, 40, 160]
-    calls.clear()
-    # Beyond 16 times the pool the flood wins: the reading stops there.
-    assert asyncio.run(distinct_reading(side(["ad"] * 1000 + ["news"]), 10, str, 3)) == ["ad"]
-    assert calls == [10, 40, 160]
-    calls.clear()
-    assert asyncio.run(distinct_reading(side(["ad"] * 5), 10, str, 3)) == ["ad"]
-    assert calls == [10]
-    calls.clear()
-    assert len(asyncio.run(distinct_reading(side([str(n) for n in range(50)]), 10, str, 3))) == 10
-    assert calls == [10]
-    calls.clear()
-    # Texts said a few times each: the different ones of the first reading, once.
-    twice = [f"hello {n // 2}" for n in range(100)]
-    assert asyncio.run(distinct_reading(side(twice), 10, str, 3)) == [
-        f"hello {n}" for n in range(5)
-    ]
-    assert calls == [10]
 
 
 def test_the_nearest_skip_a_flood_of_any_size_and_miss_no_statement() -> None:

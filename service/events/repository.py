@@ -453,8 +453,33 @@ async def common_terms(session: AsyncSession) -> frozenset[str]:
     return _common[1]
 
 
+_BM25 = """sum(i.idf * h.tf * (CAST(:k1 AS float8) + 1)
+                / (h.tf + CAST(:k1 AS float8) * (1 - CAST(:b AS float8)
+                         + CAST(:b AS float8) * h.length / s.mean_length)))"""
+
+# The day of a statement (``said_at``): one sender's words on one day, UTC.
+_DAY = "(e.occurred_at AT TIME ZONE 'UTC')::date"
+
+
 @cache
-def _lexical(time_from: bool, time_to: bool) -> TextClause:
+def _lexical(time_from: bool, time_to: bool, reading: str = "best") -> TextClause:
+    # reading: "best" (the best :limit), "skipping" (the best :limit scored none of
+    # :skipped) or "said_at" (the best :limit statements scored one of :scores, one copy
+    # each).
+    having = {
+        "best": "",
+        "skipping": f"HAVING {_BM25} <> ALL(CAST(:skipped AS float8[]))",
+        "said_at": f"HAVING {_BM25} = ANY(CAST(:scores AS float8[]))",
+    }[reading]
+    matches = "" if reading == "said_at" else "ORDER BY bm25 DESC, h.id LIMIT :limit"
+    columns = f"{_EVENT_COLUMNS}, e.embedding, b.bm25, b.terms, b.idfs"
+    joined = "FROM best b JOIN events e ON e.tenant_id = :tenant_id AND e.id = b.id"
+    found = f"SELECT {columns} {joined}"
+    if reading == "said_at":
+        found = f"""SELECT * FROM (
+            SELECT DISTINCT ON (e.sender_id, e.text, {_DAY}) {columns} {joined}
+            ORDER BY e.sender_id, e.text, {_DAY}, e.id
+        ) e"""
     return text(
         f"""
         WITH counted AS MATERIALIZED (
@@ -511,20 +536,18 @@ def _lexical(time_from: bool, time_to: bool) -> TextClause:
         ),
         best AS (
             SELECT h.id,
-                   sum(i.idf * h.tf * (CAST(:k1 AS float8) + 1)
-                       / (h.tf + CAST(:k1 AS float8) * (1 - CAST(:b AS float8)
-                                + CAST(:b AS float8) * h.length / s.mean_length))) AS bm25,
+                   {_BM25} AS bm25,
                    -- The query terms it holds and their idf (for its neighbours).
                    array_agg(h.term ORDER BY h.term) AS terms,
                    array_agg(i.idf ORDER BY h.term) AS idfs
             FROM hits h JOIN idf i USING (term) CROSS JOIN stats s
             GROUP BY h.id
-            ORDER BY bm25 DESC, h.id
-            LIMIT :limit
+            {having}
+            {matches}
         )
-        SELECT {_EVENT_COLUMNS}, e.embedding, b.bm25, b.terms, b.idfs
-        FROM best b JOIN events e ON e.tenant_id = :tenant_id AND e.id = b.id
-        ORDER BY b.bm25 DESC, e.id
+        {found}
+        ORDER BY bm25 DESC, id
+        LIMIT :limit
         """
     )
 
@@ -542,11 +565,13 @@ async def lexical_events(
     k1: float = 1.2,
     b: float = 0.75,
     direct_below: int = MAX_LEXICAL_MATCHES,
+    skipped: Sequence[float] = (),
 ) -> list[dict[str, Any]]:
     """The ``limit`` events of ``conversation_keys`` best matching the query terms by BM25,
     best first, each with its ``embedding`` (None without one), its ``bm25`` score and the
-    query ``terms`` it holds with their ``idfs``. Same
-    filters as ``nearest_events``. Needs no query vector: it can run while one is computed.
+    query ``terms`` it holds with their ``idfs``; none scored one of ``skipped`` (a flood's
+    copies: one text, one score). Same filters as ``nearest_events``. Needs no query
+    vector: it can run while one is computed.
 
     Terms in ``common`` are left out where the conversations hold too many events for every
     match to be scored. Conversations of fewer than ``direct_below`` events (at most
@@ -554,9 +579,60 @@ async def lexical_events(
     through the GIN index: the same events, found without the index's table-wide lists."""
     if limit <= 0 or not conversation_keys or not query_terms:
         return []
+    params = _lexical_params(
+        conversation_keys, query_terms, limit, time_from, time_to, common, k1, b, direct_below
+    )
+    params.update(tenant_id=tenant_id, skipped=list(skipped))
+    reading = "skipping" if skipped else "best"
+    statement = _lexical(time_from is not None, time_to is not None, reading)
+    return dicts(await session.execute(statement, params))
+
+
+async def lexical_said_at(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    conversation_keys: list[str],
+    query_terms: list[str],
+    scores: Sequence[float],
+    limit: int,
+    time_from: datetime | None = None,
+    time_to: datetime | None = None,
+    *,
+    common: frozenset[str] = frozenset(),
+) -> list[dict[str, Any]]:
+    """Of the events ``lexical_events`` would give scored one of ``scores``, the best
+    ``limit`` statements: one copy of each sender's words on each day (UTC)."""
+    if limit <= 0 or not conversation_keys or not query_terms or not scores:
+        return []
+    params = _lexical_params(
+        conversation_keys,
+        query_terms,
+        limit,
+        time_from,
+        time_to,
+        common,
+        1.2,
+        0.75,
+        MAX_LEXICAL_MATCHES,
+    )
+    params.update(tenant_id=tenant_id, scores=list(scores))
+    statement = _lexical(time_from is not None, time_to is not None, "said_at")
+    return dicts(await session.execute(statement, params))
+
+
+def _lexical_params(
+    conversation_keys: list[str],
+    query_terms: list[str],
+    limit: int,
+    time_from: datetime | None,
+    time_to: datetime | None,
+    common: frozenset[str],
+    k1: float,
+    b: float,
+    direct_below: int,
+) -> dict[str, Any]:
     informative = [t for t in query_terms if t not in common]
-    params: dict[str, Any] = {
-        "tenant_id": tenant_id,
+    return {
         "conversation_keys": list(conversation_keys),
         "all_terms": list(query_terms),
         "all_tsquery": to_tsquery_literal(query_terms),
@@ -571,8 +647,6 @@ async def lexical_events(
         "time_from": time_from,
         "time_to": time_to,
     }
-    statement = _lexical(time_from is not None, time_to is not None)
-    return dicts(await session.execute(statement, params))
 
 
 # An event's neighbours: the events told just before and after it in its conversation (in

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cache
@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db.engine import uses_citus
 from service.db.vector_index import rescoring_ceiling
-from service.retrieval.fusion import distinct_nearest, distinct_reading
+from service.retrieval.fusion import distinct_nearest, first_of_each
 from service.retrieval.terms import held_terms_sql, to_tsquery_literal
 
 # One statement for the whole batch; duplicates (by conversation and message_id) are skipped.
@@ -256,12 +256,11 @@ MIN_TERM_SAMPLE = 16
 # (50,000 messages: 60 ms instead of 30), with 100 extra on none, for about 1 ms more.
 DENSE_EXTRA = 100
 # A side's seeds are read past a flood while fewer than this many statements differ among
-# them (``distinct_nearest``, ``distinct_reading``): about what a search shows (its default
-# top_k, 12). Where every text comes seven times (the 50,000-message benchmark), a quarter
-# of the seeds (25) took a second scan of the conversation on most questions: p95 52 -> 122
-# ms. Seeds holding enough are kept as they are (their repeats dropped by the search's own
-# pass): telling their statements apart costs a look-up, 1 ms a search where templated
-# lines match alike.
+# them (``distinct_nearest``): about what a search shows (its default top_k, 12). Where
+# every text comes seven times (the 50,000-message benchmark), a quarter of the seeds (25)
+# took a second scan of the conversation on most questions: p95 52 -> 122 ms. Seeds holding
+# enough are kept as they are (their repeats dropped by the search's own pass): telling
+# their statements apart costs a look-up, 1 ms a search where templated lines match alike.
 DISTINCT_ENOUGH = 12
 
 # Within the search's time range (either bound optional), a message's or (_M) alias m's.
@@ -824,23 +823,53 @@ async def lexical_seeds(
     plan: SearchPlan,
 ) -> list[int]:
     """The best of the lexical matches (equal BM25 scores: the newer message). Where they
-    hold fewer than ``DISTINCT_ENOUGH`` statements (a sender's flood), one of each, read as
-    deep as ``distinct_reading`` reads. One statement's copies match alike (the same terms,
-    as often, in as long a text): only where the best match in fewer ways than that are
-    their senders and texts read."""
+    hold fewer than ``DISTINCT_ENOUGH`` statements (a sender's flood), one of each, read past
+    the flood (``distinct_nearest``). One statement's copies match alike (the same terms, as
+    often, in as long a text): only where the best match in fewer ways than that are their
+    senders and texts read, and the ways a repeated statement matches are skipped."""
     best = sorted(matches.values(), key=lambda m: (-m.score, -m.seq))
     head = best[: plan.lexical_limit]
-    alike = {(m.score, tuple(m.terms), tuple(m.tfs)) for m in head}
-    if len(head) < plan.lexical_limit or len(alike) >= DISTINCT_ENOUGH:
+    if len(head) < plan.lexical_limit or len({_alike(m) for m in head}) >= DISTINCT_ENOUGH:
         return [m.seq for m in head]
 
-    async def said(depth: int) -> list[Row[Any]]:
-        return await _statements(
-            session, tenant_id, conversation_key, [m.seq for m in best[:depth]]
-        )
+    async def told(chosen: list[LexicalMatch]) -> list[Told]:
+        rows = await _statements(session, tenant_id, conversation_key, [m.seq for m in chosen])
+        by_seq = {row.seq: row for row in rows}
+        return [
+            Told(m, by_seq[m.seq].sender_id, by_seq[m.seq].said) for m in chosen if m.seq in by_seq
+        ]
 
-    rows = await distinct_reading(said, plan.lexical_limit, statement, DISTINCT_ENOUGH)
-    return [row.seq for row in rows]
+    def read(depth: int, skipped: list[tuple[Any, ...]]) -> Awaitable[list[Told]]:
+        left = set(skipped)
+        return told([m for m in best if _alike(m) not in left][:depth])
+
+    async def said_at(ways: list[tuple[Any, ...]]) -> list[Told]:
+        wanted = set(ways)
+        return first_of_each(await told([m for m in best if _alike(m) in wanted]), statement)
+
+    rows = await distinct_nearest(
+        read,
+        said_at,
+        plan.lexical_limit,
+        statement,
+        DISTINCT_ENOUGH,
+        lambda row: (-row.match.score, -row.match.seq),
+        lambda row: _alike(row.match),
+    )
+    return [row.match.seq for row in rows]
+
+
+def _alike(match: LexicalMatch) -> tuple[Any, ...]:
+    # How a message matches: one statement's copies all match this way.
+    return match.score, tuple(match.terms), tuple(match.tfs)
+
+
+class Told(NamedTuple):
+    """A lexical match, who said it and what (its text's digest)."""
+
+    match: LexicalMatch
+    sender_id: str | None
+    said: str
 
 
 async def nearest_candidates(

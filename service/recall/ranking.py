@@ -56,7 +56,6 @@ from service.llm.rerank import Reranker
 from service.retrieval.dates import Span, days_named, envelope
 from service.retrieval.fusion import (
     distinct_nearest,
-    distinct_reading,
     first_distinct,
     scale_by_max,
     time_decayed,
@@ -304,24 +303,30 @@ def without_duplicates(ranked: list[RankedEvent], k: int) -> list[RankedEvent]:
 async def lexical_candidates(
     session: AsyncSession, tenant_id: Any, search: EventQuery, q: QuerySettings
 ) -> list[dict[str, Any]]:
-    """The lexical side's candidates, one of each statement (``distinct_reading``). They need
-    no query vector, so the read path reads them while the query is being embedded."""
+    """The lexical side's candidates, one of each statement (``distinct_nearest``: a
+    flood's copies score alike). They need no query vector, so the read path reads them
+    while the query is being embedded."""
     if search.top_k <= 0 or q.lexical_weight <= 0:
         return []
     words = query_terms(search.text, MAX_QUERY_TERMS)
+    keys, pool = search.conversation_keys, search.pool(q)
+    bounds = search.time_from, search.time_to
 
-    def best(depth: int) -> Awaitable[list[dict[str, Any]]]:
-        return events.lexical(
-            session,
-            tenant_id,
-            search.conversation_keys,
-            words,
-            depth,
-            search.time_from,
-            search.time_to,
-        )
+    def best(depth: int, skipped: list[float]) -> Awaitable[list[dict[str, Any]]]:
+        return events.lexical(session, tenant_id, keys, words, depth, *bounds, skipped)
 
-    return await distinct_reading(best, search.pool(q), _statement, search.top_k)
+    def said_at(scores: list[float]) -> Awaitable[list[dict[str, Any]]]:
+        return events.lexical_said_at(session, tenant_id, keys, words, scores, pool, *bounds)
+
+    return await distinct_nearest(
+        best,
+        said_at,
+        pool,
+        _statement,
+        search.top_k,
+        lambda row: (-row["bm25"], row["id"]),
+        lambda row: row["bm25"],
+    )
 
 
 async def rank_events(

@@ -17,6 +17,7 @@ from pgvector import Vector
 from service.retrieval.terms import near_duplicate
 
 K = TypeVar("K", bound=Hashable)
+H = TypeVar("H", bound=Hashable)
 T = TypeVar("T")
 
 # The constant of Cormack et al.: damps the head of each list so one list cannot dominate.
@@ -136,9 +137,7 @@ def first_distinct(
     return kept
 
 
-# How much deeper a side's candidates are read, and how many times at most, while one
-# sender's repeats fill them (``distinct_reading``): a flood of up to 16 times the pool.
-FLOOD_WIDENING = 4
+# How many times at most a side's candidates are read past a flood (``distinct_nearest``).
 FLOOD_ROUNDS = 2
 
 
@@ -153,43 +152,19 @@ def first_of_each(items: Sequence[T], key: Callable[[T], Hashable]) -> list[T]:
     return firsts
 
 
-async def distinct_reading(
-    read: Callable[[int], Awaitable[Sequence[T]]],
-    wanted: int,
-    key: Callable[[T], Hashable],
-    enough: int,
-) -> list[T]:
-    """The best of ``wanted`` items, only the first of each ``key`` (a statement: one sender's
-    words); ``read(depth)`` gives at least the best ``depth`` (fewer when there are no more).
-
-    One member's flood (an ad sent two hundred times in a day) would fill a side's candidates
-    with one statement, and nothing else said would be a candidate. While fewer than
-    ``enough`` differ (what the search shows), the items are read ``FLOOD_WIDENING`` times
-    deeper, at most ``FLOOD_ROUNDS`` times. Texts said a few times each (greetings, a bot's
-    notices) leave enough different ones in the first reading, which is all they cost: every
-    deeper reading is another scan of the conversation."""
-    depth = wanted
-    for _ in range(FLOOD_ROUNDS):
-        items = await read(depth)
-        firsts = first_of_each(items, key)
-        if len(firsts) >= enough or len(items) < depth:
-            return firsts[:wanted]
-        depth *= FLOOD_WIDENING
-    return first_of_each(await read(depth), key)[:wanted]
-
-
 async def distinct_nearest(
-    read: Callable[[int, list[float]], Awaitable[Sequence[T]]],
-    said_at: Callable[[list[float]], Awaitable[Sequence[T]]],
+    read: Callable[[int, list[H]], Awaitable[Sequence[T]]],
+    said_at: Callable[[list[H]], Awaitable[Sequence[T]]],
     wanted: int,
     key: Callable[[T], Hashable],
     enough: int,
     order: Callable[[T], Any],
-    at: Callable[[T], float],
+    at: Callable[[T], H],
 ) -> list[T]:
     """The nearest ``wanted`` items in ``order``, only the first of each ``key`` (a
     statement); ``read(depth, skipped)`` gives the nearest ``depth`` not at a distance
-    (``at``) in ``skipped``, ``said_at(distances)`` the first of each statement at those.
+    (``at``: or a score, anything a statement's copies share) in ``skipped``,
+    ``said_at(distances)`` the first of each statement at those.
 
     A flood's copies share one vector (one text, embedded alike), so one distance. Where
     fewer than ``enough`` statements differ among the nearest, the distances of the ones
@@ -199,12 +174,12 @@ async def distinct_nearest(
     past it), at most ``FLOOD_ROUNDS`` times."""
     items = await read(wanted, [])
     firsts = first_of_each(items, key)
-    skipped: list[float] = []
+    skipped: list[H] = []
     for _ in range(FLOOD_ROUNDS):
         if len(firsts) >= enough or len(items) < wanted:
             break
         copies = Counter(map(key, items))
-        repeated = sorted({at(item) for item in items if copies[key(item)] > 1})
+        repeated = list(dict.fromkeys(at(item) for item in items if copies[key(item)] > 1))
         if not repeated:
             break
         skipped += repeated
