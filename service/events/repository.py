@@ -453,9 +453,12 @@ async def common_terms(session: AsyncSession) -> frozenset[str]:
     return _common[1]
 
 
+# Summed in the terms' order: the same score to the last bit whatever the plan (a flood's
+# copies are skipped by their score in one statement and read apart by it in another).
 _BM25 = """sum(i.idf * h.tf * (CAST(:k1 AS float8) + 1)
                 / (h.tf + CAST(:k1 AS float8) * (1 - CAST(:b AS float8)
-                         + CAST(:b AS float8) * h.length / s.mean_length)))"""
+                         + CAST(:b AS float8) * h.length / s.mean_length))
+                ORDER BY h.term)"""
 
 # The day of a statement (``said_at``): one sender's words on one day, UTC.
 _DAY = "(e.occurred_at AT TIME ZONE 'UTC')::date"
