@@ -205,6 +205,9 @@ _RESCORED = f"""
 
 # The query vector becomes half precision once (an InitPlan), not once per scanned row.
 _QUERY_HALF = "(SELECT CAST(CAST(:query AS vector) AS halfvec))"
+# The day of a statement (``said_at``): one sender's words on one day, UTC, as the ranking
+# tells statements apart (``ranking._statement``).
+_DAY = "(e.occurred_at AT TIME ZONE 'UTC')::date"
 
 
 def _unskipped(alias: str, skipping: bool) -> str:
@@ -267,11 +270,11 @@ def _said_at(time_from: bool, time_to: bool) -> TextClause:
             WHERE {_filters("v", time_from, time_to)}
               AND v.embedding <#> {_QUERY_HALF} = ANY(CAST(:approx AS float8[]))
         ), copies AS (
-            SELECT DISTINCT ON (e.sender_id, e.text, (e.occurred_at AT TIME ZONE 'UTC')::date)
+            SELECT DISTINCT ON (e.sender_id, e.text, {_DAY})
                    {_EVENT_COLUMNS}, e.embedding,
                    e.embedding <=> CAST(:query AS vector) AS distance, c.approx
             FROM candidates c JOIN events e ON e.tenant_id = :tenant_id AND e.id = c.event_id
-            ORDER BY e.sender_id, e.text, (e.occurred_at AT TIME ZONE 'UTC')::date,
+            ORDER BY e.sender_id, e.text, {_DAY},
                      distance, e.id
         )
         SELECT * FROM copies ORDER BY distance, id LIMIT :limit
@@ -459,9 +462,6 @@ _BM25 = """sum(i.idf * h.tf * (CAST(:k1 AS float8) + 1)
                 / (h.tf + CAST(:k1 AS float8) * (1 - CAST(:b AS float8)
                          + CAST(:b AS float8) * h.length / s.mean_length))
                 ORDER BY h.term)"""
-
-# The day of a statement (``said_at``): one sender's words on one day, UTC.
-_DAY = "(e.occurred_at AT TIME ZONE 'UTC')::date"
 
 
 @cache
