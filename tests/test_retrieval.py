@@ -421,10 +421,11 @@ def test_the_envelope_of_the_named_days_stays_within_the_range_asked_for() -> No
 
 
 def test_the_nearest_skip_a_flood_of_any_size_and_miss_no_statement() -> None:
-    """Items (distance, id, statement). A flood's copies share a distance; the readings skip
-    the distances of statements repeated among the nearest and read those distances'
-    statements apart: the result is the first of each statement of the whole ranking, and a
-    flood of 100,000 copies costs the readings one of 100 costs."""
+    """Items (distance, id, statement). Too few statements among the nearest: read four times
+    deeper once (texts said a few times each end there); a flood's copies share a distance,
+    and the readings past it skip the distances of the statements repeated and read those
+    distances' statements apart: the result is the first of each statement of the whole
+    ranking, and a flood of 100,000 copies costs the readings one of 100 costs."""
 
     def search(stream: list[tuple[float, int, str]]) -> tuple[list[str], list[str]]:
         ranked = sorted(stream)
@@ -458,13 +459,17 @@ def test_the_nearest_skip_a_flood_of_any_size_and_miss_no_statement() -> None:
             *(f"chain by m{n}" for n in range(4)),
             *(f"news {n}" for n in range(5)),
         ]
-        assert calls == ["read", "read", "said at"]
+        assert calls == ["read", "read", "read", "said at"]
+    # Every text four times: the deeper reading holds enough, and nothing is skipped.
+    fours = [(0.1 + n // 4 / 100, n, f"text {n // 4}") for n in range(80)]
+    found, calls = search(fours)
+    assert found == [f"text {n}" for n in range(10)] and calls == ["read", "read"]
     # A second flood under the first: one more round, and no more than two.
     ad = [(0.1, 1000 + n, "ad") for n in range(300)]
     spam = [(0.15, 5000 + n, "spam") for n in range(300)]
     found, calls = search([*ad, *spam, *news])
     assert found[:3] == ["ad", "spam", "news 0"] and len(found) == 10
-    assert calls == ["read", "read", "said at", "read", "said at"]
+    assert calls == ["read", "read", "read", "said at", "read", "said at"]
     # Enough different statements at first, or no more to read: one reading.
     assert search(news)[1] == ["read"]
     assert search([(0.1, n, "ad") for n in range(7)])[1] == ["read"]

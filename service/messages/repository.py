@@ -712,7 +712,8 @@ async def nearest_messages(
         return [row.seq for row in head]
 
     async def read(depth: int, skipped: list[float]) -> list[Said]:
-        rows = head if not skipped else (await nearest(depth, skipped))[:depth]
+        rows = head if depth == len(head) and not skipped else await nearest(depth, skipped)
+        rows = rows[:depth]
         told = await _statements(session, tenant_id, conversation_key, [r.seq for r in rows])
         by_seq = {r.seq: r for r in told}
         return [

@@ -137,7 +137,10 @@ def first_distinct(
     return kept
 
 
-# How many times at most a side's candidates are read past a flood (``distinct_nearest``).
+# A side's candidates holding too few statements are read this many times deeper once (a
+# conversation where every text comes a few times), then, past a flood, skipping what its
+# copies share at most FLOOD_ROUNDS times (``distinct_nearest``).
+FLOOD_WIDENING = 4
 FLOOD_ROUNDS = 2
 
 
@@ -166,24 +169,32 @@ async def distinct_nearest(
     (``at``: or a score, anything a statement's copies share) in ``skipped``,
     ``said_at(distances)`` the first of each statement at those.
 
-    A flood's copies share one vector (one text, embedded alike), so one distance. Where
-    fewer than ``enough`` statements differ among the nearest, the distances of the ones
-    said more than once there are skipped in the next reading, and every statement at those
-    distances is read apart: a spammer's ad sent thousands of times over weeks costs the
-    same two more scans as one sent fifty times in a day (reading deeper would not reach
-    past it), at most ``FLOOD_ROUNDS`` times."""
-    items = await read(wanted, [])
+    Where fewer than ``enough`` statements differ among the nearest, they are read
+    ``FLOOD_WIDENING`` times deeper once: in a conversation where every text comes a few
+    times (a bot's notices, greetings) that holds enough, for one more scan. A flood's
+    copies share one vector (one text, embedded alike), so one distance: where the deeper
+    reading still holds too few, the distances of the statements said more than once there
+    are skipped in the next reading, and every statement at those distances is read apart. A
+    spammer's ad sent thousands of times over weeks costs the same two scans more as one
+    sent a few hundred times in a day, at most ``FLOOD_ROUNDS`` times."""
+    depth = wanted
+    items = await read(depth, [])
     firsts = first_of_each(items, key)
+    if len(firsts) < enough and len(items) == depth:
+        depth *= FLOOD_WIDENING
+        items = await read(depth, [])
+        firsts = first_of_each(items, key)
     skipped: list[H] = []
     for _ in range(FLOOD_ROUNDS):
-        if len(firsts) >= enough or len(items) < wanted:
+        if len(firsts) >= enough or len(items) < depth:
             break
         copies = Counter(map(key, items))
         repeated = list(dict.fromkeys(at(item) for item in items if copies[key(item)] > 1))
         if not repeated:
             break
         skipped += repeated
-        items = await read(wanted, skipped)
+        depth = wanted
+        items = await read(depth, skipped)
         apart = await said_at(repeated)
         firsts = first_of_each(sorted([*firsts, *apart, *items], key=order), key)
     return firsts[:wanted]
