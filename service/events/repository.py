@@ -569,12 +569,15 @@ async def lexical_events(
     b: float = 0.75,
     direct_below: int = MAX_LEXICAL_MATCHES,
     skipped: Sequence[float] = (),
+    said_at: Sequence[float] = (),
 ) -> list[dict[str, Any]]:
     """The ``limit`` events of ``conversation_keys`` best matching the query terms by BM25,
     best first, each with its ``embedding`` (None without one), its ``bm25`` score and the
-    query ``terms`` it holds with their ``idfs``; none scored one of ``skipped`` (a flood's
-    copies: one text, one score). Same filters as ``nearest_events``. Needs no query
-    vector: it can run while one is computed.
+    query ``terms`` it holds with their ``idfs``. Same filters as ``nearest_events``. Needs
+    no query vector: it can run while one is computed. A flood's copies (one text, one
+    score) are read past with ``skipped``: none scored one of these; and ``said_at``: only
+    those scored one of these, the best ``limit`` statements (one copy of each sender's
+    words on each day, UTC).
 
     Terms in ``common`` are left out where the conversations hold too many events for every
     match to be scored. Conversations of fewer than ``direct_below`` events (at most
@@ -582,60 +585,9 @@ async def lexical_events(
     through the GIN index: the same events, found without the index's table-wide lists."""
     if limit <= 0 or not conversation_keys or not query_terms:
         return []
-    params = _lexical_params(
-        conversation_keys, query_terms, limit, time_from, time_to, common, k1, b, direct_below
-    )
-    params.update(tenant_id=tenant_id, skipped=list(skipped))
-    reading = "skipping" if skipped else "best"
-    statement = _lexical(time_from is not None, time_to is not None, reading)
-    return dicts(await session.execute(statement, params))
-
-
-async def lexical_said_at(
-    session: AsyncSession,
-    tenant_id: uuid.UUID,
-    conversation_keys: list[str],
-    query_terms: list[str],
-    scores: Sequence[float],
-    limit: int,
-    time_from: datetime | None = None,
-    time_to: datetime | None = None,
-    *,
-    common: frozenset[str] = frozenset(),
-) -> list[dict[str, Any]]:
-    """Of the events ``lexical_events`` would give scored one of ``scores``, the best
-    ``limit`` statements: one copy of each sender's words on each day (UTC)."""
-    if limit <= 0 or not conversation_keys or not query_terms or not scores:
-        return []
-    params = _lexical_params(
-        conversation_keys,
-        query_terms,
-        limit,
-        time_from,
-        time_to,
-        common,
-        1.2,
-        0.75,
-        MAX_LEXICAL_MATCHES,
-    )
-    params.update(tenant_id=tenant_id, scores=list(scores))
-    statement = _lexical(time_from is not None, time_to is not None, "said_at")
-    return dicts(await session.execute(statement, params))
-
-
-def _lexical_params(
-    conversation_keys: list[str],
-    query_terms: list[str],
-    limit: int,
-    time_from: datetime | None,
-    time_to: datetime | None,
-    common: frozenset[str],
-    k1: float,
-    b: float,
-    direct_below: int,
-) -> dict[str, Any]:
     informative = [t for t in query_terms if t not in common]
-    return {
+    params: dict[str, Any] = {
+        "tenant_id": tenant_id,
         "conversation_keys": list(conversation_keys),
         "all_terms": list(query_terms),
         "all_tsquery": to_tsquery_literal(query_terms),
@@ -649,7 +601,12 @@ def _lexical_params(
         "direct_below": min(direct_below, MAX_LEXICAL_MATCHES),
         "time_from": time_from,
         "time_to": time_to,
+        "skipped": list(skipped),
+        "scores": list(said_at),
     }
+    reading = "said_at" if said_at else "skipping" if skipped else "best"
+    statement = _lexical(time_from is not None, time_to is not None, reading)
+    return dicts(await session.execute(statement, params))
 
 
 # An event's neighbours: the events told just before and after it in its conversation (in

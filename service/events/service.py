@@ -125,11 +125,13 @@ async def lexical(
     limit: int,
     time_from: datetime | None = None,
     time_to: datetime | None = None,
+    *,
     skipped: Sequence[float] = (),
+    said_at: Sequence[float] = (),
 ) -> list[dict[str, Any]]:
     """The ``limit`` events of these conversations best matching the terms by BM25, the terms
-    common to a large share of all events left out where every match cannot be scored; none
-    scored one of ``skipped``."""
+    common to a large share of all events left out where every match cannot be scored; a
+    flood read past with ``skipped`` and ``said_at`` (see ``lexical_events``)."""
     return await repository.lexical_events(
         session,
         tenant_id,
@@ -140,31 +142,7 @@ async def lexical(
         time_to,
         common=await repository.common_terms(session),
         skipped=skipped,
-    )
-
-
-async def lexical_said_at(
-    session: AsyncSession,
-    tenant_id: uuid.UUID,
-    conversation_keys: list[str],
-    query_terms: list[str],
-    scores: Sequence[float],
-    limit: int,
-    time_from: datetime | None = None,
-    time_to: datetime | None = None,
-) -> list[dict[str, Any]]:
-    """The best ``limit`` statements (one sender's words on one day) among the events
-    ``lexical`` scores one of ``scores``, one copy each."""
-    return await repository.lexical_said_at(
-        session,
-        tenant_id,
-        conversation_keys,
-        query_terms,
-        scores,
-        limit,
-        time_from,
-        time_to,
-        common=await repository.common_terms(session),
+        said_at=said_at,
     )
 
 

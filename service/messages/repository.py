@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db.engine import uses_citus
 from service.db.vector_index import rescoring_ceiling
-from service.retrieval.fusion import distinct_nearest, first_of_each
+from service.retrieval.fusion import distinct_nearest
 from service.retrieval.terms import held_terms_sql, to_tsquery_literal
 
 # One statement for the whole batch; duplicates (by conversation and message_id) are skipped.
@@ -711,41 +711,33 @@ async def nearest_messages(
     if len(head) < plan.dense_limit or len({row.distance for row in head}) >= DISTINCT_ENOUGH:
         return [row.seq for row in head]
 
-    async def read(depth: int, skipped: list[float]) -> list[Said]:
+    async def read(depth: int, skipped: list[float]) -> list[Told]:
         rows = head if depth == len(head) and not skipped else await nearest(depth, skipped)
-        rows = rows[:depth]
-        told = await _statements(session, tenant_id, conversation_key, [r.seq for r in rows])
-        by_seq = {r.seq: r for r in told}
-        return [
-            Said(r.seq, r.distance, r.approx, by_seq[r.seq].sender_id, by_seq[r.seq].said)
-            for r in rows
-            if r.seq in by_seq
-        ]
+        return await _told(session, tenant_id, conversation_key, rows[:depth])
 
-    async def said_at(approx: list[float]) -> list[Said]:
+    async def said_at(approx: list[float]) -> list[Told]:
         found = await session.execute(
             _SAID_AT, {**params, "approx": approx, "dense_limit": plan.dense_limit}
         )
-        return [Said(r.seq, r.distance, r.approx, r.sender_id, r.said) for r in found]
+        return [Told(r, r.sender_id, r.said) for r in found]
 
-    rows = await distinct_nearest(
+    told = await distinct_nearest(
         read,
         said_at,
         plan.dense_limit,
         statement,
         DISTINCT_ENOUGH,
-        lambda row: (row.distance, row.seq),
-        lambda row: row.approx,
+        lambda row: (row.item.distance, row.item.seq),
+        lambda row: row.item.approx,
     )
-    return [row.seq for row in rows]
+    return [row.item.seq for row in told]
 
 
-class Said(NamedTuple):
-    """A message among the nearest, who said it and what (its text's digest)."""
+class Told(NamedTuple):
+    """A message read (a nearest row, a lexical match: anything with its ``seq``), who said
+    it and what (its text's digest)."""
 
-    seq: int
-    distance: float
-    approx: float
+    item: Any
     sender_id: str | None
     said: str
 
@@ -806,14 +798,19 @@ _STATEMENTS = text(
 )
 
 
-async def _statements(
-    session: AsyncSession, tenant_id: uuid.UUID, conversation_key: str, seqs: list[int]
-) -> list[Row[Any]]:
-    """Who said each of the messages ``seqs`` and what (see ``statement``), in that order
-    (one deleted meanwhile left out)."""
+async def _told(
+    session: AsyncSession, tenant_id: uuid.UUID, conversation_key: str, items: Sequence[Any]
+) -> list[Told]:
+    """Who said each of the messages ``items`` (anything with its ``seq``) and what (see
+    ``statement``), in that order (one deleted meanwhile left out)."""
+    seqs = [item.seq for item in items]
     params = {"tenant_id": tenant_id, "conversation_key": conversation_key, "seqs": seqs}
     found = {row.seq: row for row in await session.execute(_STATEMENTS, params)}
-    return [found[seq] for seq in seqs if seq in found]
+    return [
+        Told(item, found[item.seq].sender_id, found[item.seq].said)
+        for item in items
+        if item.seq in found
+    ]
 
 
 async def lexical_seeds(
@@ -833,44 +830,31 @@ async def lexical_seeds(
     if len(head) < plan.lexical_limit or len({_alike(m) for m in head}) >= DISTINCT_ENOUGH:
         return [m.seq for m in head]
 
-    async def told(chosen: list[LexicalMatch]) -> list[Told]:
-        rows = await _statements(session, tenant_id, conversation_key, [m.seq for m in chosen])
-        by_seq = {row.seq: row for row in rows}
-        return [
-            Told(m, by_seq[m.seq].sender_id, by_seq[m.seq].said) for m in chosen if m.seq in by_seq
-        ]
-
     def read(depth: int, skipped: list[tuple[Any, ...]]) -> Awaitable[list[Told]]:
         left = set(skipped)
-        return told([m for m in best if _alike(m) not in left][:depth])
+        chosen = [m for m in best if _alike(m) not in left][:depth]
+        return _told(session, tenant_id, conversation_key, chosen)
 
-    async def said_at(ways: list[tuple[Any, ...]]) -> list[Told]:
+    def said_at(ways: list[tuple[Any, ...]]) -> Awaitable[list[Told]]:
         wanted = set(ways)
-        return first_of_each(await told([m for m in best if _alike(m) in wanted]), statement)
+        chosen = [m for m in best if _alike(m) in wanted]
+        return _told(session, tenant_id, conversation_key, chosen)
 
-    rows = await distinct_nearest(
+    told = await distinct_nearest(
         read,
         said_at,
         plan.lexical_limit,
         statement,
         DISTINCT_ENOUGH,
-        lambda row: (-row.match.score, -row.match.seq),
-        lambda row: _alike(row.match),
+        lambda row: (-row.item.score, -row.item.seq),
+        lambda row: _alike(row.item),
     )
-    return [row.match.seq for row in rows]
+    return [row.item.seq for row in told]
 
 
 def _alike(match: LexicalMatch) -> tuple[Any, ...]:
     # How a message matches: one statement's copies all match this way.
     return match.score, tuple(match.terms), tuple(match.tfs)
-
-
-class Told(NamedTuple):
-    """A lexical match, who said it and what (its text's digest)."""
-
-    match: LexicalMatch
-    sender_id: str | None
-    said: str
 
 
 async def nearest_candidates(

@@ -313,10 +313,10 @@ async def lexical_candidates(
     bounds = search.time_from, search.time_to
 
     def best(depth: int, skipped: list[float]) -> Awaitable[list[dict[str, Any]]]:
-        return events.lexical(session, tenant_id, keys, words, depth, *bounds, skipped)
+        return events.lexical(session, tenant_id, keys, words, depth, *bounds, skipped=skipped)
 
     def said_at(scores: list[float]) -> Awaitable[list[dict[str, Any]]]:
-        return events.lexical_said_at(session, tenant_id, keys, words, scores, pool, *bounds)
+        return events.lexical(session, tenant_id, keys, words, pool, *bounds, said_at=scores)
 
     return await distinct_nearest(
         best,

@@ -167,7 +167,7 @@ async def distinct_nearest(
     """The nearest ``wanted`` items in ``order``, only the first of each ``key`` (a
     statement); ``read(depth, skipped)`` gives the nearest ``depth`` not at a distance
     (``at``: or a score, anything a statement's copies share) in ``skipped``,
-    ``said_at(distances)`` the first of each statement at those.
+    ``said_at(distances)`` the items at those, at least the first of each statement.
 
     Where fewer than ``enough`` statements differ among the nearest, they are read
     ``FLOOD_WIDENING`` times deeper once: in a conversation where every text comes a few
