@@ -409,3 +409,70 @@ async def test_memos_without_a_place_go_where_told_and_bad_input_is_refused(
     assert "no tenant" in stranger
     assert "not a tenant id" in nope
     assert "group:ID or private:ID" in unplaced
+
+
+async def test_a_big_history_is_planned_on_statistics_that_count_it(
+    db_url: str, tmp_path: Path
+) -> None:
+    """1,500 exported events of one group imported into a new service: the group's first
+    turn after it must be planned on statistics that count them (the fresh tables' say one
+    row, where nested loops over the whole conversation cost seconds). A second run, which
+    adds nothing, analyzes nothing."""
+    import numpy as np
+    from sqlalchemy import event, text
+
+    from service.importer.service import import_undefined
+    from service.settings import Settings
+    from service.tenants.service import create_tenant
+    from tests.test_read_latency import SeededModel
+
+    ids = [f"ev{n}_0_{1771380000000 + n * 60_000}" for n in range(1_500)]
+    write(
+        tmp_path / "data" / "cognitive" / "chromadb" / "events.json",
+        {
+            "ids": ids,
+            "documents": [f"2026-02-18 成员{n % 40} 说第{n}次去西湖边划船" for n in range(1_500)],
+            "metadatas": [
+                {
+                    "group_id": "1002%:..",
+                    "sender_id": str(10000 + n % 40),
+                    "request_type": "group",
+                    "timestamp_epoch": 1771380000 + n * 60,
+                }
+                for n in range(1_500)
+            ],
+        },
+    )
+    db = Database(db_url)
+    analyses: list[str] = []
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.lstrip().startswith("ANALYZE"):
+            analyses.append(statement.split()[-1])
+
+    event.listen(db.engine.sync_engine, "before_cursor_execute", count)
+    try:
+        async with db.system() as session:
+            tenant, _ = await create_tenant(session, "history", {}, Settings())
+        model = SeededModel(np.zeros(384, dtype=np.float32))
+        report = await import_undefined(db, Settings(), model, tenant.id, tmp_path / "data")  # type: ignore[arg-type]
+        assert report.imported["events"] == 1_500
+        async with db.system() as session:
+            for table in ("events", "event_vectors"):
+                plan = await session.execute(
+                    text(
+                        f"EXPLAIN (FORMAT JSON) SELECT 1 FROM {table} WHERE tenant_id = :t"
+                        " AND conversation_key = 'g:1002%:..'"
+                    ),
+                    {"t": tenant.id},
+                )
+                estimated = plan.scalar_one()[0]["Plan"]["Plan Rows"]
+                assert 750 <= estimated <= 3_000, (table, estimated)
+        assert sorted(analyses) == ["event_vectors", "events"]
+
+        analyses.clear()
+        again = await import_undefined(db, Settings(), model, tenant.id, tmp_path / "data")  # type: ignore[arg-type]
+        assert again.imported["events"] == 0 and analyses == []
+    finally:
+        event.remove(db.engine.sync_engine, "before_cursor_execute", count)
+        await db.dispose()

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from sqlalchemy import event, text
 
-from service.db import vector_index
+from service.db import statistics, vector_index
 from service.db.engine import Database, settled
 from service.embedding.base import Calibration
 from service.events import repository as events_repository
@@ -1402,3 +1402,93 @@ async def test_a_flood_holding_the_asked_words_hides_no_one_else_who_said_them(
     shown = [(hit.sender_id, hit.text) for hit in hits]
     assert ("ads", ad) in shown and ("m01", "王芳明天去杭州出差") in shown, shown
     assert len(shown) == 12 and shown.count(("ads", ad)) == 1
+
+
+class SeededModel(FixedModel):
+    """A model whose passages' vectors are random, one per text (the same text, the same)."""
+
+    async def passages(self, texts: list[str]) -> list[np.ndarray]:
+        return [unit(np.random.default_rng(abs(hash(t)) % 2**32), 1)[0] for t in texts]
+
+
+async def test_a_backlog_embedded_in_bulk_is_searched_on_statistics_that_count_it(
+    db: Database,
+) -> None:
+    """A group's history of 4,000 messages is posted to a new service and embedded by the
+    background job; the group asks at once, before autovacuum's round. The planner must
+    count the conversation: estimated at one row (the fresh table's statistics), each search
+    joined nested loops over all of it, 1.5–3.5 s a search. Then months of small batches
+    (300 jobs of 20 messages) are embedded: the table is analyzed as it doubles, not on every
+    job."""
+    from service.messages.schemas import MessageBatch
+    from service.messages.service import EMBED_JOB, Archivist, ingest
+    from service.queue.repository import ClaimedJob
+    from service.queue.worker import JobContext
+
+    rng = np.random.default_rng(47)
+    settings = Settings()
+    tenant = await new_tenant_id(db, "backlog")
+    async with db.system() as session:
+        context = await tenant_context(session, tenant, Settings())
+    group, model = "历史%:群-..", SeededModel(unit(rng, 1)[0])
+    archivist = Archivist(db, model, settings)  # type: ignore[arg-type]
+    job = JobContext(
+        ClaimedJob(tenant, 0, EMBED_JOB, {}, 1, 3, datetime.now(UTC)), db, "test-worker"
+    )
+    analyses: list[str] = []
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.lstrip().startswith("ANALYZE"):
+            analyses.append(statement)
+
+    async def post(first: int, n: int) -> None:
+        batch = MessageBatch(
+            request_type="group",
+            group_id=group,
+            messages=[
+                {
+                    "message_id": f"m{i}",
+                    "sender_id": f"u{i % 37}",
+                    "text": line(rng, i),
+                    "sent_at": START + timedelta(minutes=i),
+                }
+                for i in range(first, first + n)
+            ],
+        )
+        async with db.tenant(tenant) as session:
+            await ingest(session, context, batch, settings)
+
+    event.listen(db.engine.sync_engine, "before_cursor_execute", count)
+    try:
+        for first in range(0, 4_000, 500):
+            await post(first, 500)
+        assert await archivist.run_embed(job) == {"embedded": 4_000}
+        key = f"g:{group}"
+        async with db.system() as session:
+            plan = await session.execute(
+                text(
+                    "EXPLAIN (FORMAT JSON) SELECT seq FROM messages WHERE tenant_id = :t"
+                    " AND conversation_key = :k AND embedding_half IS NOT NULL"
+                ),
+                {"t": tenant, "k": key},
+            )
+            estimated = plan.scalar_one()[0]["Plan"]["Plan Rows"]
+        assert 2_000 <= estimated <= 8_000, estimated
+        request = MessageSearch(query="西湖边划船", group_id=group, top_k=12)
+        async with db.tenant(tenant) as session:
+            found = await archive.search(session, context, request, model)  # type: ignore[arg-type]
+        assert len(found.messages) == 12
+        assert len(analyses) == 1
+
+        analyses.clear()
+        for n in range(300):
+            await post(4_000 + 20 * n, 20)
+            assert await archivist.run_embed(job) == {"embedded": 20}
+        # From 4,000 rows to 10,000: an analysis each time the changes (a row's insert and
+        # its embedding, two each) reach the rows counted, at most three; not 300.
+        assert len(analyses) <= 3, analyses
+        # Only the tables a job keeps: a name is spliced into the statement.
+        with pytest.raises(ValueError, match="not a table"):
+            await statistics.analyze_outgrown(db, ["messages; DROP TABLE events"], 10**6)
+    finally:
+        event.remove(db.engine.sync_engine, "before_cursor_execute", count)

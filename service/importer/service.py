@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from service.db import statistics
 from service.db.engine import Database
 from service.embedding import Embedder
 from service.ends.schemas import loose_bool
@@ -214,6 +215,11 @@ class _Writer:
                 async with self.db.tenant(self.tenant_id) as session:
                     await store_events(session, rows)
             self.progress("events", min(start + BATCH, len(events)), len(events))
+        imported = self.report.imported["events"]
+        if imported and not self.dry_run:
+            # The bot's whole history may be most of the tables: a turn right after the
+            # import must not be planned on statistics of the tables before it.
+            await statistics.analyze_outgrown(self.db, ["events", "event_vectors"], imported)
 
     def _event_row(self, event: StoredEvent, text: str, vector: Any) -> dict[str, Any]:
         meta, chat = event.metadata, event.chat

@@ -12,6 +12,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.context import conversation_key
+from service.db import statistics
 from service.db.engine import Database
 from service.embedding import Embedder
 from service.errors import Invalid
@@ -191,6 +192,10 @@ class Archivist:
                 lexicals = [to_tsvector_literal(terms(r.text)) for r in rows]
                 await repository.set_embeddings(session, job.job.tenant_id, rows, vectors, lexicals)
             done += len(rows)
+        if done:
+            # A backlog of thousands just embedded (a history imported through the API) may
+            # be most of the table: searched at once, it must not be planned as the table was.
+            await statistics.analyze_outgrown(self.db, ["messages"], done)
         return {"embedded": done}
 
 
