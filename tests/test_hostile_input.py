@@ -366,6 +366,20 @@ async def test_ids_holding_slashes_are_refused_where_written(
         memory = {"scope": "GLOBAL", "user_id": bad, "content": "c"}
         response = await client.post("/v1/memories", json=memory, headers=tenant.headers)
         assert_refused(response, "user_id")
+        # No search can find one: each says so by name, the same in every search.
+        for route, field in (
+            ("/v1/messages/search", "group_id"),
+            ("/v1/events/search", "group_id"),
+            ("/v1/events/search", "target_user_id"),
+        ):
+            search = {"query": "谁说过", field: bad}
+            response = await client.post(route, json=search, headers=tenant.headers)
+            assert_refused(response, field)
+        # The same search as a model's tool call.
+        arguments = {"query": "谁说过", "group_id": bad}
+        call = {"name": SEARCH, "arguments": arguments, "context": GROUP}
+        response = await client.post("/v1/tools/call", json=call, headers=tenant.headers)
+        assert_refused(response, "arguments.group_id")
         # In a path, an encoded slash splits the segment: no route, and the answer says why.
         response = await client.get(f"/v1/profiles/user/{path(bad)}", headers=tenant.headers)
         assert_refused(response, "path", 404)

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from service.context import ID_MAX, ConversationContext, Moment
+from service.context import ID_MAX, ConversationContext, Moment, _as_id
 from service.ends.schemas import MAX_ITEM_CHARS, MAX_OBSERVATIONS, loose_bool
 from service.memories.schemas import Category
 
@@ -76,6 +76,13 @@ class EventSearch(BaseModel):
     time_from: Moment | None = None
     time_to: Moment | None = None
     context: ConversationContext | None = None
+
+    @field_validator("target_user_id", "target_group_id", mode="before")
+    @classmethod
+    def _ids(cls, value: Any) -> Any:
+        # As the message search reads them: a number is an id, an id with '/' is none that
+        # could have been stored (see ``path_safe``).
+        return _as_id(value)
 
 
 class EventHit(BaseModel):
