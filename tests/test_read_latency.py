@@ -1418,8 +1418,9 @@ async def test_a_backlog_embedded_in_bulk_is_searched_on_statistics_that_count_i
     background job; the group asks at once, before autovacuum's round. The planner must
     count the conversation: estimated at one row (the fresh table's statistics), each search
     joined nested loops over all of it, 1.5–3.5 s a search. Then months of small batches
-    (300 jobs of 20 messages) are embedded: the table is analyzed as it doubles, not on every
-    job."""
+    (300 jobs of 20 messages) are embedded: the table is analyzed as autovacuum would, each
+    time a tenth of it changed, not on every job. Then a second group's history of 1,500
+    messages comes: the table's statistics, which knew one group, must count it too."""
     from service.messages.schemas import MessageBatch
     from service.messages.service import EMBED_JOB, Archivist, ingest
     from service.queue.repository import ClaimedJob
@@ -1430,7 +1431,7 @@ async def test_a_backlog_embedded_in_bulk_is_searched_on_statistics_that_count_i
     tenant = await new_tenant_id(db, "backlog")
     async with db.system() as session:
         context = await tenant_context(session, tenant, Settings())
-    group, model = "历史%:群-..", SeededModel(unit(rng, 1)[0])
+    model = SeededModel(unit(rng, 1)[0])
     archivist = Archivist(db, model, settings)  # type: ignore[arg-type]
     job = JobContext(
         ClaimedJob(tenant, 0, EMBED_JOB, {}, 1, 3, datetime.now(UTC)), db, "test-worker"
@@ -1441,7 +1442,7 @@ async def test_a_backlog_embedded_in_bulk_is_searched_on_statistics_that_count_i
         if statement.lstrip().startswith("ANALYZE"):
             analyses.append(statement)
 
-    async def post(first: int, n: int) -> None:
+    async def post(group: str, first: int, n: int) -> None:
         batch = MessageBatch(
             request_type="group",
             group_id=group,
@@ -1458,23 +1459,25 @@ async def test_a_backlog_embedded_in_bulk_is_searched_on_statistics_that_count_i
         async with db.tenant(tenant) as session:
             await ingest(session, context, batch, settings)
 
-    event.listen(db.engine.sync_engine, "before_cursor_execute", count)
-    try:
-        for first in range(0, 4_000, 500):
-            await post(first, 500)
-        assert await archivist.run_embed(job) == {"embedded": 4_000}
-        key = f"g:{group}"
+    async def estimated(group: str) -> int:
         async with db.system() as session:
             plan = await session.execute(
                 text(
                     "EXPLAIN (FORMAT JSON) SELECT seq FROM messages WHERE tenant_id = :t"
                     " AND conversation_key = :k AND embedding_half IS NOT NULL"
                 ),
-                {"t": tenant, "k": key},
+                {"t": tenant, "k": f"g:{group}"},
             )
-            estimated = plan.scalar_one()[0]["Plan"]["Plan Rows"]
-        assert 2_000 <= estimated <= 8_000, estimated
-        request = MessageSearch(query="西湖边划船", group_id=group, top_k=12)
+            return int(plan.scalar_one()[0]["Plan"]["Plan Rows"])
+
+    event.listen(db.engine.sync_engine, "before_cursor_execute", count)
+    try:
+        first = "历史%:群-.."
+        for start in range(0, 4_000, 500):
+            await post(first, start, 500)
+        assert await archivist.run_embed(job) == {"embedded": 4_000}
+        assert 2_000 <= await estimated(first) <= 8_000
+        request = MessageSearch(query="西湖边划船", group_id=first, top_k=12)
         async with db.tenant(tenant) as session:
             found = await archive.search(session, context, request, model)  # type: ignore[arg-type]
         assert len(found.messages) == 12
@@ -1482,11 +1485,18 @@ async def test_a_backlog_embedded_in_bulk_is_searched_on_statistics_that_count_i
 
         analyses.clear()
         for n in range(300):
-            await post(4_000 + 20 * n, 20)
+            await post(first, 4_000 + 20 * n, 20)
             assert await archivist.run_embed(job) == {"embedded": 20}
-        # From 4,000 rows to 10,000: an analysis each time the changes (a row's insert and
-        # its embedding, two each) reach the rows counted, at most three; not 300.
-        assert len(analyses) <= 3, analyses
+        # From 4,000 rows to 10,000, each row's insert and embedding two changes: one
+        # analysis per 1,000 changes (a tenth of up to 10,000 rows), twelve at most; not 300.
+        assert len(analyses) <= 12, analyses
+
+        second = "新群:2"
+        for start in range(0, 1_500, 500):
+            await post(second, start, 500)
+        assert await archivist.run_embed(job) == {"embedded": 1_500}
+        assert 750 <= await estimated(second) <= 3_000
+        assert 8_000 <= await estimated(first) <= 20_000
         # Only the tables a job keeps: a name is spliced into the statement.
         with pytest.raises(ValueError, match="not a table"):
             await statistics.analyze_outgrown(db, ["messages; DROP TABLE events"], 10**6)

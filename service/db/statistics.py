@@ -1,18 +1,20 @@
 """The planner's statistics brought up to date after a bulk write, ahead of autovacuum.
 
 Autovacuum analyzes a table once a tenth of it has changed, on its next round (a minute or
-more apart; a new database waits its turn among the others). Until then a table that has
-outgrown its statistics is planned as if it were still small. A conversation of 6,259
+more apart; a new database waits its turn among the others). Until then a conversation
+written in bulk is planned on statistics that do not know it. A conversation of 6,259
 messages stored and embedded in a fresh table was estimated at one row: each search joined
 its nearest and their neighbourhoods by nested loops over the whole conversation, 1.5–3.5 s
-a search instead of 15–65 ms once analyzed (2026-11).
+a search instead of 15–65 ms once analyzed (2026-11). A second big group added to a table
+that knows only the first is estimated at one row the same way.
 
-So a job that has just written many rows (embedding a backlog of messages, importing events)
-analyzes the tables it wrote once they have changed by as many rows as their statistics
-count: the table at least doubled since it was last analyzed. As a table grows from empty
-to N rows that is about log2(N / ``FLOOR``) analyses over its life; below that, autovacuum's
-own threshold serves. On Citus the coordinator's tables are empty shells, and each worker's
-autovacuum analyzes its shards: nothing is done there.
+So a job that has just written many rows (embedding a backlog of messages, importing
+events) applies autovacuum's own rule at once to the tables it wrote: analyzed when a tenth
+of the rows they counted has changed since, and at least ``FLOOR`` rows (fewer are left to
+autovacuum). It replaces the analysis autovacuum would have made a minute later, so a table
+is analyzed about as often as before, each time a tenth bigger. On Citus the coordinator's
+tables are empty shells and each worker's autovacuum analyzes its shards: nothing is done
+there.
 """
 
 from __future__ import annotations
@@ -28,11 +30,13 @@ log = logging.getLogger(__name__)
 
 # The tables a job may analyze (the name is spliced into ANALYZE, so only these).
 TABLES = frozenset({"messages", "events", "event_vectors"})
-# Fewer changed rows than this are left to autovacuum (50 rows + 10% of the table).
+# Autovacuum's share of a table (autovacuum_analyze_scale_factor's default) ...
+SHARE = 0.1
+# ... and fewer changed rows than this are left to it (its own threshold is 50 rows).
 FLOOR = 1_000
 
-# Which of the tables have changed by as many rows as their statistics count. A table never
-# analyzed counts -1 rows. The changes are PostgreSQL's count since the last analysis (each
+# Which of the tables have changed by a tenth of the rows their statistics count (a table
+# never analyzed counts -1 rows). The changes are PostgreSQL's count since the last analysis (each
 # backend reports its own within seconds of its commit) or, if more, what the caller just
 # wrote itself, which may not be reported yet.
 _OUTGROWN = text(
@@ -42,7 +46,7 @@ _OUTGROWN = text(
     LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
     WHERE c.oid = ANY(SELECT to_regclass(t) FROM unnest(CAST(:tables AS text[])) t)
       AND greatest(coalesce(s.n_mod_since_analyze, 0), :written)
-          >= greatest(CAST(:floor AS float8), c.reltuples)
+          >= greatest(CAST(:floor AS float8), :share * c.reltuples)
       AND NOT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus')
     ORDER BY c.relname
     """
@@ -57,7 +61,7 @@ async def analyze_outgrown(db: Database, tables: Sequence[str], written: int) ->
         raise ValueError(f"not a table whose statistics a job keeps: {sorted(unknown)}")
     async with db.system() as session:
         found = await session.execute(
-            _OUTGROWN, {"tables": list(tables), "written": written, "floor": FLOOR}
+            _OUTGROWN, {"tables": list(tables), "written": written, "floor": FLOOR, "share": SHARE}
         )
         outgrown = [name for (name,) in found]
         for name in outgrown:
