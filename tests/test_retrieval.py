@@ -19,6 +19,8 @@ from service.retrieval.fusion import (
     decay,
     distinct_nearest,
     first_distinct,
+    first_distinct_read,
+    first_of_each,
     reciprocal_rank_fusion,
     scale_by_max,
     scale_min_max,
@@ -418,6 +420,39 @@ def test_the_envelope_of_the_named_days_stays_within_the_range_asked_for() -> No
     assert envelope(spans, shanghai, None, cut) == (start, cut)
     assert envelope(spans, shanghai, datetime(2026, 4, 1, tzinfo=UTC), None) is None
     assert envelope([], shanghai, None, None) is None
+
+
+def test_a_ranking_is_read_further_only_while_repeats_leave_too_few_to_show() -> None:
+    """``first_distinct_read``, as both searches use it: rows are read whole for the best
+    ``head`` of the ranking, twice as many each time the repeats among them leave fewer than
+    top_k different. A member's line said 1,000 times at the top of a ranking of 100,000 is
+    read past in a few doublings, not row by row nor the whole ranking; a ranking with fewer
+    different statements than asked is read to its end once and shows what it has."""
+
+    def run(ranking: list[str], k: int, head: int) -> tuple[list[str], list[int]]:
+        reads: list[int] = []
+        read_rows: set[int] = set()
+
+        async def read(head: int) -> None:
+            reads.append(head)
+            read_rows.update(range(min(head, len(ranking))))
+
+        def distinct(head: int) -> list[str]:
+            assert set(range(min(head, len(ranking)))) <= read_rows  # only rows read whole
+            return first_of_each(ranking[:head], lambda text: text)[:k]
+
+        return asyncio.run(first_distinct_read(len(ranking), k, head, read, distinct)), reads
+
+    flood = ["买车找我"] * 1_000 + [f"line {n}" for n in range(99_000)]
+    shown, reads = run(flood, 12, 36)
+    assert shown == ["买车找我", *(f"line {n}" for n in range(11))]
+    assert reads == [36, 72, 144, 288, 576, 1_152]
+    # Enough different among the first read: one read.
+    assert run([f"line {n}" for n in range(500)], 12, 36)[1] == [36]
+    # Fewer different than asked in the whole ranking: it is read to its end, and all shown.
+    shown, reads = run(["a", "b"] * 300, 12, 36)
+    assert shown == ["a", "b"] and reads[-1] >= 600 and len(reads) == 6
+    assert run([], 12, 36) == ([], [36])
 
 
 def test_the_nearest_skip_a_flood_of_any_size_and_miss_no_statement() -> None:

@@ -19,7 +19,13 @@ from service.embedding.base import Calibration
 from service.messages import repository
 from service.messages.schemas import MessageHit, MessageSearch, MessageSearchResult
 from service.retrieval.dates import days_named
-from service.retrieval.fusion import first_distinct, scale_min_max, time_decayed, unit_vector
+from service.retrieval.fusion import (
+    first_distinct,
+    first_distinct_read,
+    scale_min_max,
+    time_decayed,
+    unit_vector,
+)
 from service.retrieval.neighbours import (
     BM25_B,
     BM25_K1,
@@ -79,31 +85,30 @@ async def search(
         request.asker_id,
         ZoneInfo(request.timezone or tenant.timezone),
     )
-    head, found = request.top_k * DUPLICATE_POOL, dict[int, Any]()
-    while True:
-        # Rows for the best ``head``; repeats skipped: further down the ranking, until
-        # top_k are kept or the ranking is through (a sender's flood ranked high).
+    found: dict[int, Any] = {}
+
+    async def read(head: int) -> None:
         missing = [seq for seq, _, _ in ranked[:head] if seq not in found]
-        found |= await repository.messages_by_seq(session, tenant.tenant_id, key, missing)
-        pool = [(seq, score, sim) for seq, score, sim in ranked[:head] if seq in found]
-        keep = _distinct([found[seq] for seq, _, _ in pool], request.top_k)
-        if len(keep) == request.top_k or head >= len(ranked):
-            break
-        head *= 2
-    hits = []
-    for n in keep:
-        seq, score, _ = pool[n]
-        row = found[seq]
-        hits.append(
-            MessageHit(
-                message_id=row.message_id,
-                text=row.text,
-                sender_id=row.sender_id,
-                sender_name=row.sender_name,
-                sent_at=row.sent_at,
-                score=round(score, 6),
-            )
+        found.update(await repository.messages_by_seq(session, tenant.tenant_id, key, missing))
+
+    def distinct(head: int) -> list[tuple[int, float]]:
+        pool = [(seq, score) for seq, score, _ in ranked[:head] if seq in found]  # none deleted
+        return [pool[n] for n in _distinct([found[seq] for seq, _ in pool], request.top_k)]
+
+    kept = await first_distinct_read(
+        len(ranked), request.top_k, request.top_k * DUPLICATE_POOL, read, distinct
+    )
+    hits = [
+        MessageHit(
+            message_id=found[seq].message_id,
+            text=found[seq].text,
+            sender_id=found[seq].sender_id,
+            sender_name=found[seq].sender_name,
+            sent_at=found[seq].sent_at,
+            score=round(score, 6),
         )
+        for seq, score in kept
+    ]
     return MessageSearchResult(messages=hits, warnings=warnings)
 
 

@@ -43,6 +43,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, tzinfo
+from itertools import takewhile
 from typing import Any
 
 import numpy as np
@@ -57,6 +58,7 @@ from service.retrieval.dates import Span, days_named, envelope
 from service.retrieval.fusion import (
     distinct_nearest,
     first_distinct,
+    first_distinct_read,
     scale_by_max,
     time_decayed,
     unit_vector,
@@ -409,14 +411,20 @@ async def rank_events(
     candidates = await _whole_rows(session, tenant_id, candidates, head)
     if reranker is not None and q.enable_rerank and candidates:
         await _rerank(reranker, search, candidates, now, q, warnings)
-    kept = without_duplicates(candidates, search.top_k)
-    while any("embedding" not in e.row for e in kept):
-        # So many repeats were skipped (a line a group says again and again) that the kept
-        # reach past the rows read whole: read further, and choose again.
-        head *= 2
+
+    async def read(head: int) -> None:
+        nonlocal candidates
         candidates = await _whole_rows(session, tenant_id, candidates, head)
-        kept = without_duplicates(candidates, search.top_k)
-    return kept
+
+    def distinct(head: int) -> list[RankedEvent]:
+        # Up to the first row not whole: one deleted meanwhile moves a neighbour's partial
+        # row into the head, and a result is never one.
+        whole = list(takewhile(lambda e: "embedding" in e.row, candidates[:head]))
+        return without_duplicates(whole, search.top_k)
+
+    # The best head are whole already (read before the reranker): another read only where so
+    # many repeats were skipped (a line a group says again and again) that it goes further.
+    return await first_distinct_read(len(candidates), search.top_k, head, read, distinct)
 
 
 def _statement(row: dict[str, Any]) -> tuple[Any, ...]:

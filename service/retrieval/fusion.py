@@ -198,3 +198,23 @@ async def distinct_nearest(
         apart = await said_at(repeated)
         firsts = first_of_each(sorted([*firsts, *apart, *items], key=order), key)
     return firsts[:wanted]
+
+
+async def first_distinct_read(
+    count: int,
+    k: int,
+    head: int,
+    read: Callable[[int], Awaitable[None]],
+    distinct: Callable[[int], list[T]],
+) -> list[T]:
+    """The first ``k`` distinct items of a ranking of ``count``, where telling repeats apart
+    needs their rows read whole: ``read(head)`` reads the best ``head``'s, ``distinct(head)``
+    keeps the first that repeat none before them among those. While fewer than ``k`` are
+    kept and the ranking goes on (a member's line said again and again, ranked high), twice
+    as many are read."""
+    while True:
+        await read(head)
+        kept = distinct(head)
+        if len(kept) >= k or head >= count:
+            return kept
+        head *= 2
