@@ -1243,3 +1243,42 @@ async def test_months_of_turns_over_http_each_embedded_once_in_its_own_group_and
     await asyncio.sleep(0.05)
     assert runtime.read_db.engine.pool.checkedout() == 0
     assert runtime.db.engine.pool.checkedout() == 0
+
+
+async def test_a_row_deleted_while_the_results_are_read_leaves_no_partial_row_shown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The ranked candidates: events a side found (whole rows) and neighbours ranked among
+    them with only the columns the ranking reads. Those shown are read whole first. One
+    deleted meanwhile is dropped, and the neighbour whose partial row moves up into its
+    place is read whole before it is shown: never shown as it stands."""
+    from service.recall import ranking
+
+    at = datetime(2026, 3, 1, tzinfo=UTC)
+    rng = np.random.default_rng(8)
+
+    def row(n: int, whole: bool) -> dict[str, Any]:
+        partial = {"id": f"e{n}", "text": f"第{n}件事", "sender_id": "u1", "similarity": 0.5}
+        partial["occurred_at"] = at + timedelta(days=n)
+        if not whole:
+            return partial
+        vector = rng.standard_normal(384).astype(np.float32)
+        return {**partial, "embedding": vector, "is_absolute": True, "kind": "observation"}
+
+    kinds = [True, False, False, False, True, True]  # a side's, three neighbours, sides'
+    ranked = [
+        ranking.RankedEvent(row(n, whole), 0.5, 0.0, 0.5, 1.0 - n / 10)
+        for n, whole in enumerate(kinds)
+    ]
+    asked: list[list[str]] = []
+
+    async def by_ids(session: Any, tenant_id: Any, ids: list[str]) -> dict[str, Any]:
+        asked.append(ids)
+        return {i: row(int(i[1:]), True) for i in ids if i != "e1"}  # e1 deleted meanwhile
+
+    monkeypatch.setattr(ranking.events, "by_ids", by_ids)
+    shown = await ranking.shown(None, None, ranked, 3, 3)  # type: ignore[arg-type]
+    assert [e.row["id"] for e in shown] == ["e0", "e2", "e3"]
+    assert all("embedding" in e.row and "is_absolute" in e.row for e in shown)
+    # e3 moved into the first three read: it was read whole on the second reading.
+    assert asked == [["e1", "e2"], ["e3"]]

@@ -412,19 +412,29 @@ async def rank_events(
     if reranker is not None and q.enable_rerank and candidates:
         await _rerank(reranker, search, candidates, now, q, warnings)
 
+    # The best head are whole already (read before the reranker): another read only where so
+    # many repeats were skipped (a line a group says again and again) that it goes further.
+    return await shown(session, tenant_id, candidates, head, search.top_k)
+
+
+async def shown(
+    session: AsyncSession, tenant_id: Any, ranked: list[RankedEvent], head: int, k: int
+) -> list[RankedEvent]:
+    """The first ``k`` of the ranked candidates that repeat none before them
+    (``without_duplicates``), each read whole (``_whole_rows``), ``head`` of them at first,
+    further while repeats leave too few (``first_distinct_read``)."""
+
     async def read(head: int) -> None:
-        nonlocal candidates
-        candidates = await _whole_rows(session, tenant_id, candidates, head)
+        nonlocal ranked
+        ranked = await _whole_rows(session, tenant_id, ranked, head)
 
     def distinct(head: int) -> list[RankedEvent]:
         # Up to the first row not whole: one deleted meanwhile moves a neighbour's partial
         # row into the head, and a result is never one.
-        whole = list(takewhile(lambda e: "embedding" in e.row, candidates[:head]))
-        return without_duplicates(whole, search.top_k)
+        whole = list(takewhile(lambda e: "embedding" in e.row, ranked[:head]))
+        return without_duplicates(whole, k)
 
-    # The best head are whole already (read before the reranker): another read only where so
-    # many repeats were skipped (a line a group says again and again) that it goes further.
-    return await first_distinct_read(len(candidates), search.top_k, head, read, distinct)
+    return await first_distinct_read(len(ranked), k, head, read, distinct)
 
 
 def _statement(row: dict[str, Any]) -> tuple[Any, ...]:
