@@ -1502,3 +1502,121 @@ async def test_a_backlog_embedded_in_bulk_is_searched_on_statistics_that_count_i
             await statistics.analyze_outgrown(db, ["messages; DROP TABLE events"], 10**6)
     finally:
         event.remove(db.engine.sync_engine, "before_cursor_execute", count)
+
+
+async def test_a_flood_in_a_big_group_leaves_the_asked_words_of_others_found(
+    db: Database,
+) -> None:
+    """A group of 8,001 messages (big enough that a term's matches are sampled through the
+    index, at most 2,000): a spammer sends an ad naming 王芳 3,000 times over three days, a
+    member says one line naming her, another member forwards the ad once. Asked the name
+    (meaning says nothing: an unrelated query vector), the archive shows the member's line,
+    the ad once and the forward. Before, the ad's copies filled the sample and the line was
+    not found. The spammer's copies are each kept with their vector; one a day is indexed
+    for its words, the latest, and a search over the third day alone finds it there by its
+    words. A member's line said ten times is left as it is; the eleventh makes it a flood."""
+    from service.messages.schemas import MessageBatch
+    from service.messages.service import EMBED_JOB, Archivist, ingest
+    from service.queue.repository import ClaimedJob
+    from service.queue.worker import JobContext
+
+    rng = np.random.default_rng(48)
+    settings = Settings()
+    tenant = await new_tenant_id(db, "big-flood")
+    async with db.system() as session:
+        context = await tenant_context(session, tenant, Settings())
+    group, ad, line_of_hers = "flood%:big", "王芳 买车找我", "王芳明天去杭州出差"
+    said = [("ads", ad)] * 3_000 + [("m01", line_of_hers), ("m02", ad)]
+    said += [(f"m{n % 30:02d}", line(rng, n)) for n in range(4_999)]
+    said = [said[n] for n in rng.permutation(len(said))]
+    # Three days, in order; the spammer's copies spread over all three.
+    times = [START + timedelta(seconds=30 * n) for n in range(len(said))]
+    model = SeededModel(unit(rng, 1)[0])  # its query vector is unrelated to every text
+    for start in range(0, len(said), 500):
+        batch = MessageBatch(
+            request_type="group",
+            group_id=group,
+            messages=[
+                {"message_id": f"m{n}", "sender_id": who, "text": body, "sent_at": times[n]}
+                for n, (who, body) in enumerate(said[start : start + 500], start=start)
+            ],
+        )
+        async with db.tenant(tenant) as session:
+            await ingest(session, context, batch, settings)
+    archivist = Archivist(db, model, settings)  # type: ignore[arg-type]
+    job = JobContext(ClaimedJob(tenant, 0, EMBED_JOB, {}, 1, 3, datetime.now(UTC)), db, "w")
+    assert await archivist.run_embed(job) == {"embedded": len(said)}
+
+    async with db.tenant(tenant) as session:
+        request = MessageSearch(query="王芳", group_id=group, top_k=12)
+        hits = (await archive.search(session, context, request, model)).messages  # type: ignore[arg-type]
+    shown = [(hit.sender_id, hit.text) for hit in hits]
+    assert ("m01", line_of_hers) in shown and ("m02", ad) in shown, shown
+    assert shown.count(("ads", ad)) == 1 and len(shown) == 12
+
+    days = {
+        (START + timedelta(seconds=30 * n)).date() for n, s in enumerate(said) if s == ("ads", ad)
+    }
+    assert len(days) == 3
+    async with db.system() as session:
+        indexed, embedded = (
+            await session.execute(
+                text(
+                    "SELECT count(*) FILTER (WHERE length(lexical) > 0),"
+                    " count(*) FILTER (WHERE embedding IS NOT NULL) FROM messages"
+                    " WHERE tenant_id = :t AND sender_id = 'ads'"
+                ),
+                {"t": tenant},
+            )
+        ).one()
+    assert (indexed, embedded) == (3, 3_000)
+    # The latest copy of each day is the one indexed, and stays so when a batch is sent
+    # again (its messages are stored already: nothing moves).
+    latest = text(
+        "SELECT DISTINCT ON (CAST(sent_at AS date)) length(lexical) > 0 FROM messages"
+        " WHERE tenant_id = :t AND sender_id = 'ads' ORDER BY CAST(sent_at AS date), seq DESC"
+    )
+    async with db.tenant(tenant) as session:
+        await ingest(session, context, batch, settings)
+    async with db.system() as session:
+        assert list((await session.execute(latest, {"t": tenant})).scalars()) == [True] * 3
+
+    third = min(days) + timedelta(days=2)
+    async with db.tenant(tenant) as session:
+        request = MessageSearch(
+            query="王芳",
+            group_id=group,
+            top_k=5,
+            time_from=datetime.combine(third, datetime.min.time(), UTC),
+            time_to=datetime.combine(third, datetime.max.time(), UTC),
+        )
+        hits = (await archive.search(session, context, request, model)).messages  # type: ignore[arg-type]
+    assert ("ads", ad) in [(hit.sender_id, hit.text) for hit in hits]
+    assert all(hit.sent_at.date() == third for hit in hits)
+
+    # A line said a few times a day is left as it is; past ten times lately, a flood.
+    async def say(n: int, first: int) -> int:
+        batch = MessageBatch(
+            request_type="group",
+            group_id=group,
+            messages=[
+                {
+                    "message_id": f"ack{i}",
+                    "sender_id": "m03",
+                    "text": "收到收到",
+                    "sent_at": times[-1] + timedelta(seconds=i + 1),
+                }
+                for i in range(first, first + n)
+            ],
+        )
+        async with db.tenant(tenant) as session:
+            await ingest(session, context, batch, settings)
+        async with db.system() as session:
+            indexed = text(
+                "SELECT count(*) FROM messages WHERE tenant_id = :t AND sender_id = 'm03'"
+                " AND text = '收到收到' AND length(lexical) > 0"
+            )
+            return int((await session.execute(indexed, {"t": tenant})).scalar_one())
+
+    assert await say(10, 0) == 10
+    assert await say(1, 10) == 1

@@ -76,6 +76,9 @@ CITUS_SUITE = (
     "_nothing_else",
     "tests/test_read_latency.py::test_a_flood_holding_the_asked_words_hides_no_one_else_who"
     "_said_them",
+    # A flood's copies left unindexed for words as they are stored.
+    "tests/test_read_latency.py::test_a_flood_in_a_big_group_leaves_the_asked_words_of_others"
+    "_found",
 )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Awaitable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime, time, timedelta
 from functools import cache
 from typing import Any, NamedTuple
 
@@ -54,6 +54,85 @@ async def insert_messages(
         "lexicals": [r["lexical"] for r in rows],
     }
     return list(await session.execute(_INSERT, params))
+
+
+# What a batch's senders said lately in its conversations on its days (UTC): each message's
+# id, time, a digest of its text and whether its words are indexed. Only the latest
+# :window messages of a conversation on those days are read (through its time index), so
+# that a flood does not make every message after it dearer to store; and the batch's own
+# ids wherever they are (a batch sent again: its messages are stored already).
+_SAID_LATELY = text(
+    """
+    SELECT m.conversation_key, m.message_id, m.seq, m.sender_id, m.sent_at,
+           md5(m.text) AS digest, coalesce(length(m.lexical), 0) > 0 AS indexed
+    FROM unnest(CAST(:keys AS text[])) k(conversation_key)
+    CROSS JOIN LATERAL (
+        SELECT * FROM messages m
+        WHERE m.tenant_id = :tenant_id AND m.conversation_key = k.conversation_key
+          AND m.sent_at >= :since AND m.sent_at < :until
+        ORDER BY m.sent_at DESC
+        LIMIT :window
+    ) m
+    WHERE m.sender_id = ANY(CAST(:senders AS text[]))
+      AND CAST(m.sent_at AT TIME ZONE 'UTC' AS date) = ANY(CAST(:days AS date[]))
+    UNION
+    SELECT m.conversation_key, m.message_id, m.seq, m.sender_id, m.sent_at,
+           md5(m.text) AS digest, coalesce(length(m.lexical), 0) > 0 AS indexed
+    FROM unnest(CAST(:batch_keys AS text[]), CAST(:batch_ids AS text[]))
+         AS b(conversation_key, message_id)
+    JOIN messages m ON m.tenant_id = :tenant_id AND m.conversation_key = b.conversation_key
+                   AND m.message_id = b.message_id
+    """
+)
+
+
+async def said_lately(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    batch: list[tuple[str, str]],
+    senders: list[str],
+    days: list[date],
+    window: int,
+) -> list[Any]:
+    """The messages the ``senders`` stored among the latest ``window`` of each conversation
+    of ``batch`` (conversation, message id) on ``days`` (UTC), and those of ``batch``
+    stored already: ``conversation_key``, ``message_id``, ``seq``, ``sender_id``,
+    ``sent_at``, ``digest`` (md5 of the text) and ``indexed`` (its words are)."""
+    if not batch or not senders or not days:
+        return []
+    params = {
+        "tenant_id": tenant_id,
+        "keys": sorted({key for key, _ in batch}),
+        "batch_keys": [key for key, _ in batch],
+        "batch_ids": [message_id for _, message_id in batch],
+        "senders": senders,
+        "days": days,
+        "since": datetime.combine(min(days), time.min, UTC),
+        "until": datetime.combine(max(days) + timedelta(days=1), time.min, UTC),
+        "window": window,
+    }
+    return list(await session.execute(_SAID_LATELY, params))
+
+
+# Messages whose words are no longer indexed: a later copy of the same statement is.
+_UNINDEX = text(
+    """
+    UPDATE messages AS m SET lexical = CAST('' AS tsvector)
+    FROM unnest(CAST(:keys AS text[]), CAST(:ids AS text[])) AS v(conversation_key, message_id)
+    WHERE m.tenant_id = :tenant_id AND m.conversation_key = v.conversation_key
+      AND m.message_id = v.message_id
+    """
+)
+
+
+async def unindex(
+    session: AsyncSession, tenant_id: uuid.UUID, messages: list[tuple[str, str]]
+) -> None:
+    """Leave these (conversation, message id) unindexed for words."""
+    if messages:
+        keys, ids = zip(*messages, strict=True)
+        params = {"tenant_id": tenant_id, "keys": list(keys), "ids": list(ids)}
+        await session.execute(_UNINDEX, params)
 
 
 # Count what arrived; pending_count is what no extraction job has been asked to read yet.
@@ -202,7 +281,9 @@ _UNEMBEDDED = text(
 # redaction clears the vector and the terms) becomes searchable again, and only as rewritten.
 _SET_EMBEDDINGS = text(
     """
-    UPDATE messages AS m SET embedding = v.embedding, lexical = v.lexical
+    UPDATE messages AS m SET embedding = v.embedding,
+        -- A copy's words stay unindexed (see ``service.messages.service.copies``).
+        lexical = CASE WHEN length(m.lexical) = 0 THEN m.lexical ELSE v.lexical END
     FROM unnest(CAST(:keys AS text[]), CAST(:ids AS text[]), CAST(:vectors AS vector[]),
                 CAST(:lexicals AS tsvector[]))
          AS v(conversation_key, message_id, embedding, lexical)
