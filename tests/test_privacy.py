@@ -201,6 +201,17 @@ async def test_erasure_leaves_nothing_a_query_can_reach(
     assert counts["events_redacted"] >= 1 and counts["profiles_redacted"] >= 1
     await audit.flush()
     assert await leftovers(db_url, [VICTIM, NAME]) == []
+    # The message that named them is found as it now reads, by its words and its meaning,
+    # at once (no later message need come for its vector to be made again).
+    conn = await asyncpg.connect(plain_dsn(db_url))
+    try:
+        redacted = await conn.fetchrow(
+            "SELECT length(lexical) AS terms, embedding IS NOT NULL AS embedded FROM messages"
+            " WHERE text LIKE '%是个好人'"
+        )
+    finally:
+        await conn.close()
+    assert redacted["terms"] > 0 and redacted["embedded"]
     # The other person and the group's words stay.
     kept = (await client.get("/v1/profiles/group/g7", headers=tenant.headers)).json()
     assert OTHER_NAME in kept["body"] and "[已删除用户]" in kept["body"]

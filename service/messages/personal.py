@@ -3,36 +3,53 @@ exported, erased and redacted (see ``service.db.registry``)."""
 
 from __future__ import annotations
 
+from pgvector import Vector
 from sqlalchemy import text
 
 from service.db.registry import PersonalTable, Redaction, names_filter
 from service.messages.models import EMBEDDED as _MESSAGE_TEXT
+from service.messages.models import passage_text
 from service.messages.vectors import DERIVED
+from service.retrieval.terms import terms, to_tsvector_literal
 
 _ID = "a code from a fixed set"
 
 
 async def redact_messages(r: Redaction) -> None:
-    """Others' messages in the person's conversations lose the person's names; the vector and
-    terms are cleared, and the embedding job makes them again from the redacted text."""
-    for row in await r.rows(
-        "SELECT conversation_key, message_id, text FROM messages WHERE tenant_id = :t"
-        f" AND conversation_key = ANY(:keys) AND {names_filter('text')}"
-    ):
-        if r.redactor.mentions(row.text):
-            await r.session.execute(
-                text(
-                    "UPDATE messages SET text = :body, embedding = NULL, lexical = ''::tsvector"
-                    " WHERE tenant_id = :t AND conversation_key = :k AND message_id = :id"
-                ),
-                {
-                    "t": r.tenant_id,
-                    "k": row.conversation_key,
-                    "id": row.message_id,
-                    "body": r.redactor.text(row.text),
-                },
-            )
-            r.count("messages_redacted")
+    """Others' messages in the person's conversations lose the person's names, and get the
+    redacted text's terms and vector at once (as the other aggregates' rows do): left for
+    the embedding job, which nothing queues here, a quiet group's message stayed without a
+    vector until its next message came."""
+    changed = [
+        (row, r.redactor.text(row.text))
+        for row in await r.rows(
+            "SELECT conversation_key, message_id, sender_name, text FROM messages"
+            f" WHERE tenant_id = :t AND conversation_key = ANY(:keys) AND {names_filter('text')}"
+        )
+        if r.redactor.mentions(row.text)
+    ]
+    if not changed:
+        return
+    vectors = await r.embedder.passages(
+        [passage_text(row.sender_name, body) for row, body in changed]
+    )
+    for (row, body), vector in zip(changed, vectors, strict=True):
+        await r.session.execute(
+            text(
+                "UPDATE messages SET text = :body, embedding = CAST(:vector AS vector),"
+                " lexical = CAST(:lexical AS tsvector)"
+                " WHERE tenant_id = :t AND conversation_key = :k AND message_id = :id"
+            ),
+            {
+                "t": r.tenant_id,
+                "k": row.conversation_key,
+                "id": row.message_id,
+                "body": body,
+                "vector": Vector(vector),
+                "lexical": to_tsvector_literal(terms(body)),
+            },
+        )
+        r.count("messages_redacted")
 
 
 CONVERSATIONS = PersonalTable(

@@ -277,8 +277,7 @@ _UNEMBEDDED = text(
     """
 )
 
-# The terms are segmented again with the vector: a text rewritten in place (a privacy
-# redaction clears the vector and the terms) becomes searchable again, and only as rewritten.
+# The terms are segmented again with the vector, except a flood's copy's, which stay empty.
 _SET_EMBEDDINGS = text(
     """
     UPDATE messages AS m SET embedding = v.embedding,
