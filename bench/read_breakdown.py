@@ -311,7 +311,6 @@ async def seed_archive(db: Database, tenant_id: Any, size: int, rng: np.random.G
                     for r in rows
                 ],
                 list(vectors),
-                [r["lexical"] for r in rows],
             )
     await vacuum(db)
     return key

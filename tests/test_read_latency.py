@@ -162,7 +162,6 @@ async def store_messages(
             tenant,
             [SimpleNamespace(conversation_key=key, message_id=r["message_id"]) for r in rows],
             list(vectors),
-            [r["lexical"] for r in rows],
         )
 
 

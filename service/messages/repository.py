@@ -277,15 +277,13 @@ _UNEMBEDDED = text(
     """
 )
 
-# The terms are segmented again with the vector, except a flood's copy's, which stay empty.
+# Only the vector: the terms are written with the text (at ingest, by a redaction), and a
+# flood's copy's stay empty (see ``service.messages.service.copies``).
 _SET_EMBEDDINGS = text(
     """
-    UPDATE messages AS m SET embedding = v.embedding,
-        -- A copy's words stay unindexed (see ``service.messages.service.copies``).
-        lexical = CASE WHEN length(m.lexical) = 0 THEN m.lexical ELSE v.lexical END
-    FROM unnest(CAST(:keys AS text[]), CAST(:ids AS text[]), CAST(:vectors AS vector[]),
-                CAST(:lexicals AS tsvector[]))
-         AS v(conversation_key, message_id, embedding, lexical)
+    UPDATE messages AS m SET embedding = v.embedding
+    FROM unnest(CAST(:keys AS text[]), CAST(:ids AS text[]), CAST(:vectors AS vector[]))
+         AS v(conversation_key, message_id, embedding)
     WHERE m.tenant_id = :tenant_id AND m.conversation_key = v.conversation_key
       AND m.message_id = v.message_id
     """
@@ -302,9 +300,8 @@ async def set_embeddings(
     tenant_id: uuid.UUID,
     rows: list[Any],
     vectors: list[np.ndarray[Any, Any]],
-    lexicals: list[str],
 ) -> None:
-    """Store the vectors of messages, and their terms as of the text embedded."""
+    """Store the vectors of messages."""
     await session.execute(
         _SET_EMBEDDINGS,
         {
@@ -313,7 +310,6 @@ async def set_embeddings(
             "ids": [r.message_id for r in rows],
             # pgvector's Vector, not bare arrays: asyncpg would read an array as a dimension.
             "vectors": [Vector(v) for v in vectors],
-            "lexicals": lexicals,
         },
     )
 

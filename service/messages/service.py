@@ -260,8 +260,7 @@ class Archivist:
                 vectors = await self.embedder.passages(
                     [passage_text(r.sender_name, r.text) for r in rows]
                 )
-                lexicals = [to_tsvector_literal(terms(r.text)) for r in rows]
-                await repository.set_embeddings(session, job.job.tenant_id, rows, vectors, lexicals)
+                await repository.set_embeddings(session, job.job.tenant_id, rows, vectors)
             done += len(rows)
         if done:
             # A backlog of thousands just embedded (a history imported through the API) may
