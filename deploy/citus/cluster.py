@@ -350,6 +350,8 @@ class CitusCluster:
                 "citus.shard_count = 8",
                 # One machine: Citus' defaults assume a worker per machine.
                 "citus.max_adaptive_executor_pool_size = 4",
+                # The shard queries run in the coordinator's sessions, not the service's.
+                "jit = off",
                 "log_min_messages = warning",
             ]
             if not durable:

@@ -151,7 +151,14 @@ def resolve_database_url(settings: Settings) -> str:
 # selectivity depends on the conversation and the question (a rare term or a common one, a
 # group of 600 messages or of 50,000), that plan was four times slower: MemDaily's archive
 # search p50 99 -> 22 ms a statement. Planning them costs about 2 ms.
-SERVER_SETTINGS = {"plan_cache_mode": "force_custom_plan"}
+#
+# And none compiled to machine code: PostgreSQL compiles a statement whose estimated cost
+# passes jit_above_cost (100,000) where its build has JIT, as the compose file's image does,
+# which costs tens of milliseconds each run and pays back only on scans of seconds. A busy
+# group's searches come near: the lexical side of the context in a group of 50,000 events
+# is estimated at 98,000, the archive's term statistics of 50,000 messages at 49,000, and
+# both grow with the group (2026-11).
+SERVER_SETTINGS = {"plan_cache_mode": "force_custom_plan", "jit": "off"}
 
 
 class Database:
