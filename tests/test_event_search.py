@@ -20,7 +20,7 @@ from service.db.migrate import upgrade_to_head
 from service.errors import Invalid
 from service.events import repository as events_repository
 from service.events.repository import nearest_events, upsert_events
-from service.retrieval.terms import query_terms, terms
+from service.retrieval.terms import query_terms, term_sample, terms
 from service.settings import Settings
 from service.tenants.service import create_tenant
 from tests.conftest import DatabaseFactory
@@ -337,6 +337,48 @@ async def test_lexical_search_skips_common_terms_only_where_matches_would_be_too
     assert [r["id"] for r in busy] == ["e0"]
 
 
+async def test_a_name_asked_in_a_big_group_is_found_however_many_events_hold_its_other_words(
+    db: Database,
+) -> None:
+    """A badminton group of 3,200 events, 3,000 of them badminton lines, and three where
+    王芳 talks about badminton: the oldest, one in the middle, the newest. Asked "王芳 羽毛球",
+    the lexical side finds her three first: each asked term is looked up on its own, a
+    frequent one's matches sampled, so the matches of "羽毛球" (an ordinary word in a table
+    of a million events, not a common one) cannot fill the look-up and leave hers out. (One
+    look-up of all the terms took the first 2,000 matches it met, in whatever order its plan
+    read them: by time or as stored, one of her three was never among them.)"""
+    rng = np.random.default_rng(47)
+    tenant = await new_tenant_id(db, "badminton")
+    key = "g:羽毛球%:1"
+    texts = [f"第{n}次羽毛球，打得{'好累' if n % 2 else '开心'}" for n in range(3000)]
+    texts += [f"周末去西湖散步，第{n}次" for n in range(197)]
+    hers = {0: "王芳说羽毛球拍坏了", 1600: "王芳问谁有羽毛球", 3199: "王芳下周六约大家打羽毛球"}
+    for n, line in sorted(hers.items()):
+        texts.insert(n, line)
+    rows = [
+        {**event_row(tenant, f"{key}#{n}", key, START + timedelta(minutes=n), v), "text": t}
+        for n, (v, t) in enumerate(zip(unit(rng, len(texts)), texts, strict=True))
+    ]
+    async with db.tenant(tenant) as session:
+        for start in range(0, len(rows), 500):
+            await upsert_events(session, rows[start : start + 500])
+    async with db.system() as session:
+        await session.execute(text("ANALYZE events"))  # as a big table is, at rest
+    asked = query_terms("王芳 羽毛球")
+    assert {"王芳", "羽毛", "毛球"} <= set(asked)
+    # A model's query of many words: still a look-up a term, and hers first.
+    wordy = query_terms("王芳 羽毛球 " + " ".join(f"地点{n}" for n in range(40)))
+    assert len(wordy) > 30
+    expected = {f"{key}#{n}" for n in hers}
+    for words in (asked, wordy):
+        async with db.tenant(tenant) as session:
+            found = await events_repository.lexical_events(
+                session, tenant, [key], words, 10, common=frozenset()
+            )
+        assert {r["id"] for r in found[:3]} == expected
+        assert found[2]["bm25"] > found[3]["bm25"]
+
+
 def textbook_bm25(
     stored: dict[str, list[str]], asked: list[str], documents: int
 ) -> dict[str, tuple[float, dict[str, float]]]:
@@ -388,7 +430,7 @@ async def test_lexical_scores_are_textbook_bm25_of_the_stored_terms_through_eith
         picked = [common[k] for k in rng.choice(4, size=int(rng.integers(1, 4)), replace=False)]
         if rng.random() < 0.06:
             picked += [rare[k] for k in rng.choice(6, size=int(rng.integers(1, 3)), replace=False)]
-        return f"第{n}条：" + "，".join(picked) + f"；杂项{n % 13}"
+        return f"第{n}条：" + "，".join(picked) + f"；杂项{'甲乙丙丁戊己庚辛壬癸子丑寅'[n % 13]}"
 
     groups = {"g:big%:'x": 2400, "g:small": 300}
     texts: dict[str, dict[str, str]] = {}
@@ -419,6 +461,11 @@ async def test_lexical_scores_are_textbook_bm25_of_the_stored_terms_through_eith
             assert row["bm25"] == pytest.approx(score, rel=1e-9)
             assert dict(zip(row["terms"], row["idfs"], strict=True)) == pytest.approx(idfs)
         assert 20 < len(expected) < events_repository.MAX_LEXICAL_MATCHES
+        # Every match is read: no asked term holds more than its share of the look-up.
+        held = Counter(t for i in texts[key] for t in set(terms(texts[key][i])) if t in asked)
+        assert max(held.values()) <= term_sample(
+            events_repository.MAX_LEXICAL_MATCHES, len(set(asked))
+        )
 
 
 async def test_months_of_lexical_searches_in_a_busy_group_score_as_textbook_bm25(

@@ -25,7 +25,13 @@ from service.messages import search as archive
 from service.messages.repository import SAMPLED_MATCHES
 from service.messages.schemas import MessageSearch
 from service.messages.search import SEARCH_PLAN
-from service.retrieval.terms import MAX_QUERY_TERMS, query_terms, terms, to_tsvector_literal
+from service.retrieval.terms import (
+    MAX_QUERY_TERMS,
+    query_terms,
+    term_sample,
+    terms,
+    to_tsvector_literal,
+)
 from service.settings import Settings
 from service.tenants.service import create_tenant, tenant_context
 from tests.test_event_search import event_row, unit
@@ -214,9 +220,9 @@ async def test_a_big_conversation_reads_a_bounded_sample_of_common_words_and_eve
     plan = dataclasses.replace(
         SEARCH_PLAN, direct_below=0, sampled_matches=60 * len(set(words)), dense_limit=1
     )
-    assert messages_repository.term_sample(plan.sampled_matches, len(set(words))) == 60
+    assert term_sample(plan.sampled_matches, len(set(words))) == 60
     # A pasted paragraph's terms read about as many messages in all as a question's.
-    longest = MAX_QUERY_TERMS * messages_repository.term_sample(SAMPLED_MATCHES, MAX_QUERY_TERMS)
+    longest = MAX_QUERY_TERMS * term_sample(SAMPLED_MATCHES, MAX_QUERY_TERMS)
     assert longest <= 1.05 * SAMPLED_MATCHES
     for bounds, read_from in (((None, None), 0), ((START + timedelta(minutes=1000), None), 1000)):
         async with db.tenant(tenant) as session:

@@ -18,7 +18,13 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from service.db.rows import dicts
 from service.db.vector_index import rescoring_ceiling
 from service.errors import Invalid
-from service.retrieval.terms import held_terms_sql, terms, to_tsquery_literal, to_tsvector_literal
+from service.retrieval.terms import (
+    held_terms_sql,
+    term_sample,
+    terms,
+    to_tsquery_literal,
+    to_tsvector_literal,
+)
 
 # Upsert by event id: a retried job rewrites the same rows instead of adding new ones. The same
 # statement keeps the event's search vector (event_vectors) in step: written when there is an
@@ -422,8 +428,9 @@ async def nearest_told_by(
 
 
 # Lexical candidates: events of the conversations holding any query term (the GIN index),
-# scored by BM25. At most :max_matches matching events are scored. Where the conversations
-# hold fewer events than that, every query term is asked for: all matches are scored, and
+# scored by BM25. At most :max_matches events holding any term are scored, and as many more
+# as the terms' own look-ups add (see matched). Where the conversations hold fewer events than that,
+# every query term is asked for: all matches are scored, and
 # BM25's idf, computed on these conversations, weighs a term by how telling it is there (a
 # tenant of ten events must not lose its words to what is common in the whole table). In
 # bigger ones only the informative terms are (see common_terms), so the matches rarely pass
@@ -491,11 +498,14 @@ def _lexical(time_from: bool, time_to: bool, reading: str = "best") -> TextClaus
                   LIMIT :max_documents) c
         ),
         asked AS MATERIALIZED (
-            -- Every term where all matches can be scored; else the informative ones.
+            -- Every term where all matches can be scored; else the informative ones, each
+            -- also looked up on its own (see matched).
             SELECT CASE WHEN small THEN CAST(:all_terms AS text[])
                         ELSE CAST(:terms AS text[]) END AS terms,
                    CASE WHEN small THEN CAST(:all_tsquery AS tsquery)
-                        ELSE CAST(:tsquery AS tsquery) END AS tsquery
+                        ELSE CAST(:tsquery AS tsquery) END AS tsquery,
+                   CASE WHEN small THEN CAST('{{}}' AS text[])
+                        ELSE CAST(:term_queries AS text[]) END AS term_queries
             FROM (SELECT documents < CAST(:max_matches AS integer) AS small FROM counted) c
         ),
         matched AS MATERIALIZED (
@@ -509,13 +519,21 @@ def _lexical(time_from: bool, time_to: bool, reading: str = "best") -> TextClaus
               AND {_filters("e", time_from, time_to)}
               AND e.lexical @@ (SELECT tsquery FROM asked)
             UNION ALL
-            -- The GIN index, through the tenant-bound function (see migration 0020).
-            SELECT m.id, m.lexical
-            FROM memoria_event_term_matches(
-                CAST(:conversation_keys AS text[]), (SELECT tsquery FROM asked),
-                CAST(:time_from AS timestamptz), CAST(:time_to AS timestamptz),
-                CAST(:max_matches AS integer)
-            ) m
+            -- The GIN index, through the tenant-bound function (see migration 0020): up to
+            -- :max_matches events holding any term (all of them, unless more do), and a
+            -- share of each term's own (``term_sample``), so that a frequent term's matches
+            -- (a flood's) cannot fill the look-up and leave out the few holding a rare one.
+            SELECT DISTINCT ON (m.id) m.id, m.lexical
+            FROM (SELECT NULL AS term, :max_matches AS most
+                  UNION ALL
+                  SELECT q.term, :per_term FROM unnest((SELECT term_queries FROM asked)) q(term)
+                 ) q,
+                 memoria_event_term_matches(
+                     CAST(:conversation_keys AS text[]),
+                     coalesce(CAST(q.term AS tsquery), (SELECT tsquery FROM asked)),
+                     CAST(:time_from AS timestamptz), CAST(:time_to AS timestamptz),
+                     CAST(q.most AS integer)
+                 ) m
             WHERE NOT (SELECT documents < CAST(:direct_below AS integer) FROM counted)
         ),
         hits AS MATERIALIZED (
@@ -585,7 +603,8 @@ async def lexical_events(
     through the GIN index: the same events, found without the index's table-wide lists."""
     if limit <= 0 or not conversation_keys or not query_terms:
         return []
-    informative = [t for t in query_terms if t not in common]
+    asked = list(dict.fromkeys(query_terms))
+    informative = [t for t in asked if t not in common]
     params: dict[str, Any] = {
         "tenant_id": tenant_id,
         "conversation_keys": list(conversation_keys),
@@ -593,6 +612,8 @@ async def lexical_events(
         "all_tsquery": to_tsquery_literal(query_terms),
         "terms": informative,
         "tsquery": to_tsquery_literal(informative),
+        "term_queries": [to_tsquery_literal([t]) for t in informative],
+        "per_term": term_sample(MAX_LEXICAL_MATCHES, len(informative)),
         "limit": limit,
         "k1": k1,
         "b": b,

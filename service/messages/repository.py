@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from service.db.engine import uses_citus
 from service.db.vector_index import rescoring_ceiling
 from service.retrieval.fusion import distinct_nearest
-from service.retrieval.terms import held_terms_sql, to_tsquery_literal
+from service.retrieval.terms import held_terms_sql, term_sample, to_tsquery_literal
 
 # One statement for the whole batch; duplicates (by conversation and message_id) are skipped.
 # Rows get their seq in array order, so seq follows the batch's order.
@@ -319,11 +319,9 @@ async def set_embeddings(
 DIRECT_LEXICAL_BELOW = 5000
 
 # A conversation that big is matched a term at a time through the GIN index, reading at most
-# this many messages in all (shared among the query's terms, but at least MIN_TERM_SAMPLE a
-# term: a pasted paragraph's 128 terms read 2,048): ~20 us each, so the lexical side stays
-# near 40 ms however big the group and however long the query.
+# this many messages in all (shared among the query's terms: see ``term_sample``): ~20 us
+# each, so the lexical side stays near 40 ms however big the group and however long the query.
 SAMPLED_MATCHES = 2000
-MIN_TERM_SAMPLE = 16
 
 # Candidates re-scored beyond the dense limit, so that the proof closes on the first pass.
 # Where texts repeat (a bot's notices, "ok", the same sticker), copies with equal vectors sit
@@ -599,11 +597,6 @@ class SearchPlan:
     direct_below: int = DIRECT_LEXICAL_BELOW
     # Bigger ones: messages looked up by their terms, at most, shared among the query terms.
     sampled_matches: int = SAMPLED_MATCHES
-
-
-def term_sample(budget: int, terms: int) -> int:
-    """Messages read for each query term of a big conversation."""
-    return max(MIN_TERM_SAMPLE, budget // max(terms, 1))
 
 
 def _unit(query: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:

@@ -156,6 +156,19 @@ def to_tsquery_literal(found: Iterable[str]) -> str:
     return " | ".join(f"'{_quote(t)}'" for t in dict.fromkeys(found))
 
 
+# Each term of a lexical look-up reads at least this many of its matches: a pasted
+# paragraph's 128 terms read 2,048 in all.
+MIN_TERM_SAMPLE = 16
+
+
+def term_sample(budget: int, terms: int) -> int:
+    """How many of its matches each of ``terms`` query terms reads, a look-up reading about
+    ``budget`` in all: a rare term's matches are all read, a frequent one's are a sample
+    (they barely tell matches apart, and each match read is scored on every asked term), and
+    no term's matches can crowd out another's."""
+    return max(MIN_TERM_SAMPLE, budget // max(terms, 1))
+
+
 def held_terms_sql(vector: str, terms: str) -> str:
     """SQL for the lexemes of the ``tsvector`` expression ``vector`` that are among the
     ``text[]`` expression ``terms``, as a ``tsvector`` (unnested: each with its positions).
