@@ -428,14 +428,14 @@ async def nearest_told_by(
 
 
 # Lexical candidates: events of the conversations holding any query term (the GIN index),
-# scored by BM25. At most :max_matches events holding any term are scored, and as many more
-# as the terms' own look-ups add (see matched). Where the conversations hold fewer events than that,
-# every query term is asked for: all matches are scored, and
-# BM25's idf, computed on these conversations, weighs a term by how telling it is there (a
-# tenant of ten events must not lose its words to what is common in the whole table). In
-# bigger ones only the informative terms are (see common_terms), so the matches rarely pass
-# the bound, and past it the cost stays bounded (lexical evidence is a ranking signal;
-# exactness is the dense side's). The collection is the filtered events, counted up to
+# scored by BM25. At most :max_matches events holding any term are scored, and where more
+# hold one, as many more as the terms' own look-ups add (see matched). Where the
+# conversations hold fewer events than that, every query term is asked for: all matches are
+# scored, and BM25's idf, computed on these conversations, weighs a term by how telling it is
+# there (a tenant of ten events must not lose its words to what is common in the whole
+# table). In bigger ones only the informative terms are (see common_terms), so the matches
+# rarely pass the bound, and past it the cost stays bounded (lexical evidence is a ranking
+# signal; exactness is the dense side's). The collection is the filtered events, counted up to
 # :max_documents (an index-only count: beyond it a term's idf changes by the same amount for
 # every term, and counting a 50,000-event conversation in full would cost 5 ms a query);
 # lengths are normalized by the mean over the matching events, close to the collection's for
@@ -498,15 +498,23 @@ def _lexical(time_from: bool, time_to: bool, reading: str = "best") -> TextClaus
                   LIMIT :max_documents) c
         ),
         asked AS MATERIALIZED (
-            -- Every term where all matches can be scored; else the informative ones, each
-            -- also looked up on its own (see matched).
+            -- Every term where all matches can be scored; else the informative ones.
             SELECT CASE WHEN small THEN CAST(:all_terms AS text[])
                         ELSE CAST(:terms AS text[]) END AS terms,
                    CASE WHEN small THEN CAST(:all_tsquery AS tsquery)
-                        ELSE CAST(:tsquery AS tsquery) END AS tsquery,
-                   CASE WHEN small THEN CAST('{{}}' AS text[])
-                        ELSE CAST(:term_queries AS text[]) END AS term_queries
+                        ELSE CAST(:tsquery AS tsquery) END AS tsquery
             FROM (SELECT documents < CAST(:max_matches AS integer) AS small FROM counted) c
+        ),
+        anywhere AS MATERIALIZED (
+            -- The GIN index, through the tenant-bound function (see migration 0020): up to
+            -- :max_matches events holding any term (only in bigger conversations: below).
+            SELECT m.id, m.lexical
+            FROM memoria_event_term_matches(
+                CAST(:conversation_keys AS text[]), (SELECT tsquery FROM asked),
+                CAST(:time_from AS timestamptz), CAST(:time_to AS timestamptz),
+                CAST(:max_matches AS integer)
+            ) m
+            WHERE NOT (SELECT documents < CAST(:direct_below AS integer) FROM counted)
         ),
         matched AS MATERIALIZED (
             -- Conversations this small are read by their own index and the terms checked
@@ -519,22 +527,23 @@ def _lexical(time_from: bool, time_to: bool, reading: str = "best") -> TextClaus
               AND {_filters("e", time_from, time_to)}
               AND e.lexical @@ (SELECT tsquery FROM asked)
             UNION ALL
-            -- The GIN index, through the tenant-bound function (see migration 0020): up to
-            -- :max_matches events holding any term (all of them, unless more do), and a
-            -- share of each term's own (``term_sample``), so that a frequent term's matches
-            -- (a flood's) cannot fill the look-up and leave out the few holding a rare one.
             SELECT DISTINCT ON (m.id) m.id, m.lexical
-            FROM (SELECT NULL AS term, :max_matches AS most
-                  UNION ALL
-                  SELECT q.term, :per_term FROM unnest((SELECT term_queries FROM asked)) q(term)
-                 ) q,
-                 memoria_event_term_matches(
-                     CAST(:conversation_keys AS text[]),
-                     coalesce(CAST(q.term AS tsquery), (SELECT tsquery FROM asked)),
-                     CAST(:time_from AS timestamptz), CAST(:time_to AS timestamptz),
-                     CAST(q.most AS integer)
-                 ) m
-            WHERE NOT (SELECT documents < CAST(:direct_below AS integer) FROM counted)
+            FROM (
+                SELECT id, lexical FROM anywhere
+                UNION ALL
+                -- Where more events hold a term than that look-up took, each term is looked
+                -- up on its own too, for a share of its matches (``term_sample``): a
+                -- frequent term's (a flood's) cannot fill it and leave out the few events
+                -- holding a rare one (a name).
+                SELECT t.id, t.lexical
+                FROM unnest(CAST(:term_queries AS text[])) q(term),
+                     memoria_event_term_matches(
+                         CAST(:conversation_keys AS text[]), CAST(q.term AS tsquery),
+                         CAST(:time_from AS timestamptz), CAST(:time_to AS timestamptz),
+                         CAST(:per_term AS integer)
+                     ) t
+                WHERE (SELECT count(*) FROM anywhere) >= CAST(:max_matches AS integer)
+            ) m
         ),
         hits AS MATERIALIZED (
             -- Each match's asked terms (see held_terms_sql).
