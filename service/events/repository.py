@@ -516,6 +516,25 @@ def _lexical(time_from: bool, time_to: bool, reading: str = "best") -> TextClaus
             ) m
             WHERE NOT (SELECT documents < CAST(:direct_below AS integer) FROM counted)
         ),
+        found AS MATERIALIZED (
+            -- Its matches' asked terms (see held_terms_sql).
+            SELECT a.id, t.lexeme AS term, coalesce(cardinality(t.positions), 1) AS tf,
+                   length(a.lexical) AS length
+            FROM anywhere a, unnest({held_terms_sql("a.lexical", "(SELECT terms FROM asked)")}) t
+        ),
+        cut AS MATERIALIZED (
+            -- Where more events hold a term than that look-up took, each term it found fewer
+            -- of than a term's share (``term_sample``) is looked up on its own too, for
+            -- that share: a frequent term's matches (a flood's) cannot fill the look-up
+            -- and leave out the few events holding a rare one (a name). A term it found
+            -- that many of is sampled enough.
+            SELECT q.query
+            FROM unnest(CAST(:terms AS text[]), CAST(:term_queries AS text[])) q(term, query)
+            WHERE (SELECT count(*) FROM anywhere) >= CAST(:max_matches AS integer)
+              AND q.term NOT IN (
+                  SELECT term FROM found GROUP BY term
+                  HAVING count(*) >= CAST(:per_term AS integer))
+        ),
         matched AS MATERIALIZED (
             -- Conversations this small are read by their own index and the terms checked
             -- row by row: the table-wide GIN index would visit every event of every
@@ -527,30 +546,20 @@ def _lexical(time_from: bool, time_to: bool, reading: str = "best") -> TextClaus
               AND {_filters("e", time_from, time_to)}
               AND e.lexical @@ (SELECT tsquery FROM asked)
             UNION ALL
-            SELECT DISTINCT ON (m.id) m.id, m.lexical
-            FROM (
-                SELECT id, lexical FROM anywhere
-                UNION ALL
-                -- Where more events hold a term than that look-up took, each term is looked
-                -- up on its own too, for a share of its matches (``term_sample``): a
-                -- frequent term's (a flood's) cannot fill it and leave out the few events
-                -- holding a rare one (a name).
-                SELECT t.id, t.lexical
-                FROM unnest(CAST(:term_queries AS text[])) q(term),
-                     memoria_event_term_matches(
-                         CAST(:conversation_keys AS text[]), CAST(q.term AS tsquery),
-                         CAST(:time_from AS timestamptz), CAST(:time_to AS timestamptz),
-                         CAST(:per_term AS integer)
-                     ) t
-                WHERE (SELECT count(*) FROM anywhere) >= CAST(:max_matches AS integer)
-            ) m
+            SELECT DISTINCT ON (t.id) t.id, t.lexical
+            FROM cut q, memoria_event_term_matches(
+                CAST(:conversation_keys AS text[]), CAST(q.query AS tsquery),
+                CAST(:time_from AS timestamptz), CAST(:time_to AS timestamptz),
+                CAST(:per_term AS integer)
+            ) t
+            WHERE t.id NOT IN (SELECT id FROM anywhere)
         ),
         hits AS MATERIALIZED (
-            -- Each match's asked terms (see held_terms_sql).
+            SELECT * FROM found
+            UNION ALL
             SELECT m.id, t.lexeme AS term, coalesce(cardinality(t.positions), 1) AS tf,
                    length(m.lexical) AS length
-            FROM matched m
-            CROSS JOIN LATERAL unnest({held_terms_sql("m.lexical", "(SELECT terms FROM asked)")}) t
+            FROM matched m, unnest({held_terms_sql("m.lexical", "(SELECT terms FROM asked)")}) t
         ),
         stats AS (
             SELECT greatest(documents, 1)::float8 AS documents,
