@@ -1628,3 +1628,110 @@ async def test_a_flood_in_a_big_group_leaves_the_asked_words_of_others_found(
 
     assert await say(10, 0) == 10
     assert await say(1, 10) == 1
+
+
+async def test_a_flood_of_events_leaves_the_asked_words_of_others_found(db: Database) -> None:
+    """The historian writes a group's events a job at a time: 8,003 of them over three days,
+    3,000 an ad naming 王芳 (a bot that notes every line it sees), three where 王芳 herself
+    talks, first, midway and last, and one member's forward of the ad. Asked the name
+    (meaning says nothing: an unrelated query vector), the event search shows her three
+    lines, the ad once a day and the forward. Before, the ad's copies filled the look-up of the
+    name's matches (at most 2,000, read by time or as stored) and one of hers was always
+    left out. Every copy keeps its vector; one a day is indexed for words, the latest, and
+    stays so when a job is run again. A line told ten times is left as it is."""
+    from service.events import service as event_service
+    from service.recall.schemas import EventSearch
+    from service.recall.service import Reader
+
+    rng = np.random.default_rng(49)
+    tenant = await new_tenant_id(db, "event-flood")
+    group, ad = "flood%:events", "王芳 买车找我"
+    said = [("ads", ad)] * 3_000 + [("m02", ad)]
+    said += [(f"m{n % 30:02d}", line(rng, n)) for n in range(4_999)]
+    said = [said[n] for n in rng.permutation(len(said))]
+    hers = ["王芳明天去杭州出差", "王芳说杭州下雨了", "王芳从杭州回来了"]
+    for at, body in zip((0, len(said) // 2 + 1, len(said) + 2), hers, strict=True):
+        said.insert(at, ("m01", body))
+    ad_vector, query = unit(rng, 2)
+    vectors = unit(rng, len(said))
+    rows = [
+        {
+            **event_row(
+                tenant,
+                f"e:{n}/%",
+                f"g:{group}",
+                START + timedelta(seconds=30 * n),
+                ad_vector if body == ad else vectors[n],
+            ),
+            "text": body,
+            "sender_id": who,
+        }
+        for n, (who, body) in enumerate(said)
+    ]
+    for start in range(0, len(rows), 50):  # a historian's job writes a few at a time
+        async with db.tenant(tenant) as session:
+            await event_service.store(session, rows[start : start + 50])
+    async with db.system() as session:
+        await session.execute(text("ANALYZE events"))  # as a big table is, at rest
+    async with db.system() as session:
+        context = await tenant_context(session, tenant, Settings())
+
+    async def shown() -> list[tuple[str | None, str]]:
+        reader = Reader(FixedModel(query), None, db)  # type: ignore[arg-type]
+        async with db.tenant(tenant, read_only=True) as session:
+            request = EventSearch(query="王芳", group_id=group, top_k=10)
+            found = (await reader.search_events(session, context, request)).events
+        return [(e.sender_id, e.text) for e in found]
+
+    found = await shown()
+    assert all(("m01", body) in found for body in hers) and ("m02", ad) in found, found
+    assert found.count(("ads", ad)) == 3  # once a day: each day's is another occasion
+
+    counts = text(
+        "SELECT count(*) FILTER (WHERE length(e.lexical) > 0), count(v.event_id) FROM events e"
+        " LEFT JOIN event_vectors v ON v.tenant_id = e.tenant_id AND v.event_id = e.id"
+        " WHERE e.tenant_id = :t AND e.sender_id = 'ads'"
+    )
+    latest = text(
+        "SELECT DISTINCT ON (CAST(occurred_at AS date)) length(lexical) > 0 FROM events"
+        " WHERE tenant_id = :t AND sender_id = 'ads' ORDER BY CAST(occurred_at AS date),"
+        " occurred_at DESC"
+    )
+    async with db.system() as session:
+        assert tuple((await session.execute(counts, {"t": tenant})).one()) == (3, 3_000)
+        assert list((await session.execute(latest, {"t": tenant})).scalars()) == [True] * 3
+    # A job run again writes its events again: the same one a day stays indexed.
+    last_ads = [n for n, (who, _) in enumerate(said) if who == "ads"][-60:]
+    async with db.tenant(tenant) as session:
+        await event_service.store(session, [rows[n] for n in last_ads])
+    async with db.system() as session:
+        assert tuple((await session.execute(counts, {"t": tenant})).one()) == (3, 3_000)
+        assert list((await session.execute(latest, {"t": tenant})).scalars()) == [True] * 3
+
+    # Ten copies of a line are ten occasions; the eleventh makes it a flood.
+    async def tell(n: int, first: int) -> int:
+        acks = [
+            {
+                **event_row(
+                    tenant,
+                    f"ack:{i}",
+                    f"g:{group}",
+                    START + timedelta(seconds=30 * len(said) + i),
+                    ad_vector,
+                ),
+                "text": "收到收到",
+                "sender_id": "m03",
+            }
+            for i in range(first, first + n)
+        ]
+        async with db.tenant(tenant) as session:
+            await event_service.store(session, acks)
+        async with db.system() as session:
+            indexed = text(
+                "SELECT count(*) FROM events WHERE tenant_id = :t AND sender_id = 'm03'"
+                " AND text = '收到收到' AND length(lexical) > 0"
+            )
+            return int((await session.execute(indexed, {"t": tenant})).scalar_one())
+
+    assert await tell(10, 0) == 10
+    assert await tell(1, 10) == 1

@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from service.db.rows import dicts
 from service.db.vector_index import rescoring_ceiling
 from service.errors import Invalid
+from service.retrieval.floods import days_of
 from service.retrieval.terms import (
     held_terms_sql,
     term_sample,
@@ -78,9 +79,14 @@ def _upsert(rows: int) -> TextClause:
     return text(_UPSERT_SQL.format(values=", ".join(_ROW.format(n=n) for n in range(rows))))
 
 
+def lexical_of(text: str) -> str:
+    """An event's terms, as its ``lexical`` holds them."""
+    return to_tsvector_literal(terms(text))
+
+
 async def upsert_events(session: AsyncSession, rows: list[dict[str, Any]]) -> None:
-    """Write events, many rows of one tenant per statement, with their lexical terms. Rows
-    with the same id: the last one is written."""
+    """Write events, many rows of one tenant per statement, with their lexical terms (a
+    row's ``lexical`` if it has one). Rows with the same id: the last one is written."""
     latest = {(row["tenant_id"], row["id"]): row for row in rows}  # one row per id and statement
     tenants: dict[uuid.UUID, list[dict[str, Any]]] = {}
     for row in latest.values():
@@ -90,7 +96,7 @@ async def upsert_events(session: AsyncSession, rows: list[dict[str, Any]]) -> No
                 "warnings": json.dumps(row["warnings"], ensure_ascii=False),
                 "message_ids": json.dumps(row["message_ids"], ensure_ascii=False),
                 "metadata": json.dumps(row["metadata"], ensure_ascii=False),
-                "lexical": to_tsvector_literal(terms(row["text"])),
+                "lexical": row["lexical"] if "lexical" in row else lexical_of(row["text"]),
             }
         )
     for tenant_id, prepared in tenants.items():
@@ -100,6 +106,69 @@ async def upsert_events(session: AsyncSession, rows: list[dict[str, Any]]) -> No
                 f"{name}_{n}": value for n, row in enumerate(chunk) for name, value in row.items()
             }
             await session.execute(_upsert(len(chunk)), {"tenant_id": tenant_id, **params})
+
+
+# What these senders said lately in these conversations on these days (UTC): each event's
+# id, time, a digest of its text and whether its words are indexed. Only the latest :window
+# events of a conversation on those days are read (through its time index), so that a flood
+# does not make every event after it dearer to store.
+_SAID_LATELY = text(
+    """
+    SELECT e.id, e.conversation_key, e.sender_id, e.occurred_at, md5(e.text) AS digest,
+           coalesce(length(e.lexical), 0) > 0 AS indexed
+    FROM unnest(CAST(:keys AS text[])) k(conversation_key)
+    CROSS JOIN LATERAL (
+        SELECT e.id, e.conversation_key, e.sender_id, e.occurred_at, e.text, e.lexical
+        FROM events e
+        WHERE e.tenant_id = :tenant_id AND e.conversation_key = k.conversation_key
+          AND e.occurred_at >= :since AND e.occurred_at < :until
+        ORDER BY e.occurred_at DESC
+        LIMIT :window
+    ) e
+    WHERE e.sender_id = ANY(CAST(:senders AS text[]))
+      AND CAST(e.occurred_at AT TIME ZONE 'UTC' AS date) = ANY(CAST(:days AS date[]))
+    """
+)
+
+
+async def said_lately(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    conversation_keys: list[str],
+    senders: list[str],
+    moments: list[datetime],
+    window: int,
+) -> list[Any]:
+    """The events the ``senders`` told among the latest ``window`` of each of
+    ``conversation_keys`` on the days (UTC) of ``moments``: ``id``, ``conversation_key``,
+    ``sender_id``, ``occurred_at``, ``digest`` (md5 of the text) and ``indexed``."""
+    if not conversation_keys or not senders or not moments:
+        return []
+    days, since, until = days_of(moments)
+    params = {
+        "tenant_id": tenant_id,
+        "keys": conversation_keys,
+        "senders": senders,
+        "days": days,
+        "since": since,
+        "until": until,
+        "window": window,
+    }
+    return list(await session.execute(_SAID_LATELY, params))
+
+
+_UNINDEX = text(
+    """
+    UPDATE events SET lexical = CAST('' AS tsvector)
+    WHERE tenant_id = :tenant_id AND id = ANY(CAST(:ids AS text[]))
+    """
+)
+
+
+async def unindex(session: AsyncSession, tenant_id: uuid.UUID, ids: list[str]) -> None:
+    """Leave these events unindexed for words (a later copy of the same statement is)."""
+    if ids:
+        await session.execute(_UNINDEX, {"tenant_id": tenant_id, "ids": ids})
 
 
 _COLUMNS = """id, conversation_key, request_type, group_id, user_id, sender_id, request_id,

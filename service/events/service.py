@@ -14,6 +14,8 @@ from service.context import checked_moment, scope_of
 from service.errors import Invalid, NotFound
 from service.events import repository
 from service.events.schemas import EventInfo, EventPage
+from service.retrieval import floods
+from service.retrieval.floods import digest
 
 
 def page_cursor(value: str) -> tuple[datetime, str]:
@@ -62,8 +64,42 @@ async def get(session: AsyncSession, tenant_id: uuid.UUID, event_id: str) -> Eve
 
 
 async def store(session: AsyncSession, rows: list[dict[str, Any]]) -> None:
-    """Write events (insert, or replace those of the same id), in the caller's transaction."""
+    """Write events (insert, or replace those of the same id), in the caller's transaction,
+    one copy of each flood indexed for words (``copies``)."""
+    rows = [{**row, "lexical": repository.lexical_of(row["text"])} for row in rows]
+    for tenant_id in {row["tenant_id"] for row in rows}:
+        await copies(session, tenant_id, [row for row in rows if row["tenant_id"] == tenant_id])
     await repository.upsert_events(session, rows)
+
+
+async def copies(session: AsyncSession, tenant_id: uuid.UUID, rows: list[dict[str, Any]]) -> None:
+    """Index the words of one copy of each flood (``service.retrieval.floods``) among the
+    new ``rows`` and the conversations' latest stored events: the new copies left unindexed
+    get an empty ``lexical``, the stored ones lose theirs. A row replacing a stored event
+    (a job run again) takes its place."""
+    told = {row["id"]: row for row in rows if row.get("sender_id") is not None and row["lexical"]}
+    if not told:
+        return
+    replaced = {row["id"] for row in rows}
+    stored = await repository.said_lately(
+        session,
+        tenant_id,
+        sorted({row["conversation_key"] for row in told.values()}),
+        sorted({row["sender_id"] for row in told.values()}),
+        [row["occurred_at"] for row in told.values()],
+        floods.FLOOD_WINDOW,
+    )
+    found = [
+        floods.Copy(
+            s.conversation_key, s.sender_id, s.occurred_at, s.digest, (0, s.id), s.id, s.indexed
+        )
+        for s in stored
+        if s.id not in replaced
+    ]
+    for n, row in enumerate(told.values()):
+        said = (row["conversation_key"], row["sender_id"], row["occurred_at"], digest(row["text"]))
+        found.append(floods.Copy(*said, order=(1, n), ref=row, indexed=True))
+    await repository.unindex(session, tenant_id, floods.unindexed(found))
 
 
 async def nearest(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Awaitable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, time, timedelta
+from datetime import UTC, datetime, time, timedelta
 from functools import cache
 from typing import Any, NamedTuple
 
@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db.engine import uses_citus
 from service.db.vector_index import rescoring_ceiling
+from service.retrieval.floods import days_of
 from service.retrieval.fusion import distinct_nearest
 from service.retrieval.terms import held_terms_sql, term_sample, to_tsquery_literal
 
@@ -91,15 +92,16 @@ async def said_lately(
     tenant_id: uuid.UUID,
     batch: list[tuple[str, str]],
     senders: list[str],
-    days: list[date],
+    moments: list[datetime],
     window: int,
 ) -> list[Any]:
     """The messages the ``senders`` stored among the latest ``window`` of each conversation
-    of ``batch`` (conversation, message id) on ``days`` (UTC), and those of ``batch``
-    stored already: ``conversation_key``, ``message_id``, ``seq``, ``sender_id``,
+    of ``batch`` (conversation, message id) on the days (UTC) of ``moments``, and those of
+    ``batch`` stored already: ``conversation_key``, ``message_id``, ``seq``, ``sender_id``,
     ``sent_at``, ``digest`` (md5 of the text) and ``indexed`` (its words are)."""
-    if not batch or not senders or not days:
+    if not batch or not senders or not moments:
         return []
+    days, since, until = days_of(moments)
     params = {
         "tenant_id": tenant_id,
         "keys": sorted({key for key, _ in batch}),
@@ -107,8 +109,8 @@ async def said_lately(
         "batch_ids": [message_id for _, message_id in batch],
         "senders": senders,
         "days": days,
-        "since": datetime.combine(min(days), time.min, UTC),
-        "until": datetime.combine(max(days) + timedelta(days=1), time.min, UTC),
+        "since": since,
+        "until": until,
         "window": window,
     }
     return list(await session.execute(_SAID_LATELY, params))
@@ -1006,7 +1008,6 @@ async def texts_of_day(
 ) -> list[str]:
     """The texts of a conversation's messages on one local day."""
     from datetime import datetime as dt
-    from datetime import time, timedelta
 
     start = dt.combine(day, time(0), zone)
     params = {

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass
@@ -25,21 +24,14 @@ from service.privacy.service import was_erased
 from service.queue import repository as jobs
 from service.queue.payloads import ExtractPayload, NoPayload
 from service.queue.worker import JobContext
+from service.retrieval import floods
+from service.retrieval.floods import digest
 from service.retrieval.terms import terms, to_tsvector_literal
 from service.settings import Settings
 from service.tenants.service import TenantContext
 
 EMBED_JOB = "messages.embed"
 EXTRACT_JOB = "messages.extract"
-
-
-# More copies than this of one statement (a sender's words, one day) among a conversation's
-# latest FLOOD_WINDOW messages that day are a flood: only the latest is indexed for words
-# (see ``copies``). The look-up adds about 2 ms to storing a batch, as much in a group
-# holding 20,000 messages that day as in one holding 2,000 (2026-11); reading the whole day
-# would grow with it, and a flood would make every message after it dearer.
-FLOOD_COPIES = 10
-FLOOD_WINDOW = 500
 
 
 def asks_to_remember(text: str, keywords: list[str]) -> bool:
@@ -148,24 +140,11 @@ async def ingest(
 
 
 async def copies(session: AsyncSession, tenant_id: Any, rows: list[dict[str, Any]]) -> None:
-    """Index the words of one copy of each flood: a statement its sender said, word for
-    word, more than ``FLOOD_COPIES`` times among the conversation's latest ``FLOOD_WINDOW``
-    messages that day (UTC), such as a spammer's ad sent 3,000 times or a member's "收到"
-    said twenty times. The latest copy is indexed and the others left unindexed (an empty
-    ``lexical``); a stored copy loses its index when a later one comes.
-
-    So the lexical side matches a statement once, as the searches show it. A big
-    conversation's sample of a term's matches is not filled by one flood's copies: in an
-    8,001-message group where an ad naming 王芳 came 3,000 times, a search for the name did
-    not find the one member's line naming her.
-
-    Each copy keeps its vector, so the nearest find it by meaning. The same words on another
-    day, or from another member, are indexed again: another occasion, other news. The
-    latest copy is the one a person means (a chat's memory written down twice, asked about
-    by its second entry), and outlives the older ones wherever old messages go. A statement
-    said a few times is left as it is: MADial's memories written down two or three times
-    over, asked about by their last entry, lost two questions of 262 when all but the
-    latest were unindexed (hit@10 .950 -> .943; their neighbours' words count too)."""
+    """Index the words of one copy of each flood (``service.retrieval.floods``) among the
+    new ``rows`` and the conversations' latest stored messages: the new copies left
+    unindexed get an empty ``lexical``, the stored ones lose theirs. In an 8,001-message
+    group where an ad naming 王芳 came 3,000 times, a search for the name did not find the
+    one member's line naming her."""
     told: dict[tuple[str, str], dict[str, Any]] = {}
     for row in rows:  # a message id twice in a batch is stored once, the first
         if row["sender_id"] is not None and row["lexical"]:
@@ -177,33 +156,20 @@ async def copies(session: AsyncSession, tenant_id: Any, rows: list[dict[str, Any
         tenant_id,
         list(told),
         sorted({r["sender_id"] for r in told.values()}),
-        sorted({r["sent_at"].astimezone(UTC).date() for r in told.values()}),
-        FLOOD_WINDOW,
+        [r["sent_at"] for r in told.values()],
+        floods.FLOOD_WINDOW,
     )
-    # Each statement's copies, stored and new (a new message repeating a stored id is the
-    # stored one: it will not be inserted), in the order they were said and stored.
-    statements: dict[tuple[Any, ...], list[tuple[Any, ...]]] = defaultdict(list)
+    found = []
     for s in stored:
-        told.pop((s.conversation_key, s.message_id), None)
-        at = s.sent_at.astimezone(UTC)
-        mark = (s.conversation_key, s.sender_id, at.date(), s.digest)
-        statements[mark].append(((at, 0, s.seq), (s.conversation_key, s.message_id), s.indexed))
+        # A new message repeating a stored id is the stored one: it will not be inserted.
+        key = (s.conversation_key, s.message_id)
+        told.pop(key, None)
+        said = (s.conversation_key, s.sender_id, s.sent_at, s.digest)
+        found.append(floods.Copy(*said, order=(0, s.seq), ref=key, indexed=s.indexed))
     for n, row in enumerate(told.values()):
-        digest = hashlib.md5(row["text"].encode(), usedforsecurity=False).hexdigest()
-        at = row["sent_at"].astimezone(UTC)
-        mark = (row["conversation_key"], row["sender_id"], at.date(), digest)
-        statements[mark].append(((at, 1, n), row, True))
-    unindexed = []
-    for found in statements.values():
-        found.sort(key=lambda copy: copy[0])
-        *older, (_, _, latest_indexed) = found
-        if len(found) <= FLOOD_COPIES or not latest_indexed:
-            continue  # not a flood; or left so by a batch stored beside this one
-        for _, copy, indexed in older:
-            if isinstance(copy, dict):
-                copy["lexical"] = ""
-            elif indexed:
-                unindexed.append(copy)
+        said = (row["conversation_key"], row["sender_id"], row["sent_at"], digest(row["text"]))
+        found.append(floods.Copy(*said, order=(1, n), ref=row, indexed=True))
+    unindexed = floods.unindexed(found)
     await repository.unindex(session, tenant_id, unindexed)
 
 
