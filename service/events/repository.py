@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from service.db.rows import dicts
 from service.db.vector_index import rescoring_ceiling
 from service.errors import Invalid
-from service.retrieval.floods import days_of
+from service.retrieval.floods import lately, said_lately_sql
 from service.retrieval.terms import (
     held_terms_sql,
     term_sample,
@@ -113,21 +113,7 @@ async def upsert_events(session: AsyncSession, rows: list[dict[str, Any]]) -> No
 # events of a conversation on those days are read (through its time index), so that a flood
 # does not make every event after it dearer to store.
 _SAID_LATELY = text(
-    """
-    SELECT e.id, e.conversation_key, e.sender_id, e.occurred_at, md5(e.text) AS digest,
-           coalesce(length(e.lexical), 0) > 0 AS indexed
-    FROM unnest(CAST(:keys AS text[])) k(conversation_key)
-    CROSS JOIN LATERAL (
-        SELECT e.id, e.conversation_key, e.sender_id, e.occurred_at, e.text, e.lexical
-        FROM events e
-        WHERE e.tenant_id = :tenant_id AND e.conversation_key = k.conversation_key
-          AND e.occurred_at >= :since AND e.occurred_at < :until
-        ORDER BY e.occurred_at DESC
-        LIMIT :window
-    ) e
-    WHERE e.sender_id = ANY(CAST(:senders AS text[]))
-      AND CAST(e.occurred_at AT TIME ZONE 'UTC' AS date) = ANY(CAST(:days AS date[]))
-    """
+    said_lately_sql("events", "r.id, r.conversation_key, r.sender_id, r.occurred_at", "occurred_at")
 )
 
 
@@ -137,23 +123,13 @@ async def said_lately(
     conversation_keys: list[str],
     senders: list[str],
     moments: list[datetime],
-    window: int,
 ) -> list[Any]:
-    """The events the ``senders`` told among the latest ``window`` of each of
+    """The events the ``senders`` told among the latest ``FLOOD_WINDOW`` of each of
     ``conversation_keys`` on the days (UTC) of ``moments``: ``id``, ``conversation_key``,
     ``sender_id``, ``occurred_at``, ``digest`` (md5 of the text) and ``indexed``."""
     if not conversation_keys or not senders or not moments:
         return []
-    days, since, until = days_of(moments)
-    params = {
-        "tenant_id": tenant_id,
-        "keys": conversation_keys,
-        "senders": senders,
-        "days": days,
-        "since": since,
-        "until": until,
-        "window": window,
-    }
+    params = lately(tenant_id, conversation_keys, senders, moments)
     return list(await session.execute(_SAID_LATELY, params))
 
 

@@ -87,7 +87,6 @@ async def copies(session: AsyncSession, tenant_id: uuid.UUID, rows: list[dict[st
         sorted({row["conversation_key"] for row in told.values()}),
         sorted({row["sender_id"] for row in told.values()}),
         [row["occurred_at"] for row in told.values()],
-        floods.FLOOD_WINDOW,
     )
     found = [
         floods.Copy(

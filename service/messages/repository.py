@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db.engine import uses_citus
 from service.db.vector_index import rescoring_ceiling
-from service.retrieval.floods import days_of
+from service.retrieval.floods import lately, said_lately_sql
 from service.retrieval.fusion import distinct_nearest
 from service.retrieval.terms import held_terms_sql, term_sample, to_tsquery_literal
 
@@ -62,27 +62,16 @@ async def insert_messages(
 # :window messages of a conversation on those days are read (through its time index), so
 # that a flood does not make every message after it dearer to store; and the batch's own
 # ids wherever they are (a batch sent again: its messages are stored already).
+_SAID_COLUMNS = "r.conversation_key, r.message_id, r.seq, r.sender_id, r.sent_at"
 _SAID_LATELY = text(
-    """
-    SELECT m.conversation_key, m.message_id, m.seq, m.sender_id, m.sent_at,
-           md5(m.text) AS digest, coalesce(length(m.lexical), 0) > 0 AS indexed
-    FROM unnest(CAST(:keys AS text[])) k(conversation_key)
-    CROSS JOIN LATERAL (
-        SELECT * FROM messages m
-        WHERE m.tenant_id = :tenant_id AND m.conversation_key = k.conversation_key
-          AND m.sent_at >= :since AND m.sent_at < :until
-        ORDER BY m.sent_at DESC
-        LIMIT :window
-    ) m
-    WHERE m.sender_id = ANY(CAST(:senders AS text[]))
-      AND CAST(m.sent_at AT TIME ZONE 'UTC' AS date) = ANY(CAST(:days AS date[]))
+    said_lately_sql("messages", _SAID_COLUMNS, "sent_at")
+    + f"""
     UNION
-    SELECT m.conversation_key, m.message_id, m.seq, m.sender_id, m.sent_at,
-           md5(m.text) AS digest, coalesce(length(m.lexical), 0) > 0 AS indexed
+    SELECT {_SAID_COLUMNS}, md5(r.text) AS digest, coalesce(length(r.lexical), 0) > 0 AS indexed
     FROM unnest(CAST(:batch_keys AS text[]), CAST(:batch_ids AS text[]))
          AS b(conversation_key, message_id)
-    JOIN messages m ON m.tenant_id = :tenant_id AND m.conversation_key = b.conversation_key
-                   AND m.message_id = b.message_id
+    JOIN messages r ON r.tenant_id = :tenant_id AND r.conversation_key = b.conversation_key
+                   AND r.message_id = b.message_id
     """
 )
 
@@ -93,26 +82,17 @@ async def said_lately(
     batch: list[tuple[str, str]],
     senders: list[str],
     moments: list[datetime],
-    window: int,
 ) -> list[Any]:
-    """The messages the ``senders`` stored among the latest ``window`` of each conversation
-    of ``batch`` (conversation, message id) on the days (UTC) of ``moments``, and those of
-    ``batch`` stored already: ``conversation_key``, ``message_id``, ``seq``, ``sender_id``,
-    ``sent_at``, ``digest`` (md5 of the text) and ``indexed`` (its words are)."""
+    """The messages the ``senders`` stored among the latest ``FLOOD_WINDOW`` of each
+    conversation of ``batch`` (conversation, message id) on the days (UTC) of ``moments``,
+    and those of ``batch`` stored already: ``conversation_key``, ``message_id``, ``seq``,
+    ``sender_id``, ``sent_at``, ``digest`` (md5 of the text) and ``indexed`` (its words
+    are)."""
     if not batch or not senders or not moments:
         return []
-    days, since, until = days_of(moments)
-    params = {
-        "tenant_id": tenant_id,
-        "keys": sorted({key for key, _ in batch}),
-        "batch_keys": [key for key, _ in batch],
-        "batch_ids": [message_id for _, message_id in batch],
-        "senders": senders,
-        "days": days,
-        "since": since,
-        "until": until,
-        "window": window,
-    }
+    params = lately(tenant_id, (key for key, _ in batch), senders, moments)
+    params["batch_keys"] = [key for key, _ in batch]
+    params["batch_ids"] = [message_id for _, message_id in batch]
     return list(await session.execute(_SAID_LATELY, params))
 
 

@@ -157,7 +157,6 @@ async def copies(session: AsyncSession, tenant_id: Any, rows: list[dict[str, Any
         list(told),
         sorted({r["sender_id"] for r in told.values()}),
         [r["sent_at"] for r in told.values()],
-        floods.FLOOD_WINDOW,
     )
     found = []
     for s in stored:

@@ -59,13 +59,42 @@ def digest(text: str) -> str:
     return hashlib.md5(text.encode(), usedforsecurity=False).hexdigest()
 
 
-def days_of(moments: Iterable[datetime]) -> tuple[list[date], datetime, datetime]:
-    """The UTC days of these moments, sorted, and the range they span (start of the first
-    to the end of the last)."""
+def lately(
+    tenant_id: Any, keys: Iterable[str], senders: Iterable[str], moments: Iterable[datetime]
+) -> dict[str, Any]:
+    """The parameters of a look-up of what ``senders`` said lately in the conversations
+    ``keys``: the latest ``window`` rows of each on the UTC ``days`` of ``moments``, between
+    ``since`` and ``until`` (the start of the first day, the end of the last)."""
     days = sorted({at.astimezone(UTC).date() for at in moments})
-    since = datetime.combine(days[0], time.min, UTC)
-    until = datetime.combine(days[-1] + timedelta(days=1), time.min, UTC)
-    return days, since, until
+    return {
+        "tenant_id": tenant_id,
+        "keys": sorted(set(keys)),
+        "senders": sorted(set(senders)),
+        "days": days,
+        "since": datetime.combine(days[0], time.min, UTC),
+        "until": datetime.combine(days[-1] + timedelta(days=1), time.min, UTC),
+        "window": FLOOD_WINDOW,
+    }
+
+
+def said_lately_sql(table: str, columns: str, at: str) -> str:
+    """SQL of what :senders said lately in the conversations :keys (the parameters of
+    ``lately``): ``columns`` (of the rows, as ``r``), the ``digest`` of each text and whether
+    its words are ``indexed``, of the rows among each conversation's latest :window on the
+    :days, read through its time index (``at``, the time column)."""
+    return f"""
+    SELECT {columns}, md5(r.text) AS digest, coalesce(length(r.lexical), 0) > 0 AS indexed
+    FROM unnest(CAST(:keys AS text[])) k(conversation_key)
+    CROSS JOIN LATERAL (
+        SELECT * FROM {table} r
+        WHERE r.tenant_id = :tenant_id AND r.conversation_key = k.conversation_key
+          AND r.{at} >= :since AND r.{at} < :until
+        ORDER BY r.{at} DESC
+        LIMIT :window
+    ) r
+    WHERE r.sender_id = ANY(CAST(:senders AS text[]))
+      AND CAST(r.{at} AT TIME ZONE 'UTC' AS date) = ANY(CAST(:days AS date[]))
+    """
 
 
 def flooded(copies: Iterable[Copy]) -> list[Copy]:
