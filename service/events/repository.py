@@ -568,12 +568,14 @@ def _lexical(time_from: bool, time_to: bool, reading: str = "best") -> TextClaus
             FROM anywhere a, unnest({held_terms_sql("a.lexical", "(SELECT terms FROM asked)")}) t
         ),
         cut AS MATERIALIZED (
-            -- Where more events hold a term than that look-up took, each term it found fewer
-            -- of than a term's share (``term_sample``) is looked up on its own too, for
-            -- that share: a frequent term's matches (a flood's) cannot fill the look-up
-            -- and leave out the few events holding a rare one (a name). A term it found
-            -- that many of is sampled enough.
-            SELECT q.query
+            -- Where more events hold a term than that look-up took, the terms it found
+            -- fewer of than a term's share (``term_sample``) are looked up again, on their
+            -- own, for that share each: a frequent term's matches (a flood's) cannot fill
+            -- the look-up and leave out the few events holding a rare one (a name). A term
+            -- it found that many of is sampled enough. One look-up for all of them: a
+            -- pasted paragraph's hundred rare terms cost one, not a hundred.
+            SELECT CAST(string_agg(q.query, ' | ') AS tsquery) AS tsquery,
+                   count(*) * CAST(:per_term AS integer) AS most
             FROM unnest(CAST(:terms AS text[]), CAST(:term_queries AS text[])) q(term, query)
             WHERE (SELECT count(*) FROM anywhere) >= CAST(:max_matches AS integer)
               AND q.term NOT IN (
@@ -591,13 +593,13 @@ def _lexical(time_from: bool, time_to: bool, reading: str = "best") -> TextClaus
               AND {_filters("e", time_from, time_to)}
               AND e.lexical @@ (SELECT tsquery FROM asked)
             UNION ALL
-            SELECT DISTINCT ON (t.id) t.id, t.lexical
-            FROM cut q, memoria_event_term_matches(
-                CAST(:conversation_keys AS text[]), CAST(q.query AS tsquery),
+            SELECT t.id, t.lexical
+            FROM cut c, memoria_event_term_matches(
+                CAST(:conversation_keys AS text[]), c.tsquery,
                 CAST(:time_from AS timestamptz), CAST(:time_to AS timestamptz),
-                CAST(:per_term AS integer)
+                CAST(c.most AS integer)
             ) t
-            WHERE t.id NOT IN (SELECT id FROM anywhere)
+            WHERE c.tsquery IS NOT NULL AND t.id NOT IN (SELECT id FROM anywhere)
         ),
         hits AS MATERIALIZED (
             SELECT * FROM found
