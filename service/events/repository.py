@@ -561,25 +561,25 @@ def _lexical(time_from: bool, time_to: bool, reading: str = "best") -> TextClaus
             ) m
             WHERE NOT (SELECT documents < CAST(:direct_below AS integer) FROM counted)
         ),
-        found AS MATERIALIZED (
-            -- Its matches' asked terms (see held_terms_sql).
+        held AS MATERIALIZED (
+            -- The asked terms of its matches (see held_terms_sql).
             SELECT a.id, t.lexeme AS term, coalesce(cardinality(t.positions), 1) AS tf,
                    length(a.lexical) AS length
             FROM anywhere a, unnest({held_terms_sql("a.lexical", "(SELECT terms FROM asked)")}) t
         ),
         cut AS MATERIALIZED (
             -- Where more events hold a term than that look-up took, the terms it found
-            -- fewer of than a term's share (``term_sample``) are looked up again, on their
-            -- own, for that share each: a frequent term's matches (a flood's) cannot fill
-            -- the look-up and leave out the few events holding a rare one (a name). A term
-            -- it found that many of is sampled enough. One look-up for all of them: a
-            -- pasted paragraph's hundred rare terms cost one, not a hundred.
+            -- fewer of than a term's share (``term_sample``) are looked up again, without
+            -- the others, for their shares summed: a frequent term's matches (a flood's)
+            -- cannot fill the look-up and leave out the few events holding a rare one (a
+            -- name). A term it found that many of is sampled enough. One look-up for all
+            -- of them: a pasted paragraph's hundred rare terms cost one, not a hundred.
             SELECT CAST(string_agg(q.query, ' | ') AS tsquery) AS tsquery,
                    count(*) * CAST(:per_term AS integer) AS most
             FROM unnest(CAST(:terms AS text[]), CAST(:term_queries AS text[])) q(term, query)
             WHERE (SELECT count(*) FROM anywhere) >= CAST(:max_matches AS integer)
               AND q.term NOT IN (
-                  SELECT term FROM found GROUP BY term
+                  SELECT term FROM held GROUP BY term
                   HAVING count(*) >= CAST(:per_term AS integer))
         ),
         matched AS MATERIALIZED (
@@ -602,7 +602,7 @@ def _lexical(time_from: bool, time_to: bool, reading: str = "best") -> TextClaus
             WHERE c.tsquery IS NOT NULL AND t.id NOT IN (SELECT id FROM anywhere)
         ),
         hits AS MATERIALIZED (
-            SELECT * FROM found
+            SELECT * FROM held
             UNION ALL
             SELECT m.id, t.lexeme AS term, coalesce(cardinality(t.positions), 1) AS tf,
                    length(m.lexical) AS length
