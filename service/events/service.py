@@ -15,7 +15,6 @@ from service.errors import Invalid, NotFound
 from service.events import repository
 from service.events.schemas import EventInfo, EventPage
 from service.retrieval import floods
-from service.retrieval.floods import digest
 
 
 def page_cursor(value: str) -> tuple[datetime, str]:
@@ -95,9 +94,7 @@ async def copies(session: AsyncSession, tenant_id: uuid.UUID, rows: list[dict[st
         for s in stored
         if s.id not in replaced
     ]
-    for n, row in enumerate(told.values()):
-        said = (row["conversation_key"], row["sender_id"], row["occurred_at"], digest(row["text"]))
-        found.append(floods.Copy(*said, order=(1, n), ref=row, indexed=True))
+    found += floods.new_copies(told.values(), "occurred_at")
     await repository.unindex(session, tenant_id, floods.unindexed(found))
 
 

@@ -25,7 +25,6 @@ from service.queue import repository as jobs
 from service.queue.payloads import ExtractPayload, NoPayload
 from service.queue.worker import JobContext
 from service.retrieval import floods
-from service.retrieval.floods import digest
 from service.retrieval.terms import terms, to_tsvector_literal
 from service.settings import Settings
 from service.tenants.service import TenantContext
@@ -165,11 +164,8 @@ async def copies(session: AsyncSession, tenant_id: Any, rows: list[dict[str, Any
         told.pop(key, None)
         said = (s.conversation_key, s.sender_id, s.sent_at, s.digest)
         found.append(floods.Copy(*said, order=(0, s.seq), ref=key, indexed=s.indexed))
-    for n, row in enumerate(told.values()):
-        said = (row["conversation_key"], row["sender_id"], row["sent_at"], digest(row["text"]))
-        found.append(floods.Copy(*said, order=(1, n), ref=row, indexed=True))
-    unindexed = floods.unindexed(found)
-    await repository.unindex(session, tenant_id, unindexed)
+    found += floods.new_copies(told.values(), "sent_at")
+    await repository.unindex(session, tenant_id, floods.unindexed(found))
 
 
 def _sent_at(value: datetime | None, zone: str, n: int) -> datetime:

@@ -97,6 +97,23 @@ def said_lately_sql(table: str, columns: str, at: str) -> str:
     """
 
 
+def new_copies(rows: Iterable[dict[str, Any]], at: str) -> list[Copy]:
+    """New rows (``conversation_key``, ``sender_id``, ``text`` and the time column ``at``)
+    as copies, in the order given, each after the stored ones said at the same moment."""
+    return [
+        Copy(
+            row["conversation_key"],
+            row["sender_id"],
+            row[at],
+            digest(row["text"]),
+            (1, n),
+            row,
+            True,
+        )
+        for n, row in enumerate(rows)
+    ]
+
+
 def flooded(copies: Iterable[Copy]) -> list[Copy]:
     """The copies to leave unindexed: of each statement with more than ``FLOOD_COPIES``
     copies, every indexed one but the latest. A statement whose latest copy is unindexed
