@@ -47,6 +47,20 @@ def line(rng: np.random.Generator, n: int) -> str:
     return f"我们在{place}{doing}，第{n % 13}次了" if n % 50 else "张三的猫阿福打翻了鱼缸"
 
 
+def varied(text: str, n: int) -> str:
+    """The ``n``-th copy of a spammer's ``text``, varied as spammers vary copies to pass for
+    new text: digits, emoji, punctuation, spacing, zero-width and full-width characters."""
+    return (
+        text,
+        f"{text}【{n}】",
+        text.replace(" ", "\u3000") + "！" * (n % 3 + 1),
+        f"{text} 😀{n}",
+        f"{text[:1]}\u200b{text[1:]}",
+        f"{n:,} {text}!!",
+        f"{text}（{str(n).translate(str.maketrans('0123456789', '０１２３４５６７８９'))}）",
+    )[n % 7]
+
+
 @pytest.fixture
 async def db(db_url: str) -> AsyncIterator[Database]:
     database = Database(db_url, pool_size=4)
@@ -1516,13 +1530,15 @@ async def test_a_flood_in_a_big_group_leaves_the_asked_words_of_others_found(
     db: Database,
 ) -> None:
     """A group of 8,001 messages (big enough that a term's matches are sampled through the
-    index, at most 2,000): a spammer sends an ad naming 王芳 3,000 times over three days, a
-    member says one line naming her, another member forwards the ad once. Asked the name
-    (meaning says nothing: an unrelated query vector), the archive shows the member's line,
-    the ad once and the forward. Before, the ad's copies filled the sample and the line was
+    index, at most 2,000): a spammer sends an ad naming 王芳 3,000 times over three days,
+    each copy varied (digits, emoji, spacing, zero-width characters: ``varied``), a member
+    says one line naming her, another member forwards the ad once. Asked the name (meaning
+    says nothing: an unrelated query vector), the archive shows the member's line, the ad
+    at most once a day and the forward. Before, the ad's copies filled the sample and the line was
     not found. The spammer's copies are each kept with their vector; one a day is indexed
     for its words, the latest, and a search over the third day alone finds it there by its
-    words. A member's line said ten times is left as it is; the eleventh makes it a flood."""
+    words. A member's line said ten times is left as it is; the eleventh makes it a flood,
+    however each copy is varied."""
     from service.messages.schemas import MessageBatch
     from service.messages.service import EMBED_JOB, Archivist, ingest
     from service.queue.repository import ClaimedJob
@@ -1534,7 +1550,7 @@ async def test_a_flood_in_a_big_group_leaves_the_asked_words_of_others_found(
     async with db.system() as session:
         context = await tenant_context(session, tenant, Settings())
     group, ad, line_of_hers = "flood%:big", "王芳 买车找我", "王芳明天去杭州出差"
-    said = [("ads", ad)] * 3_000 + [("m01", line_of_hers), ("m02", ad)]
+    said = [("ads", varied(ad, n)) for n in range(3_000)] + [("m01", line_of_hers), ("m02", ad)]
     said += [(f"m{n % 30:02d}", line(rng, n)) for n in range(4_999)]
     said = [said[n] for n in rng.permutation(len(said))]
     # Three days, in order; the spammer's copies spread over all three.
@@ -1560,11 +1576,10 @@ async def test_a_flood_in_a_big_group_leaves_the_asked_words_of_others_found(
         hits = (await archive.search(session, context, request, model)).messages  # type: ignore[arg-type]
     shown = [(hit.sender_id, hit.text) for hit in hits]
     assert ("m01", line_of_hers) in shown and ("m02", ad) in shown, shown
-    assert shown.count(("ads", ad)) == 1 and len(shown) == 12
+    # At most one copy a day (the copies differ, so each day's is its own text).
+    assert 1 <= [who for who, _ in shown].count("ads") <= 3 and len(shown) == 12, shown
 
-    days = {
-        (START + timedelta(seconds=30 * n)).date() for n, s in enumerate(said) if s == ("ads", ad)
-    }
+    days = {(START + timedelta(seconds=30 * n)).date() for n, s in enumerate(said) if s[0] == "ads"}
     assert len(days) == 3
     async with db.system() as session:
         indexed, embedded = (
@@ -1599,7 +1614,7 @@ async def test_a_flood_in_a_big_group_leaves_the_asked_words_of_others_found(
             time_to=datetime.combine(third, datetime.max.time(), UTC),
         )
         hits = (await archive.search(session, context, request, model)).messages  # type: ignore[arg-type]
-    assert ("ads", ad) in [(hit.sender_id, hit.text) for hit in hits]
+    assert "ads" in [hit.sender_id for hit in hits]
     assert all(hit.sent_at.date() == third for hit in hits)
 
     # A line said a few times a day is left as it is; past ten times lately, a flood.
@@ -1611,7 +1626,7 @@ async def test_a_flood_in_a_big_group_leaves_the_asked_words_of_others_found(
                 {
                     "message_id": f"ack{i}",
                     "sender_id": "m03",
-                    "text": "收到收到",
+                    "text": varied("收到 收到", i),
                     "sent_at": times[-1] + timedelta(seconds=i + 1),
                 }
                 for i in range(first, first + n)
@@ -1622,7 +1637,7 @@ async def test_a_flood_in_a_big_group_leaves_the_asked_words_of_others_found(
         async with db.system() as session:
             indexed = text(
                 "SELECT count(*) FROM messages WHERE tenant_id = :t AND sender_id = 'm03'"
-                " AND text = '收到收到' AND length(lexical) > 0"
+                " AND message_id LIKE 'ack%' AND length(lexical) > 0"
             )
             return int((await session.execute(indexed, {"t": tenant})).scalar_one())
 
@@ -1632,13 +1647,15 @@ async def test_a_flood_in_a_big_group_leaves_the_asked_words_of_others_found(
 
 async def test_a_flood_of_events_leaves_the_asked_words_of_others_found(db: Database) -> None:
     """The historian writes a group's events a job at a time: 8,003 of them over three days,
-    3,000 an ad naming 王芳 (a bot that notes every line it sees), three where 王芳 herself
-    talks, first, midway and last, and one member's forward of the ad. Asked the name
+    3,000 an ad naming 王芳 (a bot that notes every line it sees), each copy varied as a
+    spammer varies them (``varied``), three where 王芳 herself talks, first, midway and last,
+    and one member's forward of the ad. Asked the name
     (meaning says nothing: an unrelated query vector), the event search shows her three
     lines, the ad once a day and the forward. Before, the ad's copies filled the look-up of the
     name's matches (at most 2,000, read by time or as stored) and one of hers was always
     left out. Every copy keeps its vector; one a day is indexed for words, the latest, and
-    stays so when a job is run again. A line told ten times is left as it is."""
+    stays so when a job is run again. A line told ten times is left as it is; the eleventh,
+    varied, makes it a flood."""
     from service.events import service as event_service
     from service.recall.schemas import EventSearch
     from service.recall.service import Reader
@@ -1646,7 +1663,7 @@ async def test_a_flood_of_events_leaves_the_asked_words_of_others_found(db: Data
     rng = np.random.default_rng(49)
     tenant = await new_tenant_id(db, "event-flood")
     group, ad = "flood%:events", "王芳 买车找我"
-    said = [("ads", ad)] * 3_000 + [("m02", ad)]
+    said = [("ads", varied(ad, n)) for n in range(3_000)] + [("m02", ad)]
     said += [(f"m{n % 30:02d}", line(rng, n)) for n in range(4_999)]
     said = [said[n] for n in rng.permutation(len(said))]
     hers = ["王芳明天去杭州出差", "王芳说杭州下雨了", "王芳从杭州回来了"]
@@ -1661,7 +1678,7 @@ async def test_a_flood_of_events_leaves_the_asked_words_of_others_found(db: Data
                 f"e:{n}/%",
                 f"g:{group}",
                 START + timedelta(seconds=30 * n),
-                ad_vector if body == ad else vectors[n],
+                ad_vector if who == "ads" else vectors[n],
             ),
             "text": body,
             "sender_id": who,
@@ -1685,7 +1702,8 @@ async def test_a_flood_of_events_leaves_the_asked_words_of_others_found(db: Data
 
     found = await shown()
     assert all(("m01", body) in found for body in hers) and ("m02", ad) in found, found
-    assert found.count(("ads", ad)) == 3  # once a day: each day's is another occasion
+    # Once a day: each day's is another occasion.
+    assert [who for who, _ in found].count("ads") == 3, found
 
     counts = text(
         "SELECT count(*) FILTER (WHERE length(e.lexical) > 0), count(v.event_id) FROM events e"
@@ -1719,7 +1737,7 @@ async def test_a_flood_of_events_leaves_the_asked_words_of_others_found(db: Data
                     START + timedelta(seconds=30 * len(said) + i),
                     ad_vector,
                 ),
-                "text": "收到收到",
+                "text": varied("收到 收到", i),
                 "sender_id": "m03",
             }
             for i in range(first, first + n)
@@ -1729,7 +1747,7 @@ async def test_a_flood_of_events_leaves_the_asked_words_of_others_found(db: Data
         async with db.system() as session:
             indexed = text(
                 "SELECT count(*) FROM events WHERE tenant_id = :t AND sender_id = 'm03'"
-                " AND text = '收到收到' AND length(lexical) > 0"
+                " AND id LIKE 'ack:%' AND length(lexical) > 0"
             )
             return int((await session.execute(indexed, {"t": tenant})).scalar_one())
 

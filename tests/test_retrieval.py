@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from service.embedding.base import Calibration
+from service.retrieval import floods
 from service.retrieval.dates import MAX_NAMED, days_named, envelope, on_days
 from service.retrieval.fusion import (
     decay,
@@ -159,6 +160,45 @@ def test_only_the_same_statement_is_dropped_not_news_that_reads_alike() -> None:
     # Without vectors only the same words (spacing and punctuation aside) repeat.
     assert first_distinct(texts, [None] * 4, 4, 0.97) == [0, 1, 3]
     assert first_distinct([], [], 3, 0.97) == []
+
+
+def test_copies_varied_to_pass_for_new_text_are_one_statement_and_other_words_are_not() -> None:
+    """A spammer varies each copy so that it is not the same text: a counter, emoji,
+    punctuation, spacing, case, full-width and zero-width characters. Each is the same
+    statement (one digest); past ten copies a day, all but the latest are left unindexed.
+    Other words stay other statements, so do a bot's notices told apart by a number within
+    their words, and a text of no letters is told by its digits."""
+    ad = "王芳 买车找我 Call NOW"
+    copies = [
+        ad,
+        "王芳买车找我call now【1372】",
+        "王芳\u3000买车找我\u3000ＣＡＬＬ ＮＯＷ！！！",
+        "😀 王芳 买车找我 Call NOW 😀😀 12:30",
+        "王\u200b芳 买车\u200d找我 Call-NOW",
+        "王芳，买车：找我；Call_NOW ~~~ #88",
+    ]
+    assert len({floods.digest(copy) for copy in copies}) == 1
+    others = ["王芳 买房找我 Call NOW", "王芳 买车找他 Call NOW", "666", "888", "？？", "!!"]
+    others += ["PR #1234 merged", "PR #1235 merged", "订单 12345 已发货", "订单 12346 已发货"]
+    assert len({floods.digest(text) for text in [ad, *others]}) == len(others) + 1
+    assert floods.digest("６６ 6") == floods.digest("666")
+
+    # Words past the first SHAPE_CHARS characters are not read, however long the text.
+    long = "王芳买车找我" * 200_000
+    assert floods.digest(long) == floods.digest(long[: floods.SHAPE_CHARS] + "另一段话")
+
+    at = datetime(2026, 3, 1, 8, tzinfo=UTC)
+
+    def rows(n: int) -> list[dict[str, object]]:
+        return [
+            {"conversation_key": "g:1", "sender_id": "ads", "text": copies[i % 6], "at": at}
+            for i in range(n)
+        ]
+
+    assert floods.unindexed(floods.new_copies(rows(10), "at")) == []
+    eleven = rows(11)
+    floods.unindexed(floods.new_copies(eleven, "at"))
+    assert ["lexical" in row for row in eleven] == [True] * 10 + [False]
 
 
 def test_a_flood_of_long_near_copies_is_told_apart_quickly() -> None:

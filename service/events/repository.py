@@ -109,9 +109,9 @@ async def upsert_events(session: AsyncSession, rows: list[dict[str, Any]]) -> No
 
 
 # What these senders said lately in these conversations on these days (UTC): each event's
-# id, time, a digest of its text and whether its words are indexed. Only the latest :window
-# events of a conversation on those days are read (through its time index), so that a flood
-# does not make every event after it dearer to store.
+# id, time, its text (as far as a flood's copies are compared) and whether its words are
+# indexed. Only the latest :window events of a conversation on those days are read (through
+# its time index), so that a flood does not make every event after it dearer to store.
 _SAID_LATELY = text(
     said_lately_sql("events", "r.id, r.conversation_key, r.sender_id, r.occurred_at", "occurred_at")
 )
@@ -126,7 +126,8 @@ async def said_lately(
 ) -> list[Any]:
     """The events the ``senders`` told among the latest ``FLOOD_WINDOW`` of each of
     ``conversation_keys`` on the days (UTC) of ``moments``: ``id``, ``conversation_key``,
-    ``sender_id``, ``occurred_at``, ``digest`` (md5 of the text) and ``indexed``."""
+    ``sender_id``, ``occurred_at``, ``text`` (as far as ``floods.shape`` reads) and
+    ``indexed``."""
     if not conversation_keys or not senders or not moments:
         return []
     params = lately(tenant_id, conversation_keys, senders, moments)

@@ -89,7 +89,13 @@ async def copies(session: AsyncSession, tenant_id: uuid.UUID, rows: list[dict[st
     )
     found = [
         floods.Copy(
-            s.conversation_key, s.sender_id, s.occurred_at, s.digest, (0, s.id), s.id, s.indexed
+            s.conversation_key,
+            s.sender_id,
+            s.occurred_at,
+            floods.digest(s.text),
+            (0, s.id),
+            s.id,
+            s.indexed,
         )
         for s in stored
         if s.id not in replaced

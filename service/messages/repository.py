@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db.engine import uses_citus
 from service.db.vector_index import rescoring_ceiling
-from service.retrieval.floods import lately, said_lately_sql
+from service.retrieval.floods import lately, said_lately_sql, said_text
 from service.retrieval.fusion import distinct_nearest
 from service.retrieval.terms import held_terms_sql, term_sample, to_tsquery_literal
 
@@ -58,16 +58,17 @@ async def insert_messages(
 
 
 # What a batch's senders said lately in its conversations on its days (UTC): each message's
-# id, time, a digest of its text and whether its words are indexed. Only the latest
-# :window messages of a conversation on those days are read (through its time index), so
-# that a flood does not make every message after it dearer to store; and the batch's own
-# ids wherever they are (a batch sent again: its messages are stored already).
+# id, time, its text (as far as a flood's copies are compared) and whether its words are
+# indexed. Only the latest :window messages of a conversation on those days are read
+# (through its time index), so that a flood does not make every message after it dearer to
+# store; and the batch's own ids wherever they are (a batch sent again: its messages are
+# stored already).
 _SAID_COLUMNS = "r.conversation_key, r.message_id, r.seq, r.sender_id, r.sent_at"
 _SAID_LATELY = text(
     said_lately_sql("messages", _SAID_COLUMNS, "sent_at")
     + f"""
     UNION
-    SELECT {_SAID_COLUMNS}, md5(r.text) AS digest, coalesce(length(r.lexical), 0) > 0 AS indexed
+    SELECT {_SAID_COLUMNS}, {said_text("r")}, coalesce(length(r.lexical), 0) > 0 AS indexed
     FROM unnest(CAST(:batch_keys AS text[]), CAST(:batch_ids AS text[]))
          AS b(conversation_key, message_id)
     JOIN messages r ON r.tenant_id = :tenant_id AND r.conversation_key = b.conversation_key
@@ -86,8 +87,8 @@ async def said_lately(
     """The messages the ``senders`` stored among the latest ``FLOOD_WINDOW`` of each
     conversation of ``batch`` (conversation, message id) on the days (UTC) of ``moments``,
     and those of ``batch`` stored already: ``conversation_key``, ``message_id``, ``seq``,
-    ``sender_id``, ``sent_at``, ``digest`` (md5 of the text) and ``indexed`` (its words
-    are)."""
+    ``sender_id``, ``sent_at``, ``text`` (as far as ``floods.shape`` reads) and ``indexed``
+    (its words are)."""
     if not batch or not senders or not moments:
         return []
     params = lately(tenant_id, (key for key, _ in batch), senders, moments)

@@ -162,7 +162,7 @@ async def copies(session: AsyncSession, tenant_id: Any, rows: list[dict[str, Any
         # A new message repeating a stored id is the stored one: it will not be inserted.
         key = (s.conversation_key, s.message_id)
         told.pop(key, None)
-        said = (s.conversation_key, s.sender_id, s.sent_at, s.digest)
+        said = (s.conversation_key, s.sender_id, s.sent_at, floods.digest(s.text))
         found.append(floods.Copy(*said, order=(0, s.seq), ref=key, indexed=s.indexed))
     found += floods.new_copies(told.values(), "sent_at")
     await repository.unindex(session, tenant_id, floods.unindexed(found))

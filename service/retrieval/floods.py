@@ -1,6 +1,11 @@
 """Floods: one statement said over and over, indexed for words once.
 
-A statement is what one sender said on one day (UTC), word for word. More copies of it than
+A statement is what one sender said on one day (UTC), word for word as a reader reads it:
+what a spammer varies from copy to copy to pass for new text, and a reader passes over
+(emoji, punctuation, spacing, case, full-width forms, zero-width characters, a number
+before or after the words such as "【1372】"), is not read (``shape``). A number within the
+words is read: a bot's "PR #1234 merged" and "PR #1235 merged" are two statements, each
+indexed, however many a day. More copies of it than
 ``FLOOD_COPIES`` among a conversation's latest ``FLOOD_WINDOW`` rows of that day are a
 flood, such as a spammer's ad sent 3,000 times or a member's "收到" said twenty times: only
 its latest copy is indexed for words, the others are left unindexed (an empty ``lexical``),
@@ -25,6 +30,9 @@ every row after it dearer to store.
 from __future__ import annotations
 
 import hashlib
+import re
+import string
+import unicodedata
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -33,6 +41,11 @@ from typing import Any
 
 FLOOD_COPIES = 10
 FLOOD_WINDOW = 500
+# Copies are compared by their first characters, as many as a stored copy's are read back:
+# the look-up reads 500 rows' texts, whatever their length.
+SHAPE_CHARS = 300
+# What a copy may vary: every character but letters and digits.
+_UNREAD = re.compile(r"[\W_]+")
 
 
 @dataclass(frozen=True)
@@ -42,7 +55,7 @@ class Copy:
     conversation_key: str
     sender_id: str
     at: datetime
-    digest: str  # md5 of the text
+    digest: str  # of the text's shape (``digest``)
     # Its place among copies said at the same moment: stored ones before new ones, each in
     # the order it was stored or given.
     order: tuple[int, Any]
@@ -54,9 +67,18 @@ class Copy:
         return self.conversation_key, self.sender_id, self.at.astimezone(UTC).date(), self.digest
 
 
+def shape(text: str) -> str:
+    """A text as a reader reads it, of its first ``SHAPE_CHARS`` characters: folded (NFKC,
+    casefold), its letters and digits only, without the number before or after them; a text
+    of digits alone ("666") is its digits, one of neither ("？？") itself without spaces."""
+    folded = unicodedata.normalize("NFKC", text[:SHAPE_CHARS]).casefold()
+    words = _UNREAD.sub("", folded)
+    return words.strip(string.digits) or words or "".join(folded.split())
+
+
 def digest(text: str) -> str:
-    """The digest of a text, as PostgreSQL's ``md5(text)`` gives it."""
-    return hashlib.md5(text.encode(), usedforsecurity=False).hexdigest()
+    """The digest of a text's ``shape``: two copies of a statement have the same."""
+    return hashlib.md5(shape(text).encode(), usedforsecurity=False).hexdigest()
 
 
 def lately(
@@ -79,11 +101,12 @@ def lately(
 
 def said_lately_sql(table: str, columns: str, at: str) -> str:
     """SQL of what :senders said lately in the conversations :keys (the parameters of
-    ``lately``): ``columns`` (of the rows, as ``r``), the ``digest`` of each text and whether
-    its words are ``indexed``, of the rows among each conversation's latest :window on the
-    :days, read through its time index (``at``, the time column)."""
+    ``lately``): ``columns`` (of the rows, as ``r``), the ``text`` of each as far as its
+    ``shape`` reads, and whether its words are ``indexed``, of the rows among each
+    conversation's latest :window on the :days, read through its time index (``at``, the
+    time column)."""
     return f"""
-    SELECT {columns}, md5(r.text) AS digest, coalesce(length(r.lexical), 0) > 0 AS indexed
+    SELECT {columns}, {said_text("r")}, coalesce(length(r.lexical), 0) > 0 AS indexed
     FROM unnest(CAST(:keys AS text[])) k(conversation_key)
     CROSS JOIN LATERAL (
         SELECT * FROM {table} r
@@ -95,6 +118,11 @@ def said_lately_sql(table: str, columns: str, at: str) -> str:
     WHERE r.sender_id = ANY(CAST(:senders AS text[]))
       AND CAST(r.{at} AT TIME ZONE 'UTC' AS date) = ANY(CAST(:days AS date[]))
     """
+
+
+def said_text(alias: str) -> str:
+    """SQL of a stored row's ``text`` as far as its ``shape`` reads."""
+    return f"left({alias}.text, {SHAPE_CHARS}) AS text"
 
 
 def new_copies(rows: Iterable[dict[str, Any]], at: str) -> list[Copy]:
