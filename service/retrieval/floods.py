@@ -30,7 +30,6 @@ every row after it dearer to store.
 from __future__ import annotations
 
 import hashlib
-import re
 import string
 import unicodedata
 from collections import defaultdict
@@ -39,13 +38,13 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
+from service.retrieval.terms import compact
+
 FLOOD_COPIES = 10
 FLOOD_WINDOW = 500
 # Copies are compared by their first characters, as many as a stored copy's are read back:
 # the look-up reads 500 rows' texts, whatever their length.
 SHAPE_CHARS = 300
-# What a copy may vary: every character but letters and digits.
-_UNREAD = re.compile(r"[\W_]+")
 
 
 @dataclass(frozen=True)
@@ -72,7 +71,7 @@ def shape(text: str) -> str:
     casefold), its letters and digits only, without the number before or after them; a text
     of digits alone ("666") is its digits, one of neither ("？？") itself without spaces."""
     folded = unicodedata.normalize("NFKC", text[:SHAPE_CHARS]).casefold()
-    words = _UNREAD.sub("", folded)
+    words = compact(folded)
     return words.strip(string.digits) or words or "".join(folded.split())
 
 
