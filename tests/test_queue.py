@@ -269,6 +269,43 @@ async def test_shutdown_releases_unfinished_jobs_untouched(
     assert (status, attempts) == ("queued", 0)
 
 
+async def test_a_job_claimed_as_the_shutdown_begins_goes_back_to_the_queue_unrun(
+    db: Database, tenant_id: uuid.UUID, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shutdown begins while a claim is on its way (a slow database): the shutdown
+    waits for the jobs in hand, none yet. The job the claim then brings must go back to the
+    queue at once, not start: started, it ran on after the worker stopped, against a
+    database being closed, its task left pending when the process's loop ended (a test
+    process's next collection then reported 'coroutine ignored GeneratorExit'), the job
+    held until its lease ran out."""
+    claiming, go_on = asyncio.Event(), asyncio.Event()
+    claim_jobs = repository.claim_jobs
+
+    async def slow_claim(*args: Any, **kwargs: Any) -> Any:
+        claiming.set()
+        await go_on.wait()
+        return await claim_jobs(*args, **kwargs)
+
+    monkeypatch.setattr(repository, "claim_jobs", slow_claim)
+    ran: list[int] = []
+
+    async def handler(ctx: JobContext) -> None:
+        ran.append(ctx.job.id)
+        await asyncio.sleep(3600)
+
+    [job_id] = await enqueue_many(db, tenant_id, "test.late", 1)
+    worker = Worker(db, {"test.late": handler}, queue_settings(), poll_interval=0.05)
+    task = asyncio.create_task(worker.run())
+    await asyncio.wait_for(claiming.wait(), timeout=10)
+    await worker.stop(timeout=0.2)  # nothing in hand yet: returns at once
+    go_on.set()
+    await asyncio.wait_for(task, timeout=10)
+    await asyncio.sleep(0.1)
+    assert ran == []
+    status, attempts, _ = (await statuses(db))[job_id]
+    assert (status, attempts) == ("queued", 0)
+
+
 async def test_enqueue_is_idempotent_by_dedupe_key(db: Database, tenant_id: uuid.UUID) -> None:
     async with db.tenant(tenant_id) as session:
         first = await repository.enqueue(session, tenant_id, "test.x", {}, dedupe_key="req-1:1")

@@ -355,6 +355,13 @@ class Worker:
                 jobs = await repository.claim_jobs(
                     session, self.id, left, self.settings.lease_seconds, skip=kinds
                 )
+        if self._stopping.is_set():
+            # The shutdown began while the claim was on its way: it waits only for the jobs
+            # in hand before it, so these go back at once (from here to their start nothing
+            # awaits: a shutdown beginning later sees them in hand).
+            for job in [*batched, *jobs]:
+                await self._release(job)
+            return 0
         for (kind, _), members in groups.items():
             self._batches += 1  # counted here: the next claim may come before the task starts
             self._start(members, self._run_batch(kind, members), f"batch-{members[0].id}")
