@@ -36,6 +36,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
+from functools import lru_cache
 from typing import Any
 
 from service.retrieval.terms import compact
@@ -77,6 +78,13 @@ def shape(text: str) -> str:
 
 def digest(text: str) -> str:
     """The digest of a text's ``shape``: two copies of a statement have the same."""
+    return _digest(text[:SHAPE_CHARS])
+
+
+# A flood's stored copies are read back with every batch of its sender: their digests are
+# kept rather than made again (500 copies of 300 characters: about 40 ms, 2026-11).
+@lru_cache(maxsize=4096)
+def _digest(text: str) -> str:
     return hashlib.md5(shape(text).encode(), usedforsecurity=False).hexdigest()
 
 
