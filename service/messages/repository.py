@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db.engine import uses_citus
 from service.db.vector_index import rescoring_ceiling
-from service.retrieval.floods import lately, said_lately_sql, said_text
+from service.retrieval.floods import copy_state, lately, said_lately_sql
 from service.retrieval.fusion import distinct_nearest
 from service.retrieval.terms import held_terms_sql, term_sample, to_tsquery_literal
 
@@ -68,7 +68,7 @@ _SAID_LATELY = text(
     said_lately_sql("messages", _SAID_COLUMNS, "sent_at")
     + f"""
     UNION
-    SELECT {_SAID_COLUMNS}, {said_text("r")}, coalesce(length(r.lexical), 0) > 0 AS indexed
+    SELECT {_SAID_COLUMNS}, {copy_state("r")}
     FROM unnest(CAST(:batch_keys AS text[]), CAST(:batch_ids AS text[]))
          AS b(conversation_key, message_id)
     JOIN messages r ON r.tenant_id = :tenant_id AND r.conversation_key = b.conversation_key

@@ -113,7 +113,7 @@ def said_lately_sql(table: str, columns: str, at: str) -> str:
     conversation's latest :window on the :days, read through its time index (``at``, the
     time column)."""
     return f"""
-    SELECT {columns}, {said_text("r")}, coalesce(length(r.lexical), 0) > 0 AS indexed
+    SELECT {columns}, {copy_state("r")}
     FROM unnest(CAST(:keys AS text[])) k(conversation_key)
     CROSS JOIN LATERAL (
         SELECT * FROM {table} r
@@ -127,9 +127,13 @@ def said_lately_sql(table: str, columns: str, at: str) -> str:
     """
 
 
-def said_text(alias: str) -> str:
-    """SQL of a stored row's ``text`` as far as its ``shape`` reads."""
-    return f"left({alias}.text, {SHAPE_CHARS}) AS text"
+def copy_state(alias: str) -> str:
+    """SQL of what a stored row is as a copy: its ``text`` as far as its ``shape`` reads, and
+    whether its words are ``indexed``."""
+    return (
+        f"left({alias}.text, {SHAPE_CHARS}) AS text,"
+        f" coalesce(length({alias}.lexical), 0) > 0 AS indexed"
+    )
 
 
 def new_copies(rows: Iterable[dict[str, Any]], at: str) -> list[Copy]:
