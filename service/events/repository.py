@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from service.db.rows import dicts
 from service.db.vector_index import rescoring_ceiling
 from service.errors import Invalid
-from service.retrieval.floods import lately, said_lately_sql
+from service.retrieval.floods import indexed, lately, said_lately_sql
 from service.retrieval.terms import (
     held_terms_sql,
     term_sample,
@@ -121,16 +121,15 @@ async def said_lately(
     session: AsyncSession,
     tenant_id: uuid.UUID,
     conversation_keys: list[str],
-    senders: list[str],
     moments: list[datetime],
 ) -> list[Any]:
-    """The events the ``senders`` told among the latest ``FLOOD_WINDOW`` of each of
+    """The events members told among the latest ``FLOOD_WINDOW`` of each of
     ``conversation_keys`` on the days (UTC) of ``moments``: ``id``, ``conversation_key``,
     ``sender_id``, ``occurred_at``, ``text`` (as far as ``floods.shape`` reads) and
     ``indexed``."""
-    if not conversation_keys or not senders or not moments:
+    if not conversation_keys or not moments:
         return []
-    params = lately(tenant_id, conversation_keys, senders, moments)
+    params = lately(tenant_id, conversation_keys, moments)
     return list(await session.execute(_SAID_LATELY, params))
 
 
@@ -151,8 +150,9 @@ async def unindex(session: AsyncSession, tenant_id: uuid.UUID, ids: list[str]) -
 _COLUMNS = """id, conversation_key, request_type, group_id, user_id, sender_id, request_id,
               end_seq, kind, perspective, text, source_text, is_absolute, warnings, occurred_at,
               timezone, location_abs, message_ids, metadata, job_id, created_at, updated_at"""
-# The same columns of the event aliased ``e``.
-_EVENT_COLUMNS = ", ".join("e." + c.strip() for c in _COLUMNS.split(","))
+# The same columns of the event aliased ``e``, and whether its words are indexed (a result
+# that is a flood's older copy is not shown beside another: ``floods.copy_of``).
+_EVENT_COLUMNS = ", ".join("e." + c.strip() for c in _COLUMNS.split(",")) + f", {indexed('e')}"
 
 _LIST = text(
     f"""
@@ -187,15 +187,16 @@ _GET = text(f"SELECT {_COLUMNS} FROM events WHERE tenant_id = :tenant_id AND id 
 
 
 _BY_IDS = text(
-    f"SELECT {_COLUMNS}, embedding FROM events"
-    " WHERE tenant_id = :tenant_id AND id = ANY(CAST(:ids AS text[]))"
+    f"SELECT {_EVENT_COLUMNS}, e.embedding FROM events e"
+    " WHERE e.tenant_id = :tenant_id AND e.id = ANY(CAST(:ids AS text[]))"
 )
 
 
 async def events_by_ids(
     session: AsyncSession, tenant_id: uuid.UUID, event_ids: list[str]
 ) -> dict[str, dict[str, Any]]:
-    """Events by id, each with its ``embedding``: the ones found."""
+    """Events by id, each with its ``embedding`` and whether its words are ``indexed``
+    (``floods``): the ones found."""
     if not event_ids:
         return {}
     rows = dicts(await session.execute(_BY_IDS, {"tenant_id": tenant_id, "ids": list(event_ids)}))

@@ -84,7 +84,6 @@ async def copies(session: AsyncSession, tenant_id: uuid.UUID, rows: list[dict[st
         session,
         tenant_id,
         sorted({row["conversation_key"] for row in told.values()}),
-        sorted({row["sender_id"] for row in told.values()}),
         [row["occurred_at"] for row in told.values()],
     )
     found = [

@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db.engine import uses_citus
 from service.db.vector_index import rescoring_ceiling
-from service.retrieval.floods import copy_state, lately, said_lately_sql
+from service.retrieval.floods import copy_state, indexed, lately, said_lately_sql
 from service.retrieval.fusion import distinct_nearest
 from service.retrieval.terms import held_terms_sql, term_sample, to_tsquery_literal
 
@@ -81,17 +81,16 @@ async def said_lately(
     session: AsyncSession,
     tenant_id: uuid.UUID,
     batch: list[tuple[str, str]],
-    senders: list[str],
     moments: list[datetime],
 ) -> list[Any]:
-    """The messages the ``senders`` stored among the latest ``FLOOD_WINDOW`` of each
-    conversation of ``batch`` (conversation, message id) on the days (UTC) of ``moments``,
-    and those of ``batch`` stored already: ``conversation_key``, ``message_id``, ``seq``,
+    """The members' messages among the latest ``FLOOD_WINDOW`` of each conversation of
+    ``batch`` (conversation, message id) on the days (UTC) of ``moments``, and those of
+    ``batch`` stored already: ``conversation_key``, ``message_id``, ``seq``,
     ``sender_id``, ``sent_at``, ``text`` (as far as ``floods.shape`` reads) and ``indexed``
     (its words are)."""
-    if not batch or not senders or not moments:
+    if not batch or not moments:
         return []
-    params = lately(tenant_id, (key for key, _ in batch), senders, moments)
+    params = lately(tenant_id, (key for key, _ in batch), moments)
     params["batch_keys"] = [key for key, _ in batch]
     params["batch_ids"] = [message_id for _, message_id in batch]
     return list(await session.execute(_SAID_LATELY, params))
@@ -556,9 +555,9 @@ WHOLE_BELOW = 3000
 
 # Step four: what the caller sees of the best candidates, and their vectors for MMR.
 _SEARCH_HITS = text(
-    """
-    SELECT seq, message_id, text, sender_id, sender_name, sent_at, embedding
-    FROM messages
+    f"""
+    SELECT seq, message_id, text, sender_id, sender_name, sent_at, embedding, {indexed("m")}
+    FROM messages m
     WHERE tenant_id = :tenant_id AND conversation_key = :conversation_key
       AND seq = ANY(CAST(:seqs AS bigint[]))
     """

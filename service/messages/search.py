@@ -18,6 +18,7 @@ from service.embedding import Embedder, start_embedding
 from service.embedding.base import Calibration
 from service.messages import repository
 from service.messages.schemas import MessageHit, MessageSearch, MessageSearchResult
+from service.retrieval import floods
 from service.retrieval.dates import days_named
 from service.retrieval.fusion import (
     first_distinct,
@@ -121,6 +122,7 @@ def _distinct(shown: list[Any], k: int) -> list[int]:
         DUPLICATE_COSINE,
         # The same words from two people are two messages (the one asked about is one).
         lambda a, b: shown[a].sender_id == shown[b].sender_id,
+        floods.copy_of([(row.text, row.sender_id, row.sent_at, row.indexed) for row in shown]),
     )
 
 

@@ -150,13 +150,8 @@ async def copies(session: AsyncSession, tenant_id: Any, rows: list[dict[str, Any
             told.setdefault((row["conversation_key"], row["message_id"]), row)
     if not told:
         return
-    stored = await repository.said_lately(
-        session,
-        tenant_id,
-        list(told),
-        sorted({r["sender_id"] for r in told.values()}),
-        [r["sent_at"] for r in told.values()],
-    )
+    moments = [r["sent_at"] for r in told.values()]
+    stored = await repository.said_lately(session, tenant_id, list(told), moments)
     found = []
     for s in stored:
         # A new message repeating a stored id is the stored one: it will not be inserted.

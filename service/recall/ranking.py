@@ -54,6 +54,7 @@ from service.embedding.base import Calibration
 from service.events import service as events
 from service.llm.base import LLMError
 from service.llm.rerank import Reranker
+from service.retrieval import floods
 from service.retrieval.dates import Span, days_named, envelope
 from service.retrieval.fusion import (
     distinct_nearest,
@@ -298,6 +299,17 @@ def without_duplicates(ranked: list[RankedEvent], k: int) -> list[RankedEvent]:
         k,
         DUPLICATE_COSINE,
         lambda a, b: _same_occasion(ranked[a].row, ranked[b].row),
+        floods.copy_of(
+            [
+                (
+                    e.row["text"],
+                    e.row.get("sender_id"),
+                    e.row.get("occurred_at"),
+                    e.row.get("indexed", True),
+                )
+                for e in ranked
+            ]
+        ),
     )
     return [ranked[n] for n in keep]
 

@@ -14,17 +14,25 @@ statement once, as the searches show it, and a big conversation's matches of a t
 filled by one flood's copies. Each copy keeps its vector: the nearest find it by meaning.
 
 The same words on another day, or from another member, are indexed again: another occasion,
-other news. The latest copy is the one a person means (a memory written down twice, asked
-about by its second entry), and outlives the older ones wherever old rows go. A statement
-said a few times is left as it is: MADial's memories written down two or three times over,
-asked about by their last entry, lost two questions of 262 when all but the latest were
-unindexed (hit@10 .950 -> .943; their neighbours' words count too).
+other news. Unless more than ``CHORUS_SENDERS`` members say them on one day, a chorus: 300
+accounts of a bot farm sending one ad naming 王芳 ten times each (no account a flood by
+itself) filled a search for her name with the accounts' copies, and none of her own lines
+was shown. A chorus is indexed for words once too; ten members' "我也去", or two members'
+alike news, stay each their own.
+
+The latest copy is the one a person means (a memory written down twice, asked about by its
+second entry), and outlives the older ones wherever old rows go. A statement said a few
+times is left as it is: MADial's memories written down two or three times over, asked about
+by their last entry, lost two questions of 262 when all but the latest were unindexed
+(hit@10 .950 -> .943; their neighbours' words count too).
 
 The message archive applies this as messages are stored, the events as the historian and the
-importer write them; each reads its own table's latest rows (``FLOOD_WINDOW``), so that the
-look-up costs as much in a group holding 20,000 rows that day as in one holding 2,000 (about
-2 ms a batch, 2026-11): reading the whole day would grow with it, and a flood would make
-every row after it dearer to store.
+importer write them; each reads its own table's latest rows of every member
+(``FLOOD_WINDOW``), so that the look-up costs as much in a group holding 20,000 rows that
+day as in one holding 2,000: reading the whole day would grow with it, and a flood would
+make every row after it dearer to store. A batch of 20 costs about 4 ms in a busy group's
+day, 13 ms where the window is full of 300-character copies (2026-11; a chorus is seen only
+by reading every member's rows, where a flood needs the sender's alone: 2 and 1.4 ms).
 """
 
 from __future__ import annotations
@@ -32,24 +40,25 @@ from __future__ import annotations
 import hashlib
 import string
 import unicodedata
-from collections import defaultdict
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, date, datetime, time, timedelta
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 from service.retrieval.terms import compact
 
 FLOOD_COPIES = 10
+# More members than this saying the same words on one day are a chorus (a bot farm's ad, a
+# chain line reposted by the whole group, "生日快乐" all round): one statement for words.
+CHORUS_SENDERS = 10
 FLOOD_WINDOW = 500
 # Copies are compared by their first characters, as many as a stored copy's are read back:
 # the look-up reads 500 rows' texts, whatever their length.
 SHAPE_CHARS = 300
 
 
-@dataclass(frozen=True)
-class Copy:
+class Copy(NamedTuple):
     """One copy of a statement: stored already, or about to be."""
 
     conversation_key: str
@@ -61,10 +70,6 @@ class Copy:
     order: tuple[int, Any]
     ref: Any  # the stored row's key, or the new row
     indexed: bool
-
-    @property
-    def statement(self) -> tuple[str, str, date, str]:
-        return self.conversation_key, self.sender_id, self.at.astimezone(UTC).date(), self.digest
 
 
 def shape(text: str) -> str:
@@ -88,17 +93,14 @@ def _digest(text: str) -> str:
     return hashlib.md5(shape(text).encode(), usedforsecurity=False).hexdigest()
 
 
-def lately(
-    tenant_id: Any, keys: Iterable[str], senders: Iterable[str], moments: Iterable[datetime]
-) -> dict[str, Any]:
-    """The parameters of a look-up of what ``senders`` said lately in the conversations
-    ``keys``: the latest ``window`` rows of each on the UTC ``days`` of ``moments``, between
-    ``since`` and ``until`` (the start of the first day, the end of the last)."""
-    days = sorted({at.astimezone(UTC).date() for at in moments})
+def lately(tenant_id: Any, keys: Iterable[str], moments: Iterable[datetime]) -> dict[str, Any]:
+    """The parameters of a look-up of what was said lately in the conversations ``keys``:
+    the latest ``window`` rows of each on the UTC ``days`` of ``moments``, between ``since``
+    and ``until`` (the start of the first day, the end of the last)."""
+    days = sorted({_day(at) for at in moments})
     return {
         "tenant_id": tenant_id,
         "keys": sorted(set(keys)),
-        "senders": sorted(set(senders)),
         "days": days,
         "since": datetime.combine(days[0], time.min, UTC),
         "until": datetime.combine(days[-1] + timedelta(days=1), time.min, UTC),
@@ -107,7 +109,7 @@ def lately(
 
 
 def said_lately_sql(table: str, columns: str, at: str) -> str:
-    """SQL of what :senders said lately in the conversations :keys (the parameters of
+    """SQL of what members said lately in the conversations :keys (the parameters of
     ``lately``): ``columns`` (of the rows, as ``r``), the ``text`` of each as far as its
     ``shape`` reads, and whether its words are ``indexed``, of the rows among each
     conversation's latest :window on the :days, read through its time index (``at``, the
@@ -122,7 +124,7 @@ def said_lately_sql(table: str, columns: str, at: str) -> str:
         ORDER BY r.{at} DESC
         LIMIT :window
     ) r
-    WHERE r.sender_id = ANY(CAST(:senders AS text[]))
+    WHERE r.sender_id IS NOT NULL
       AND CAST(r.{at} AT TIME ZONE 'UTC' AS date) = ANY(CAST(:days AS date[]))
     """
 
@@ -130,10 +132,12 @@ def said_lately_sql(table: str, columns: str, at: str) -> str:
 def copy_state(alias: str) -> str:
     """SQL of what a stored row is as a copy: its ``text`` as far as its ``shape`` reads, and
     whether its words are ``indexed``."""
-    return (
-        f"left({alias}.text, {SHAPE_CHARS}) AS text,"
-        f" coalesce(length({alias}.lexical), 0) > 0 AS indexed"
-    )
+    return f"left({alias}.text, {SHAPE_CHARS}) AS text, {indexed(alias)}"
+
+
+def indexed(alias: str) -> str:
+    """SQL of whether a row's words are ``indexed``: not a flood's older copy (or wordless)."""
+    return f"coalesce(length({alias}.lexical), 0) > 0 AS indexed"
 
 
 def new_copies(rows: Iterable[dict[str, Any]], at: str) -> list[Copy]:
@@ -155,18 +159,38 @@ def new_copies(rows: Iterable[dict[str, Any]], at: str) -> list[Copy]:
 
 def flooded(copies: Iterable[Copy]) -> list[Copy]:
     """The copies to leave unindexed: of each statement with more than ``FLOOD_COPIES``
-    copies, every indexed one but the latest. A statement whose latest copy is unindexed
-    is left as it is (so left by a batch stored beside this one)."""
+    copies, and of each chorus (the same words from more than ``CHORUS_SENDERS`` members of
+    a conversation on one day), every indexed one but the latest. One whose latest copy is
+    unindexed is left as it is (so left by a batch stored beside this one)."""
+    copies = list(copies)
+    # Most words come once; only those said more often than either rule allows are grouped.
+    said = Counter((c.conversation_key, c.digest) for c in copies)
+    often = min(FLOOD_COPIES, CHORUS_SENDERS)
+    ordered = sorted(
+        (c for c in copies if said[c.conversation_key, c.digest] > often),
+        key=lambda c: (c.at, c.order),
+    )
     statements: dict[tuple[Any, ...], list[Copy]] = defaultdict(list)
-    for copy in copies:
-        statements[copy.statement].append(copy)
-    out = []
+    choruses: dict[tuple[Any, ...], list[Copy]] = defaultdict(list)
+    for copy in ordered:
+        day = _day(copy.at)
+        statements[copy.conversation_key, copy.sender_id, day, copy.digest].append(copy)
+        choruses[copy.conversation_key, day, copy.digest].append(copy)
+    out: set[int] = set()
     for found in statements.values():
-        found.sort(key=lambda c: (c.at, c.order))
-        *older, latest = found
-        if len(found) > FLOOD_COPIES and latest.indexed:
-            out += [copy for copy in older if copy.indexed]
-    return out
+        if len(found) > FLOOD_COPIES:
+            out |= _all_but_latest(found)
+    for found in choruses.values():
+        if len(found) > CHORUS_SENDERS and len({c.sender_id for c in found}) > CHORUS_SENDERS:
+            out |= _all_but_latest(found)
+    return [copy for copy in ordered if id(copy) in out]
+
+
+def _all_but_latest(found: list[Copy]) -> set[int]:
+    """The ``id``s of these copies (in the order said) left to unindex: the indexed ones but
+    the latest, where that latest is indexed."""
+    *older, latest = found
+    return {id(copy) for copy in older if copy.indexed} if latest.indexed else set()
 
 
 def unindexed(copies: Iterable[Copy]) -> list[Any]:
@@ -179,3 +203,32 @@ def unindexed(copies: Iterable[Copy]) -> list[Any]:
         else:
             stored.append(copy.ref)
     return stored
+
+
+def copy_of(
+    said: Sequence[tuple[str, str | None, datetime | None, bool]],
+) -> Callable[[int, int], bool]:
+    """Whether the ``n``-th of these results (text, sender, time, whether its words are
+    indexed) is shown already as the ``m``-th: the same words (``digest``) on the same day
+    (UTC; any, without a time), and ``n`` a copy left unindexed (a flood's or a chorus's: its
+    words are indexed in a later one), or ``m`` so and both the same sender's. A chorus's
+    copies, each their own sender's statement said once, are shown once or twice a day (the
+    first ranked, the latest), and a member forwarding a flood's words stays a member who
+    said them."""
+
+    def repeats(n: int, m: int) -> bool:
+        (text, sender, at, indexed), (other, other_sender, other_at, other_indexed) = (
+            said[n],
+            said[m],
+        )
+        if indexed and (other_indexed or sender != other_sender):
+            return False
+        if at is not None and other_at is not None and _day(at) != _day(other_at):
+            return False
+        return digest(text) == digest(other)
+
+    return repeats
+
+
+def _day(at: datetime) -> date:
+    return at.astimezone(UTC).date()

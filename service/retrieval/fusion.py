@@ -109,29 +109,29 @@ def first_distinct(
     k: int,
     threshold: float,
     same_occasion: Callable[[int, int], bool] | None = None,
+    copy_of: Callable[[int, int], bool] | None = None,
 ) -> list[int]:
     """Positions of the first ``k`` items, in the order given, that repeat no item kept
     before them: the same statement (``near_duplicate``: close in meaning, at ``threshold``
     on their unit ``vectors``, AND in wording) on the same occasion (``same_occasion`` of
-    the two positions; any, without it). An item without a vector repeats only identical
-    words. Meaning alone would merge the different news of a group that all reads alike."""
+    the two positions; any, without it), or a copy of it however varied (``copy_of(n, m)``:
+    a flood's, ``floods.copy_of``). An item without a vector repeats only identical words.
+    Meaning alone would merge the different news of a group that all reads alike."""
     kept: list[int] = []
-    for n, text in enumerate(texts):
+
+    def repeats(n: int, m: int) -> bool:
+        if copy_of is not None and copy_of(n, m):
+            return True
+        if same_occasion is not None and not same_occasion(n, m):
+            return False
+        vector, other = vectors[n], vectors[m]
+        cosine = float(vector @ other) if vector is not None and other is not None else 0.0
+        return near_duplicate(texts[n], texts[m], cosine, threshold)
+
+    for n in range(len(texts)):
         if len(kept) == k:
             break
-        vector = vectors[n]
-        if any(
-            (same_occasion is None or same_occasion(n, m))
-            and near_duplicate(
-                text,
-                texts[m],
-                float(vector @ other)
-                if vector is not None and (other := vectors[m]) is not None
-                else 0.0,
-                threshold,
-            )
-            for m in kept
-        ):
+        if any(repeats(n, m) for m in kept):
             continue
         kept.append(n)
     return kept
