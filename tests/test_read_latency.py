@@ -1781,7 +1781,7 @@ async def test_a_bot_farms_ad_is_one_statement_and_hides_no_one_elses_words(
     group's members and three where 王芳 herself talks. Asked the name, the event search
     shows her three lines, whether meaning says nothing (an unrelated query vector) or points
     at the ad (its vector); before, the accounts' copies filled the results. Every copy keeps
-    its vector, one a day is indexed for words. Ten members saying "我也去" stay ten
+    its vector; two a day are indexed for words, the first and the latest. Ten members saying "我也去" stay ten
     statements; an eleventh makes the words a chorus."""
     from service.events import service as event_service
     from service.recall.schemas import EventSearch
@@ -1832,7 +1832,7 @@ async def test_a_bot_farms_ad_is_one_statement_and_hides_no_one_elses_words(
         " WHERE e.tenant_id = :t AND e.sender_id LIKE 'bot:%'"
     )
     async with db.system() as session:
-        assert tuple((await session.execute(counts, {"t": tenant})).one()) == (2, 3_000)
+        assert tuple((await session.execute(counts, {"t": tenant})).one()) == (4, 3_000)
     for vector in (query, ad_vector):
         found = await shown(vector)
         assert all(("m01", body) in found for body in hers), found
@@ -1843,9 +1843,10 @@ async def test_a_bot_farms_ad_is_one_statement_and_hides_no_one_elses_words(
 async def test_a_bot_farms_ad_in_the_archive_hides_no_one_elses_words(db: Database) -> None:
     """The archive's side of a bot farm: 300 accounts send one ad naming 王芳 ten times each
     in a day, each copy varied (``varied``), among 2,000 messages of the group. Asked the
-    name, the search shows her line, and the ad at most twice. One copy of the ad is indexed
-    for words; each keeps its vector. Ten members saying "我也去" stay ten statements, each
-    indexed; an eleventh member makes the words a chorus, indexed once."""
+    name, the search shows her line, and the ad at most twice. Two copies of the ad are
+    indexed for words, the first and the latest; each keeps its vector. Ten members saying
+    "我也去" stay ten statements, each indexed; an eleventh member makes the words a chorus.
+    Eleven accounts echoing her next line do not take it over: it is still shown as hers."""
     from service.messages.schemas import MessageBatch
     from service.messages.service import EMBED_JOB, Archivist, ingest
     from service.queue.repository import ClaimedJob
@@ -1901,19 +1902,28 @@ async def test_a_bot_farms_ad_in_the_archive_hides_no_one_elses_words(db: Databa
         " WHERE tenant_id = :t AND sender_id LIKE 'bot:%'"
     )
     async with db.system() as session:
-        assert tuple((await session.execute(counts, {"t": tenant})).one()) == (1, 3_000)
+        assert tuple((await session.execute(counts, {"t": tenant})).one()) == (2, 3_000)
 
     # Ten members' "我也去" are ten statements; an eleventh member's makes them a chorus.
-    async def joined(members: range) -> int:
-        later = [times[-1] + timedelta(seconds=n + 1) for n in members]
-        said = [(f"j{n}", varied("我也去", n)) for n in members]
-        await ingest_said(said, 10_000 + members.start, later)
+    async def joined(said: list[tuple[str, str]], first: int, pattern: str) -> int:
+        later = [times[-1] + timedelta(seconds=n + 1) for n in range(first, first + len(said))]
+        await ingest_said(said, 10_000 + first, later)
         async with db.system() as session:
             indexed = text(
-                "SELECT count(*) FROM messages WHERE tenant_id = :t AND sender_id LIKE 'j%'"
+                "SELECT count(*) FROM messages WHERE tenant_id = :t AND sender_id LIKE :p"
                 " AND length(lexical) > 0"
             )
-            return int((await session.execute(indexed, {"t": tenant})).scalar_one())
+            return int((await session.execute(indexed, {"t": tenant, "p": pattern})).scalar_one())
 
-    assert await joined(range(10)) == 10
-    assert await joined(range(10, 11)) == 1
+    going = [(f"j{n}", varied("我也去", n)) for n in range(11)]
+    assert await joined(going[:10], 0, "j%") == 10
+    assert await joined(going[10:], 10, "j%") == 2
+    # Her next line, echoed by eleven accounts at once: hers is the first, and stays shown.
+    news = "王芳下周二回上海"
+    echoes = [(f"p{n}:%", varied(news, n)) for n in range(11)]
+    assert await joined([("m01", news), *echoes], 11, "p%") == 1
+    request = MessageSearch(query="王芳 上海", group_id=group, top_k=10)
+    async with db.tenant(tenant) as session:
+        hits = (await archive.search(session, context, request, model)).messages  # type: ignore[arg-type]
+    shown = [(hit.sender_id, hit.text) for hit in hits]
+    assert ("m01", news) in shown, shown

@@ -142,7 +142,7 @@ _UNINDEX = text(
 
 
 async def unindex(session: AsyncSession, tenant_id: uuid.UUID, ids: list[str]) -> None:
-    """Leave these events unindexed for words (a later copy of the same statement is)."""
+    """Leave these events unindexed for words (another copy of the same statement is)."""
     if ids:
         await session.execute(_UNINDEX, {"tenant_id": tenant_id, "ids": ids})
 

@@ -96,7 +96,7 @@ async def said_lately(
     return list(await session.execute(_SAID_LATELY, params))
 
 
-# Messages whose words are no longer indexed: a later copy of the same statement is.
+# Messages whose words are no longer indexed: another copy of the same statement is.
 _UNINDEX = text(
     """
     UPDATE messages AS m SET lexical = CAST('' AS tsvector)

@@ -17,8 +17,10 @@ The same words on another day, or from another member, are indexed again: anothe
 other news. Unless more than ``CHORUS_SENDERS`` members say them on one day, a chorus: 300
 accounts of a bot farm sending one ad naming 王芳 ten times each (no account a flood by
 itself) filled a search for her name with the accounts' copies, and none of her own lines
-was shown. A chorus is indexed for words once too; ten members' "我也去", or two members'
-alike news, stay each their own.
+was shown. A chorus is indexed for words twice: its first copy, and its latest. The first
+is who said it before the others echoed: eleven accounts repeating a member's line on the day
+she said it do not take it over. Ten members' "我也去", or two members' alike news, stay
+each their own.
 
 The latest copy is the one a person means (a memory written down twice, asked about by its
 second entry), and outlives the older ones wherever old rows go. A statement said a few
@@ -136,7 +138,7 @@ def copy_state(alias: str) -> str:
 
 
 def indexed(alias: str) -> str:
-    """SQL of whether a row's words are ``indexed``: not a flood's older copy (or wordless)."""
+    """SQL of whether a row's words are ``indexed``: not a flood's other copy (or wordless)."""
     return f"coalesce(length({alias}.lexical), 0) > 0 AS indexed"
 
 
@@ -158,10 +160,11 @@ def new_copies(rows: Iterable[dict[str, Any]], at: str) -> list[Copy]:
 
 
 def flooded(copies: Iterable[Copy]) -> list[Copy]:
-    """The copies to leave unindexed: of each statement with more than ``FLOOD_COPIES``
-    copies, and of each chorus (the same words from more than ``CHORUS_SENDERS`` members of
-    a conversation on one day), every indexed one but the latest. One whose latest copy is
-    unindexed is left as it is (so left by a batch stored beside this one)."""
+    """The copies to leave unindexed: of each chorus (the same words from more than
+    ``CHORUS_SENDERS`` members of a conversation on one day), every indexed one but the
+    first (who said it before the others echoed) and the latest; of each other statement
+    with more than ``FLOOD_COPIES`` copies, every indexed one but the latest. One whose
+    latest copy is unindexed is left as it is (so left by a batch stored beside this one)."""
     copies = list(copies)
     # Most words come once; only those said more often than either rule allows are grouped.
     said = Counter((c.conversation_key, c.digest) for c in copies)
@@ -170,27 +173,26 @@ def flooded(copies: Iterable[Copy]) -> list[Copy]:
         (c for c in copies if said[c.conversation_key, c.digest] > often),
         key=lambda c: (c.at, c.order),
     )
-    statements: dict[tuple[Any, ...], list[Copy]] = defaultdict(list)
     choruses: dict[tuple[Any, ...], list[Copy]] = defaultdict(list)
     for copy in ordered:
-        day = _day(copy.at)
-        statements[copy.conversation_key, copy.sender_id, day, copy.digest].append(copy)
-        choruses[copy.conversation_key, day, copy.digest].append(copy)
+        choruses[copy.conversation_key, _day(copy.at), copy.digest].append(copy)
     out: set[int] = set()
-    for found in statements.values():
-        if len(found) > FLOOD_COPIES:
-            out |= _all_but_latest(found)
     for found in choruses.values():
-        if len(found) > CHORUS_SENDERS and len({c.sender_id for c in found}) > CHORUS_SENDERS:
-            out |= _all_but_latest(found)
+        if len({c.sender_id for c in found}) > CHORUS_SENDERS:
+            out |= _indexed(found[1:-1], found[-1])
+            continue
+        by_sender: dict[str, list[Copy]] = defaultdict(list)
+        for copy in found:
+            by_sender[copy.sender_id].append(copy)
+        for one in by_sender.values():
+            if len(one) > FLOOD_COPIES:
+                out |= _indexed(one[:-1], one[-1])
     return [copy for copy in ordered if id(copy) in out]
 
 
-def _all_but_latest(found: list[Copy]) -> set[int]:
-    """The ``id``s of these copies (in the order said) left to unindex: the indexed ones but
-    the latest, where that latest is indexed."""
-    *older, latest = found
-    return {id(copy) for copy in older if copy.indexed} if latest.indexed else set()
+def _indexed(copies: list[Copy], latest: Copy) -> set[int]:
+    """The ``id``s of the indexed ``copies``, where the ``latest`` is indexed too."""
+    return {id(copy) for copy in copies if copy.indexed} if latest.indexed else set()
 
 
 def unindexed(copies: Iterable[Copy]) -> list[Any]:
@@ -211,10 +213,10 @@ def copy_of(
     """Whether the ``n``-th of these results (text, sender, time, whether its words are
     indexed) is shown already as the ``m``-th: the same words (``digest``) on the same day
     (UTC; any, without a time), and ``n`` a copy left unindexed (a flood's or a chorus's: its
-    words are indexed in a later one), or ``m`` so and both the same sender's. A chorus's
-    copies, each their own sender's statement said once, are shown once or twice a day (the
-    first ranked, the latest), and a member forwarding a flood's words stays a member who
-    said them."""
+    words are indexed in another), or ``m`` so and both the same sender's. A chorus's copies,
+    each their own sender's statement said once, are shown as its indexed ones (its first and
+    its latest, a day), not one an account, and a member forwarding a flood's words stays a
+    member who said them."""
 
     def repeats(n: int, m: int) -> bool:
         (text, sender, at, indexed), (other, other_sender, other_at, other_indexed) = (
