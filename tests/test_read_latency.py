@@ -1663,6 +1663,85 @@ async def test_a_flood_in_a_big_group_leaves_the_asked_words_of_others_found(
     assert await say(1, 10) == 1
 
 
+# Where 王芳 herself talks, in ``among_talk``.
+HERS = ("王芳明天去杭州出差", "王芳说杭州下雨了", "王芳从杭州回来了")
+
+
+def among_talk(
+    rng: np.random.Generator, spam: list[tuple[str, str]], talk: int
+) -> list[tuple[str, str]]:
+    """What a group said (sender, text): the ``spam`` shuffled among ``talk`` lines of 30
+    members, and 王芳's three lines (``HERS``, said by m01) first, midway and last."""
+    said = spam + [(f"m{n % 30:02d}", line(rng, n)) for n in range(talk)]
+    said = [said[n] for n in rng.permutation(len(said))]
+    for at, body in zip((0, len(said) // 2 + 1, len(said) + 2), HERS, strict=True):
+        said.insert(at, ("m01", body))
+    return said
+
+
+async def events_indexed(db: Database, tenant: uuid.UUID, senders: str) -> tuple[int, int]:
+    """Of the events of the ``senders`` (a LIKE pattern), how many are indexed for words and
+    how many have their vector in the nearest events' scan."""
+    counts = text(
+        "SELECT count(*) FILTER (WHERE length(e.lexical) > 0), count(v.event_id) FROM events e"
+        " LEFT JOIN event_vectors v ON v.tenant_id = e.tenant_id AND v.event_id = e.id"
+        " WHERE e.tenant_id = :t AND e.sender_id LIKE :senders"
+    )
+    async with db.system() as session:
+        found = (await session.execute(counts, {"t": tenant, "senders": senders})).one()
+    return found[0], found[1]
+
+
+async def told_by_the_historian(
+    db: Database,
+    tenant: uuid.UUID,
+    group: str,
+    said: list[tuple[str, str]],
+    seconds: int,
+    vector: Callable[[int, str], np.ndarray],
+) -> list[dict[str, Any]]:
+    """Events of what was ``said`` in ``group`` (sender, text), ``seconds`` apart from
+    ``START``, the n-th with ``vector(n, sender)``, written as the historian's jobs write
+    them, a few at a time; the rows written."""
+    from service.events import service as event_service
+
+    rows = [
+        {
+            **event_row(
+                tenant,
+                f"e:{n}/%",
+                f"g:{group}",
+                START + timedelta(seconds=seconds * n),
+                vector(n, who),
+            ),
+            "text": body,
+            "sender_id": who,
+        }
+        for n, (who, body) in enumerate(said)
+    ]
+    for start in range(0, len(rows), 50):
+        async with db.tenant(tenant) as session:
+            await event_service.store(session, rows[start : start + 50])
+    return rows
+
+
+async def events_shown(
+    db: Database, tenant: uuid.UUID, group: str, asked: str, vector: np.ndarray
+) -> list[tuple[str | None, str]]:
+    """Who said what among the top 10 the event search shows for ``asked`` in ``group``, the
+    question embedded as ``vector``."""
+    from service.recall.schemas import EventSearch
+    from service.recall.service import Reader
+
+    async with db.system() as session:
+        context = await tenant_context(session, tenant, Settings())
+    reader = Reader(FixedModel(vector), None, db)  # type: ignore[arg-type]
+    async with db.tenant(tenant, read_only=True) as session:
+        request = EventSearch(query=asked, group_id=group, top_k=10)
+        found = (await reader.search_events(session, context, request)).events
+    return [(e.sender_id, e.text) for e in found]
+
+
 async def test_a_flood_of_events_leaves_the_asked_words_of_others_found(db: Database) -> None:
     """The historian writes a group's events a job at a time: 8,003 of them over three days,
     3,000 an ad naming 王芳 (a bot that notes every line it sees), each copy varied as a
@@ -1675,74 +1754,40 @@ async def test_a_flood_of_events_leaves_the_asked_words_of_others_found(db: Data
     stays so when a job is run again. A line told ten times is left as it is; the eleventh,
     varied, makes it a flood."""
     from service.events import service as event_service
-    from service.recall.schemas import EventSearch
-    from service.recall.service import Reader
 
     rng = np.random.default_rng(49)
     tenant = await new_tenant_id(db, "event-flood")
     group, ad = "flood%:events", "王芳 买车找我"
-    said = [("ads", varied(ad, n)) for n in range(3_000)] + [("m02", ad)]
-    said += [(f"m{n % 30:02d}", line(rng, n)) for n in range(4_999)]
-    said = [said[n] for n in rng.permutation(len(said))]
-    hers = ["王芳明天去杭州出差", "王芳说杭州下雨了", "王芳从杭州回来了"]
-    for at, body in zip((0, len(said) // 2 + 1, len(said) + 2), hers, strict=True):
-        said.insert(at, ("m01", body))
+    spam = [("ads", varied(ad, n)) for n in range(3_000)] + [("m02", ad)]
+    said = among_talk(rng, spam, 4_999)
     ad_vector, query = unit(rng, 2)
     vectors = unit(rng, len(said))
-    rows = [
-        {
-            **event_row(
-                tenant,
-                f"e:{n}/%",
-                f"g:{group}",
-                START + timedelta(seconds=30 * n),
-                ad_vector if who == "ads" else vectors[n],
-            ),
-            "text": body,
-            "sender_id": who,
-        }
-        for n, (who, body) in enumerate(said)
-    ]
-    for start in range(0, len(rows), 50):  # a historian's job writes a few at a time
-        async with db.tenant(tenant) as session:
-            await event_service.store(session, rows[start : start + 50])
+    rows = await told_by_the_historian(
+        db, tenant, group, said, 30, lambda n, who: ad_vector if who == "ads" else vectors[n]
+    )
     async with db.system() as session:
         await session.execute(text("ANALYZE events"))  # as a big table is, at rest
-    async with db.system() as session:
-        context = await tenant_context(session, tenant, Settings())
 
-    async def shown() -> list[tuple[str | None, str]]:
-        reader = Reader(FixedModel(query), None, db)  # type: ignore[arg-type]
-        async with db.tenant(tenant, read_only=True) as session:
-            request = EventSearch(query="王芳", group_id=group, top_k=10)
-            found = (await reader.search_events(session, context, request)).events
-        return [(e.sender_id, e.text) for e in found]
-
-    found = await shown()
-    assert all(("m01", body) in found for body in hers) and ("m02", ad) in found, found
+    found = await events_shown(db, tenant, group, "王芳", query)
+    assert all(("m01", body) in found for body in HERS) and ("m02", ad) in found, found
     # Once a day: each day's is another occasion.
     assert [who for who, _ in found].count("ads") == 3, found
 
-    counts = text(
-        "SELECT count(*) FILTER (WHERE length(e.lexical) > 0), count(v.event_id) FROM events e"
-        " LEFT JOIN event_vectors v ON v.tenant_id = e.tenant_id AND v.event_id = e.id"
-        " WHERE e.tenant_id = :t AND e.sender_id = 'ads'"
-    )
     latest = text(
         "SELECT DISTINCT ON (CAST(occurred_at AS date)) length(lexical) > 0 FROM events"
         " WHERE tenant_id = :t AND sender_id = 'ads' ORDER BY CAST(occurred_at AS date),"
         " occurred_at DESC"
     )
     async with db.system() as session:
-        assert tuple((await session.execute(counts, {"t": tenant})).one()) == (3, 3_000)
         assert list((await session.execute(latest, {"t": tenant})).scalars()) == [True] * 3
+    assert await events_indexed(db, tenant, "ads") == (3, 3_000)
     # A job run again writes its events again: the same one a day stays indexed.
     last_ads = [n for n, (who, _) in enumerate(said) if who == "ads"][-60:]
     async with db.tenant(tenant) as session:
         await event_service.store(session, [rows[n] for n in last_ads])
     async with db.system() as session:
-        assert tuple((await session.execute(counts, {"t": tenant})).one()) == (3, 3_000)
         assert list((await session.execute(latest, {"t": tenant})).scalars()) == [True] * 3
+    assert await events_indexed(db, tenant, "ads") == (3, 3_000)
 
     # Ten copies of a line are ten occasions; the eleventh makes it a flood.
     async def tell(n: int, first: int) -> int:
@@ -1781,61 +1826,29 @@ async def test_a_bot_farms_ad_is_one_statement_and_hides_no_one_elses_words(
     group's members and three where 王芳 herself talks. Asked the name, the event search
     shows her three lines, whether meaning says nothing (an unrelated query vector) or points
     at the ad (its vector); before, the accounts' copies filled the results. Every copy keeps
-    its vector; two a day are indexed for words, the first and the latest. Ten members saying "我也去" stay ten
-    statements; an eleventh makes the words a chorus."""
-    from service.events import service as event_service
-    from service.recall.schemas import EventSearch
-    from service.recall.service import Reader
+    its vector; two a day are indexed for words, the first and the latest."""
 
     rng = np.random.default_rng(50)
     tenant = await new_tenant_id(db, "bot-farm")
     group, ad = "farm%3A:events", "王芳 买车找我"
-    said = [(f"bot:{n % 300}/%", varied(ad, n // 300)) for n in range(3_000)]
-    said += [(f"m{n % 30:02d}", line(rng, n)) for n in range(2_000)]
-    said = [said[n] for n in rng.permutation(len(said))]
-    hers = ["王芳明天去杭州出差", "王芳说杭州下雨了", "王芳从杭州回来了"]
-    for at, body in zip((0, len(said) // 2 + 1, len(said) + 2), hers, strict=True):
-        said.insert(at, ("m01", body))
+    said = among_talk(
+        rng, [(f"bot:{n % 300}/%", varied(ad, n // 300)) for n in range(3_000)], 2_000
+    )
     ad_vector, query = unit(rng, 2)
     vectors = unit(rng, len(said))
-    farm = [who.startswith("bot:") for who, _ in said]
-    rows = [
-        {
-            **event_row(
-                tenant,
-                f"e:{n}",
-                f"g:{group}",
-                START + timedelta(seconds=25 * n),
-                ad_vector if farm[n] else vectors[n],
-            ),
-            "text": body,
-            "sender_id": who,
-        }
-        for n, (who, body) in enumerate(said)
-    ]
-    for start in range(0, len(rows), 50):  # a historian's job writes a few at a time
-        async with db.tenant(tenant) as session:
-            await event_service.store(session, rows[start : start + 50])
-    async with db.system() as session:
-        context = await tenant_context(session, tenant, Settings())
-
-    async def shown(vector: np.ndarray) -> list[tuple[str | None, str]]:
-        reader = Reader(FixedModel(vector), None, db)  # type: ignore[arg-type]
-        async with db.tenant(tenant, read_only=True) as session:
-            request = EventSearch(query="王芳", group_id=group, top_k=10)
-            found = (await reader.search_events(session, context, request)).events
-        return [(e.sender_id, e.text) for e in found]
-
-    counts = text(
-        "SELECT count(*) FILTER (WHERE length(e.lexical) > 0), count(v.event_id) FROM events e"
-        " LEFT JOIN event_vectors v ON v.tenant_id = e.tenant_id AND v.event_id = e.id"
-        " WHERE e.tenant_id = :t AND e.sender_id LIKE 'bot:%'"
+    await told_by_the_historian(
+        db,
+        tenant,
+        group,
+        said,
+        25,
+        lambda n, who: ad_vector if who.startswith("bot:") else vectors[n],
     )
-    async with db.system() as session:
-        assert tuple((await session.execute(counts, {"t": tenant})).one()) == (4, 3_000)
+
+    assert await events_indexed(db, tenant, "bot:%") == (4, 3_000)
     for vector in (query, ad_vector):
-        found = await shown(vector)
-        assert all(("m01", body) in found for body in hers), found
+        found = await events_shown(db, tenant, group, "王芳", vector)
+        assert all(("m01", body) in found for body in HERS), found
         # Once or twice a day (the copy ranked first, and the latest): two days.
         assert 1 <= sum(who.startswith("bot:") for who, _ in found) <= 4, found
 
