@@ -954,3 +954,54 @@ async def test_an_events_vector_is_read_from_its_row_and_a_long_text_still_whole
     top = plan[0]["Plan"]
     touched = top["Shared Hit Blocks"] + top["Shared Read Blocks"]
     assert touched <= 3 * len(found), touched
+
+
+async def test_a_floods_copies_leave_the_scan_on_upgrade_and_stay_out_of_a_rebuild(
+    databases: DatabaseFactory,
+) -> None:
+    """A database of revision 0020 kept every copy of a flood in the nearest events' scan.
+    The upgrade takes out the copies (words unindexed although they have some); an event
+    without words ("👍") stays searched by meaning, as every indexed one. A rebuild of the
+    scan (after a re-embedding) leaves the copies out again; the downgrade puts them back."""
+    from alembic import command
+
+    from service.db.migrate import alembic_config
+    from service.events import vectors
+
+    url = await databases.create_empty()
+    settings = Settings()
+    config = alembic_config(url, settings)
+    await asyncio.to_thread(command.upgrade, config, "0020_event_term_rows")
+    db = Database(url, pool_size=2)
+    try:
+        rng = np.random.default_rng(7)
+        async with db.system() as session:
+            tenant = (await create_tenant(session, "old", {}, settings))[0].id
+        said = {"kept": "王芳明天去杭州出差", "copy:1/%": "王芳 买车找我", "thumb": "👍"}
+        rows = [
+            {**event_row(tenant, key, "g:1", START, vector), "text": body}
+            for (key, body), vector in zip(said.items(), unit(rng, 3), strict=True)
+        ]
+        rows[1]["lexical"] = ""  # as the old flood rule left a copy: in the scan still
+        async with db.tenant(tenant) as session:
+            await upsert_events(session, rows)
+
+        scanned = text("SELECT event_id FROM event_vectors ORDER BY event_id")
+
+        async def in_scan() -> list[str]:
+            async with db.system() as session:
+                return list((await session.execute(scanned)).scalars())
+
+        assert await in_scan() == ["copy:1/%", "kept", "thumb"]
+        await asyncio.to_thread(command.upgrade, config, "head")
+        assert await in_scan() == ["kept", "thumb"]
+        async with db.system() as session:
+            await vectors.rebuild(session, DIM)
+        assert await in_scan() == ["kept", "thumb"]
+        async with db.system() as session:
+            kept = text("SELECT count(embedding) FROM events")
+            assert (await session.execute(kept)).scalar_one() == 3
+        await asyncio.to_thread(command.downgrade, config, "0020_event_term_rows")
+        assert await in_scan() == ["copy:1/%", "kept", "thumb"]
+    finally:
+        await db.dispose()

@@ -1679,17 +1679,18 @@ def among_talk(
     return said
 
 
-async def events_indexed(db: Database, tenant: uuid.UUID, senders: str) -> tuple[int, int]:
-    """Of the events of the ``senders`` (a LIKE pattern), how many are indexed for words and
-    how many have their vector in the nearest events' scan."""
+async def events_indexed(db: Database, tenant: uuid.UUID, senders: str) -> tuple[int, int, int]:
+    """Of the events of the ``senders`` (a LIKE pattern), how many are indexed for words, how
+    many are in the nearest events' scan, and how many keep their vector."""
     counts = text(
-        "SELECT count(*) FILTER (WHERE length(e.lexical) > 0), count(v.event_id) FROM events e"
+        "SELECT count(*) FILTER (WHERE length(e.lexical) > 0), count(v.event_id),"
+        " count(e.embedding) FROM events e"
         " LEFT JOIN event_vectors v ON v.tenant_id = e.tenant_id AND v.event_id = e.id"
         " WHERE e.tenant_id = :t AND e.sender_id LIKE :senders"
     )
     async with db.system() as session:
         found = (await session.execute(counts, {"t": tenant, "senders": senders})).one()
-    return found[0], found[1]
+    return found[0], found[1], found[2]
 
 
 async def told_by_the_historian(
@@ -1750,8 +1751,8 @@ async def test_a_flood_of_events_leaves_the_asked_words_of_others_found(db: Data
     (meaning says nothing: an unrelated query vector), the event search shows her three
     lines, the ad once a day and the forward. Before, the ad's copies filled the look-up of the
     name's matches (at most 2,000, read by time or as stored) and one of hers was always
-    left out. Every copy keeps its vector; one a day is indexed for words, the latest, and
-    stays so when a job is run again. A line told ten times is left as it is; the eleventh,
+    left out. Every copy keeps its vector; one a day is indexed for words and searched by
+    meaning, the latest, and stays so when a job is run again. A line told ten times is left as it is; the eleventh,
     varied, makes it a flood."""
     from service.events import service as event_service
 
@@ -1780,14 +1781,14 @@ async def test_a_flood_of_events_leaves_the_asked_words_of_others_found(db: Data
     )
     async with db.system() as session:
         assert list((await session.execute(latest, {"t": tenant})).scalars()) == [True] * 3
-    assert await events_indexed(db, tenant, "ads") == (3, 3_000)
+    assert await events_indexed(db, tenant, "ads") == (3, 3, 3_000)
     # A job run again writes its events again: the same one a day stays indexed.
     last_ads = [n for n, (who, _) in enumerate(said) if who == "ads"][-60:]
     async with db.tenant(tenant) as session:
         await event_service.store(session, [rows[n] for n in last_ads])
     async with db.system() as session:
         assert list((await session.execute(latest, {"t": tenant})).scalars()) == [True] * 3
-    assert await events_indexed(db, tenant, "ads") == (3, 3_000)
+    assert await events_indexed(db, tenant, "ads") == (3, 3, 3_000)
 
     # Ten copies of a line are ten occasions; the eleventh makes it a flood.
     async def tell(n: int, first: int) -> int:
@@ -1826,7 +1827,9 @@ async def test_a_bot_farms_ad_is_one_statement_and_hides_no_one_elses_words(
     group's members and three where 王芳 herself talks. Asked the name, the event search
     shows her three lines, whether meaning says nothing (an unrelated query vector) or points
     at the ad (its vector); before, the accounts' copies filled the results. Every copy keeps
-    its vector; two a day are indexed for words, the first and the latest."""
+    its vector; two a day are indexed for words and searched by meaning, the first and the
+    latest. Where meaning points at the ad, the other members' nearest lines fill the ten
+    results: before, the ad's 3,000 copies filled the nearest and 7 events were shown."""
 
     rng = np.random.default_rng(50)
     tenant = await new_tenant_id(db, "bot-farm")
@@ -1845,12 +1848,19 @@ async def test_a_bot_farms_ad_is_one_statement_and_hides_no_one_elses_words(
         lambda n, who: ad_vector if who.startswith("bot:") else vectors[n],
     )
 
-    assert await events_indexed(db, tenant, "bot:%") == (4, 3_000)
+    assert await events_indexed(db, tenant, "bot:%") == (4, 4, 3_000)
     for vector in (query, ad_vector):
         found = await events_shown(db, tenant, group, "王芳", vector)
         assert all(("m01", body) in found for body in HERS), found
         # Once or twice a day (the copy ranked first, and the latest): two days.
         assert 1 <= sum(who.startswith("bot:") for who, _ in found) <= 4, found
+        assert len(found) == 10, found
+    # The nearest others, by meaning alone: the ad's copies took no place of theirs.
+    nearest = sorted(
+        (float(vectors[n] @ ad_vector), n) for n, (who, _) in enumerate(said) if who[0] == "m"
+    )[-2:]
+    for _, n in nearest:
+        assert said[n] in found, (said[n], found)
 
 
 async def test_a_bot_farms_ad_in_the_archive_hides_no_one_elses_words(db: Database) -> None:
@@ -1908,6 +1918,7 @@ async def test_a_bot_farms_ad_in_the_archive_hides_no_one_elses_words(db: Databa
         shown = [(hit.sender_id, hit.text) for hit in hits]
         assert ("m01", hers) in shown, shown
         assert 1 <= sum(who.startswith("bot:") for who, _ in shown) <= 2, shown
+        assert len(shown) == 10, shown
 
     counts = text(
         "SELECT count(*) FILTER (WHERE length(lexical) > 0),"

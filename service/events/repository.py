@@ -6,7 +6,7 @@ import json
 import math
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from functools import cache
 from typing import Any
@@ -29,7 +29,8 @@ from service.retrieval.terms import (
 
 # Upsert by event id: a retried job rewrites the same rows instead of adding new ones. The same
 # statement keeps the event's search vector (event_vectors) in step: written when there is an
-# embedding, removed when a rewrite leaves none. updated_at takes EXCLUDED's (its default, now()):
+# embedding, removed when a rewrite leaves none or the event is a flood's copy (:copies, see
+# ``unindex``). updated_at takes EXCLUDED's (its default, now()):
 # Citus refuses now() itself in DO UPDATE. One statement writes many rows of one tenant
 # ({values}: one parenthesized row of parameters per event, numbered by row, all with the one
 # :tenant_id, so that on Citus the whole statement is routed to that tenant's shard).
@@ -51,14 +52,14 @@ _UPSERT_SQL = """
         INSERT INTO event_vectors (tenant_id, event_id, conversation_key, occurred_at, embedding)
         SELECT tenant_id, id, conversation_key, occurred_at,
                CAST(l2_normalize(embedding) AS halfvec)
-        FROM written WHERE embedding IS NOT NULL
+        FROM written WHERE embedding IS NOT NULL AND id <> ALL(CAST(:copies AS text[]))
         ON CONFLICT (tenant_id, event_id) DO UPDATE SET
             conversation_key = EXCLUDED.conversation_key, occurred_at = EXCLUDED.occurred_at,
             embedding = EXCLUDED.embedding
     )
     DELETE FROM event_vectors v USING written w
-    WHERE w.embedding IS NULL AND v.tenant_id = :tenant_id AND w.tenant_id = :tenant_id
-      AND v.event_id = w.id
+    WHERE (w.embedding IS NULL OR w.id = ANY(CAST(:copies AS text[])))
+      AND v.tenant_id = :tenant_id AND w.tenant_id = :tenant_id AND v.event_id = w.id
     """
 
 _ROW = """(:tenant_id, :id_{n}, :conversation_key_{n}, :request_type_{n}, :group_id_{n},
@@ -84,9 +85,12 @@ def lexical_of(text: str) -> str:
     return to_tsvector_literal(terms(text))
 
 
-async def upsert_events(session: AsyncSession, rows: list[dict[str, Any]]) -> None:
+async def upsert_events(
+    session: AsyncSession, rows: list[dict[str, Any]], copies: Collection[str] = ()
+) -> None:
     """Write events, many rows of one tenant per statement, with their lexical terms (a
-    row's ``lexical`` if it has one). Rows with the same id: the last one is written."""
+    row's ``lexical`` if it has one). Rows with the same id: the last one is written. The
+    ids in ``copies`` are a flood's copies: not searched by meaning (``unindex``)."""
     latest = {(row["tenant_id"], row["id"]): row for row in rows}  # one row per id and statement
     tenants: dict[uuid.UUID, list[dict[str, Any]]] = {}
     for row in latest.values():
@@ -105,7 +109,10 @@ async def upsert_events(session: AsyncSession, rows: list[dict[str, Any]]) -> No
             params = {
                 f"{name}_{n}": value for n, row in enumerate(chunk) for name, value in row.items()
             }
-            await session.execute(_upsert(len(chunk)), {"tenant_id": tenant_id, **params})
+            ids = [row["id"] for row in chunk if row["id"] in copies]
+            await session.execute(
+                _upsert(len(chunk)), {"tenant_id": tenant_id, "copies": ids, **params}
+            )
 
 
 # What these senders said lately in these conversations on these days (UTC): each event's
@@ -135,6 +142,10 @@ async def said_lately(
 
 _UNINDEX = text(
     """
+    WITH unsearched AS (
+        DELETE FROM event_vectors
+        WHERE tenant_id = :tenant_id AND event_id = ANY(CAST(:ids AS text[]))
+    )
     UPDATE events SET lexical = CAST('' AS tsvector)
     WHERE tenant_id = :tenant_id AND id = ANY(CAST(:ids AS text[]))
     """
@@ -142,7 +153,11 @@ _UNINDEX = text(
 
 
 async def unindex(session: AsyncSession, tenant_id: uuid.UUID, ids: list[str]) -> None:
-    """Leave these events unindexed for words (another copy of the same statement is)."""
+    """Leave these events unindexed for words, and out of the nearest events' scan: another
+    copy of the same statement is in both. A copy keeps its vector (``events.embedding``),
+    not its place in the scan (``event_vectors``): a bot farm's 3,000 copies of an ad, each
+    varied and so each at its own distance, filled the nearest 30 of a question near the ad,
+    and the results, which show a chorus as its indexed copies, held 7 events of 10."""
     if ids:
         await session.execute(_UNINDEX, {"tenant_id": tenant_id, "ids": ids})
 

@@ -64,18 +64,22 @@ async def get(session: AsyncSession, tenant_id: uuid.UUID, event_id: str) -> Eve
 
 async def store(session: AsyncSession, rows: list[dict[str, Any]]) -> None:
     """Write events (insert, or replace those of the same id), in the caller's transaction,
-    one copy of each flood indexed for words (``copies``)."""
+    one copy of each flood indexed for words and searched by meaning (``copies``)."""
     rows = [{**row, "lexical": repository.lexical_of(row["text"])} for row in rows]
+    worded = [row for row in rows if row["lexical"]]
     for tenant_id in {row["tenant_id"] for row in rows}:
         await copies(session, tenant_id, [row for row in rows if row["tenant_id"] == tenant_id])
-    await repository.upsert_events(session, rows)
+    # The new rows left unindexed: a flood's copies (a row without words is searched still).
+    unindexed = {row["id"] for row in worded if not row["lexical"]}
+    await repository.upsert_events(session, rows, unindexed)
 
 
 async def copies(session: AsyncSession, tenant_id: uuid.UUID, rows: list[dict[str, Any]]) -> None:
     """Index the words of one copy of each flood (``service.retrieval.floods``) among the
     new ``rows`` and the conversations' latest stored events: the new copies left unindexed
-    get an empty ``lexical``, the stored ones lose theirs. A row replacing a stored event
-    (a job run again) takes its place."""
+    get an empty ``lexical``, the stored ones lose theirs and their place in the nearest
+    events' scan (``repository.unindex``). A row replacing a stored event (a job run again)
+    takes its place."""
     told = {row["id"]: row for row in rows if row.get("sender_id") is not None and row["lexical"]}
     if not told:
         return

@@ -3,11 +3,14 @@ the covering index's one definition, and their rebuild from the events' vectors.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db.registry import DerivedVectors
 from service.db.vector_index import VectorIndex
+from service.retrieval.terms import terms
 
 # A B-tree entry holds at most 2,704 bytes: the key and event id take up to ~490 bytes, a
 # half-precision vector 2 bytes a dimension. Above 1,100 dimensions the index carries only
@@ -43,6 +46,42 @@ async def rebuild(session: AsyncSession, dimensions: int) -> None:
         index.create_sql(dim),
     ):
         await session.execute(text(statement))
+    await session.run_sync(lambda sync: leave_out_copies(sync.execute))
+
+
+# A flood's copies are not in the scan (``repository.unindex``): the events whose words are
+# not indexed although they have some. Read a page at a time, as their words are told apart
+# by the same code as at write time (an event without words is searched by meaning still).
+_UNINDEXED = text(
+    """
+    SELECT e.tenant_id, e.id, e.text FROM events e
+    WHERE coalesce(length(e.lexical), 0) = 0 AND e.embedding IS NOT NULL
+      AND (e.tenant_id, e.id) > (CAST(:tenant_id AS uuid), :id)
+    ORDER BY e.tenant_id, e.id
+    LIMIT :limit
+    """
+)
+# A tenant's at a time (routed to its shard on Citus).
+_LEAVE_OUT = text(
+    "DELETE FROM event_vectors"
+    " WHERE tenant_id = :tenant_id AND event_id = ANY(CAST(:ids AS text[]))"
+)
+_PAGE = 5000
+
+
+def leave_out_copies(execute: Any) -> None:
+    """Take a flood's copies out of the scan, through ``execute`` (a synchronous connection's
+    or session's): after the scan is rebuilt, and once for the events stored before copies
+    were left out of it (revision 0021)."""
+    last = {"tenant_id": "00000000-0000-0000-0000-000000000000", "id": ""}
+    while rows := execute(_UNINDEXED, {**last, "limit": _PAGE}).all():
+        copies: dict[Any, list[str]] = {}
+        for row in rows:
+            if terms(row.text):
+                copies.setdefault(row.tenant_id, []).append(row.id)
+        for tenant_id, ids in copies.items():
+            execute(_LEAVE_OUT, {"tenant_id": tenant_id, "ids": ids})
+        last = {"tenant_id": rows[-1].tenant_id, "id": rows[-1].id}
 
 
 # The copies are derived from ``events.embedding``; a re-embedding rebuilds them.

@@ -11,7 +11,9 @@ flood, such as a spammer's ad sent 3,000 times or a member's "收到" said twent
 its latest copy is indexed for words, the others are left unindexed (an empty ``lexical``),
 and a stored copy loses its index when a later one comes. So the lexical side matches a
 statement once, as the searches show it, and a big conversation's matches of a term are not
-filled by one flood's copies. Each copy keeps its vector: the nearest find it by meaning.
+filled by one flood's copies. Each copy keeps its vector. The message archive's nearest
+find every copy by meaning; the events' leave the unindexed copies out of their scan too
+(``events.repository.unindex``), as a spammer's varied copies each lie at their own distance.
 
 The same words on another day, or from another member, are indexed again: another occasion,
 other news. Unless more than ``CHORUS_SENDERS`` members say them on one day, a chorus: 300
