@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -496,6 +497,74 @@ async def test_the_migration_segments_existing_messages(databases: DatabaseFacto
         assert [r["message_id"] for r in found] == ["a", "b"]
         expected = len(set(terms("我想去杭州西湖划船"))) + len(set(terms("She painted sunsets")))
         assert await conn.fetchval("SELECT term_count FROM conversations") == expected
+    finally:
+        await conn.close()
+
+
+async def test_a_floods_stored_copies_leave_the_dense_search_on_upgrade(
+    databases: DatabaseFactory,
+) -> None:
+    """A database of revision 0020 searched every copy of a flood by meaning. The upgrade
+    marks the copies (words unindexed although they have some) and builds the dense search's
+    covering index without them; a message without words ("👍") is searched still. The
+    dense search reads the index alone (an index-only scan), as before."""
+    from sqlalchemy import text as sql_text
+
+    from service.db.engine import Database
+    from service.messages.repository import _dense
+
+    url = await databases.create_empty()
+    config = alembic_config(url, Settings())
+    await asyncio.to_thread(command.upgrade, config, "0020_event_term_rows")
+    tenant = uuid.uuid4()
+    said = [
+        ("a", "我想去杭州西湖划船", "'西湖':1"),
+        ("b/%:1", "王芳 买车找我", ""),
+        ("c", "👍", ""),
+    ]
+    conn = await asyncpg.connect(plain_dsn(url))
+    try:
+        await conn.execute("INSERT INTO tenants (id, name) VALUES ($1, 'old')", tenant)
+        for message_id, body, lexical in said:
+            await conn.execute(
+                "INSERT INTO messages (tenant_id, conversation_key, message_id, request_type,"
+                " group_id, text, sent_at, lexical, embedding) VALUES ($1, 'g:g1', $2, 'group',"
+                " 'g1', $3, now(), $4::tsvector, $5::vector)",
+                tenant,
+                message_id,
+                body,
+                lexical,
+                str([1.0] + [0.0] * 383),
+            )
+        await asyncio.to_thread(command.upgrade, config, "head")
+        marked = await conn.fetch("SELECT message_id, flood_copy FROM messages ORDER BY 1")
+        assert [tuple(r) for r in marked] == [("a", False), ("b/%:1", True), ("c", False)]
+        db = Database(url, pool_size=1)
+        try:
+            async with db.system() as session:
+                # (On Citus, on the shards too.)
+                await session.execute(sql_text("SET LOCAL citus.propagate_set_commands = local"))
+                await session.execute(sql_text("SET LOCAL enable_seqscan = off"))
+                vector = np.array([1.0] + [0.0] * 383, dtype=np.float32)
+                params = {
+                    "tenant_id": tenant,
+                    "conversation_key": "g:g1",
+                    "query": vector,
+                    "query_unit": vector,
+                    "time_from": None,
+                    "time_to": None,
+                    "dense_pool": 10,
+                }
+                explain = sql_text("EXPLAIN (FORMAT JSON) " + _dense(False).text)
+                plan = json.dumps((await session.execute(explain, params)).scalar_one())
+        finally:
+            await db.dispose()
+        assert '"Index Only Scan"' in plan and '"ix_messages_vectors"' in plan, plan
+        await asyncio.to_thread(command.downgrade, config, "0020_event_term_rows")
+        columns = await conn.fetch(
+            "SELECT 1 FROM information_schema.columns WHERE column_name = 'flood_copy'"
+        )
+        assert not columns
     finally:
         await conn.close()
 

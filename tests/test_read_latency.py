@@ -1450,6 +1450,21 @@ class ShapeModel(SeededModel):
         return await super().passages([shape(t) for t in texts])
 
 
+class NearShapeModel(ShapeModel):
+    """A ``ShapeModel`` whose copies of a statement each have their own vector, near the
+    statement's (cosine about 0.96), as a real model gives a spammer's varied copies."""
+
+    async def passages(self, texts: list[str]) -> list[np.ndarray]:
+        near = zip(
+            await super().passages(texts), await SeededModel.passages(self, texts), strict=True
+        )
+        return [unit_length(said + 0.2 * own) for said, own in near]
+
+
+def unit_length(vector: np.ndarray) -> np.ndarray:
+    return vector / np.linalg.norm(vector)
+
+
 async def test_a_backlog_embedded_in_bulk_is_searched_on_statistics_that_count_it(
     db: Database,
 ) -> None:
@@ -1865,9 +1880,12 @@ async def test_a_bot_farms_ad_is_one_statement_and_hides_no_one_elses_words(
 
 async def test_a_bot_farms_ad_in_the_archive_hides_no_one_elses_words(db: Database) -> None:
     """The archive's side of a bot farm: 300 accounts send one ad naming 王芳 ten times each
-    in a day, each copy varied (``varied``), among 2,000 messages of the group. Asked the
-    name, the search shows her line, and the ad at most twice. Two copies of the ad are
-    indexed for words, the first and the latest; each keeps its vector. Ten members saying
+    in a day, each copy varied (``varied``) and so at its own distance, among 2,000 messages
+    of the group. Asked the name, the search shows her line, and the ad at most twice. Two
+    copies of the ad are indexed for words and searched by meaning, the first and the
+    latest; each keeps its vector. Where meaning points at the ad, the other members'
+    nearest messages are shown: before, the ad's copies filled the nearest, and ten
+    messages were shown, the ad's neighbours rather than the nearest. Ten members saying
     "我也去" stay ten statements, each indexed; an eleventh member makes the words a chorus.
     Eleven accounts echoing her next line do not take it over: it is still shown as hers."""
     from service.messages.schemas import MessageBatch
@@ -1885,7 +1903,7 @@ async def test_a_bot_farms_ad_in_the_archive_hides_no_one_elses_words(db: Databa
     said += [(f"m{n % 30:02d}", line(rng, n)) for n in range(2_000)] + [("m01", hers)]
     said = [said[n] for n in rng.permutation(len(said))]
     times = [START + timedelta(seconds=15 * n) for n in range(len(said))]  # one day
-    model = ShapeModel(unit(rng, 1)[0])
+    model = NearShapeModel(unit(rng, 1)[0])
 
     async def ingest_said(said: list[tuple[str, str]], first: int, times: list[datetime]) -> None:
         for start in range(0, len(said), 500):
@@ -1910,8 +1928,9 @@ async def test_a_bot_farms_ad_in_the_archive_hides_no_one_elses_words(db: Databa
     job = JobContext(ClaimedJob(tenant, 0, EMBED_JOB, {}, 1, 3, datetime.now(UTC)), db, "w")
     assert await archivist.run_embed(job) == {"embedded": len(said)}
 
-    # Meaning says nothing (an unrelated query vector), or points at the ad (its vector).
-    for asking in (model, ShapeModel((await model.passages([ad]))[0])):
+    # Meaning says nothing (an unrelated query vector), or points at the ad (its statement's).
+    ad_meaning = (await ShapeModel(model.vector).passages([ad]))[0]
+    for asking in (model, FixedModel(ad_meaning)):
         request = MessageSearch(query="王芳", group_id=group, top_k=10)
         async with db.tenant(tenant) as session:
             hits = (await archive.search(session, context, request, asking)).messages  # type: ignore[arg-type]
@@ -1919,14 +1938,19 @@ async def test_a_bot_farms_ad_in_the_archive_hides_no_one_elses_words(db: Databa
         assert ("m01", hers) in shown, shown
         assert 1 <= sum(who.startswith("bot:") for who, _ in shown) <= 2, shown
         assert len(shown) == 10, shown
+    # The nearest others, by meaning alone: the ad's copies took no place of theirs.
+    others = [(who, body) for who, body in said if who[0] == "m"]
+    meanings = await model.passages([body for _, body in others])
+    for _, nearest in sorted(zip((v @ ad_meaning for v in meanings), others, strict=True))[-3:]:
+        assert nearest in shown, (nearest, shown)
 
     counts = text(
-        "SELECT count(*) FILTER (WHERE length(lexical) > 0),"
-        " count(*) FILTER (WHERE embedding IS NOT NULL) FROM messages"
+        "SELECT count(*) FILTER (WHERE length(lexical) > 0), count(*) FILTER (WHERE NOT"
+        " flood_copy), count(*) FILTER (WHERE embedding IS NOT NULL) FROM messages"
         " WHERE tenant_id = :t AND sender_id LIKE 'bot:%'"
     )
     async with db.system() as session:
-        assert tuple((await session.execute(counts, {"t": tenant})).one()) == (2, 3_000)
+        assert tuple((await session.execute(counts, {"t": tenant})).one()) == (2, 2, 3_000)
 
     # Ten members' "我也去" are ten statements; an eleventh member's makes them a chorus.
     async def joined(said: list[tuple[str, str]], first: int, pattern: str) -> int:

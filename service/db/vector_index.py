@@ -22,7 +22,8 @@ class VectorIndex:
     in an entry (``covering_max_dim``), and otherwise stays in the table's rows, kept out of
     TOAST (storage MAIN) so a search reads it from the row. ``method`` ``hnsw`` (or another
     access method) indexes ``vector_column`` with ``opclass`` and ``params`` (``m``,
-    ``ef_construction``).
+    ``ef_construction``). With ``where``, only the rows it holds are indexed (a partial
+    index: a search names the same condition).
     """
 
     name: str
@@ -34,6 +35,7 @@ class VectorIndex:
     covering_max_dim: int | None = None
     opclass: str | None = None
     params: Mapping[str, int] = field(default_factory=dict)
+    where: str | None = None
 
     def covers_vector(self, dimensions: int) -> bool:
         """Whether the index carries the vectors at this dimension."""
@@ -52,7 +54,8 @@ class VectorIndex:
             if self.covers_vector(dimensions):
                 carried.append(self.vector_column)
             sql = f"CREATE INDEX {self.name} ON {self.table} ({', '.join(self.columns)})"
-            return sql + (f" INCLUDE ({', '.join(carried)})" if carried else "")
+            sql += f" INCLUDE ({', '.join(carried)})" if carried else ""
+            return sql + (f" WHERE {self.where}" if self.where else "")
         opclass = f" {self.opclass}" if self.opclass else ""
         sql = (
             f"CREATE INDEX {self.name} ON {self.table}"

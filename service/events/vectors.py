@@ -10,7 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db.registry import DerivedVectors
 from service.db.vector_index import VectorIndex
-from service.retrieval.terms import terms
+from service.retrieval.floods import stored_copies
 
 # A B-tree entry holds at most 2,704 bytes: the key and event id take up to ~490 bytes, a
 # half-precision vector 2 bytes a dimension. Above 1,100 dimensions the index carries only
@@ -49,39 +49,20 @@ async def rebuild(session: AsyncSession, dimensions: int) -> None:
     await session.run_sync(lambda sync: leave_out_copies(sync.execute))
 
 
-# A flood's copies are not in the scan (``repository.unindex``): the events whose words are
-# not indexed although they have some. Read a page at a time, as their words are told apart
-# by the same code as at write time (an event without words is searched by meaning still).
-_UNINDEXED = text(
-    """
-    SELECT e.tenant_id, e.id, e.text FROM events e
-    WHERE coalesce(length(e.lexical), 0) = 0 AND e.embedding IS NOT NULL
-      AND (e.tenant_id, e.id) > (CAST(:tenant_id AS uuid), :id)
-    ORDER BY e.tenant_id, e.id
-    LIMIT :limit
-    """
-)
-# A tenant's at a time (routed to its shard on Citus).
+# A flood's copies are not in the scan (``repository.unindex``). A tenant's at a time (routed
+# to its shard on Citus).
 _LEAVE_OUT = text(
     "DELETE FROM event_vectors"
     " WHERE tenant_id = :tenant_id AND event_id = ANY(CAST(:ids AS text[]))"
 )
-_PAGE = 5000
 
 
 def leave_out_copies(execute: Any) -> None:
-    """Take a flood's copies out of the scan, through ``execute`` (a synchronous connection's
-    or session's): after the scan is rebuilt, and once for the events stored before copies
-    were left out of it (revision 0021)."""
-    last = {"tenant_id": "00000000-0000-0000-0000-000000000000", "id": ""}
-    while rows := execute(_UNINDEXED, {**last, "limit": _PAGE}).all():
-        copies: dict[Any, list[str]] = {}
-        for row in rows:
-            if terms(row.text):
-                copies.setdefault(row.tenant_id, []).append(row.id)
-        for tenant_id, ids in copies.items():
-            execute(_LEAVE_OUT, {"tenant_id": tenant_id, "ids": ids})
-        last = {"tenant_id": rows[-1].tenant_id, "id": rows[-1].id}
+    """Take a flood's copies (``floods.stored_copies``) out of the scan, through ``execute``
+    (a synchronous connection's or session's): after the scan is rebuilt, and once for the
+    events stored before copies were left out of it (revision 0021)."""
+    for tenant_id, keys in stored_copies(execute, "events", ("id",)):
+        execute(_LEAVE_OUT, {"tenant_id": tenant_id, "ids": [key for (key,) in keys]})
 
 
 # The copies are derived from ``events.embedding``; a re-embedding rebuilds them.

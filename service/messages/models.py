@@ -9,6 +9,7 @@ from typing import Any
 from pgvector.sqlalchemy import HALFVEC
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Computed,
     DateTime,
     ForeignKey,
@@ -26,6 +27,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 from service.db.base import Base, created_at_column
 from service.db.registry import Embedded
 from service.db.types import Embedding
+from service.messages.vectors import MESSAGE_VECTORS_SCAN
 
 
 class Message(Base):
@@ -48,13 +50,13 @@ class Message(Base):
         ),
         # Lexical search: which messages hold a term (filtered to the conversation after).
         Index("ix_messages_lexical", "lexical", postgresql_using="gin"),
-        # Dense search: a conversation's half-precision vectors, read by an index-only scan.
+        # Dense search: a conversation's half-precision vectors, read by an index-only scan,
+        # but a flood's copies' (revision 0022).
         Index(
-            "ix_messages_vectors",
-            "tenant_id",
-            "conversation_key",
-            "seq",
-            postgresql_include=["sent_at", "embedding_half"],
+            MESSAGE_VECTORS_SCAN.name,
+            *MESSAGE_VECTORS_SCAN.columns,
+            postgresql_include=[*MESSAGE_VECTORS_SCAN.include, MESSAGE_VECTORS_SCAN.vector_column],
+            postgresql_where=sql(MESSAGE_VECTORS_SCAN.where or ""),
         ),
     )
 
@@ -82,6 +84,9 @@ class Message(Base):
     lexical: Mapped[str] = mapped_column(
         TSVECTOR, nullable=False, server_default=sql("''::tsvector")
     )
+    # One of a flood's copies left unindexed (``service.retrieval.floods``): its words are
+    # indexed in another copy, and it is left out of the dense search too (revision 0022).
+    flood_copy: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default=sql("false"))
     created_at: Mapped[datetime] = created_at_column()
 
 

@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db.engine import uses_citus
 from service.db.vector_index import rescoring_ceiling
+from service.messages.vectors import MESSAGE_VECTORS_SCAN
 from service.retrieval.floods import copy_state, indexed, lately, said_lately_sql
 from service.retrieval.fusion import distinct_nearest
 from service.retrieval.terms import held_terms_sql, term_sample, to_tsquery_literal
@@ -25,12 +26,12 @@ from service.retrieval.terms import held_terms_sql, term_sample, to_tsquery_lite
 _INSERT = text(
     """
     INSERT INTO messages (tenant_id, conversation_key, message_id, request_type, group_id,
-                          user_id, sender_id, sender_name, text, sent_at, lexical)
+                          user_id, sender_id, sender_name, text, sent_at, lexical, flood_copy)
     SELECT :tenant_id, * FROM unnest(
         CAST(:keys AS text[]), CAST(:ids AS text[]), CAST(:types AS text[]),
         CAST(:groups AS text[]), CAST(:users AS text[]), CAST(:senders AS text[]),
         CAST(:names AS text[]), CAST(:texts AS text[]), CAST(:sent AS timestamptz[]),
-        CAST(:lexicals AS tsvector[]))
+        CAST(:lexicals AS tsvector[]), CAST(:copies AS boolean[]))
     ON CONFLICT (tenant_id, conversation_key, message_id) DO NOTHING
     RETURNING conversation_key, seq, text, sent_at, length(lexical) AS term_count
     """
@@ -40,7 +41,8 @@ _INSERT = text(
 async def insert_messages(
     session: AsyncSession, tenant_id: uuid.UUID, rows: list[dict[str, Any]]
 ) -> list[Any]:
-    """Store new messages; returns the rows actually inserted."""
+    """Store new messages (a row's ``flood_copy``: one of a flood's copies, see ``unindex``);
+    returns the rows actually inserted."""
     params = {
         "tenant_id": tenant_id,
         "keys": [r["conversation_key"] for r in rows],
@@ -53,6 +55,7 @@ async def insert_messages(
         "texts": [r["text"] for r in rows],
         "sent": [r["sent_at"] for r in rows],
         "lexicals": [r["lexical"] for r in rows],
+        "copies": [r.get("flood_copy", False) for r in rows],
     }
     return list(await session.execute(_INSERT, params))
 
@@ -99,7 +102,7 @@ async def said_lately(
 # Messages whose words are no longer indexed: another copy of the same statement is.
 _UNINDEX = text(
     """
-    UPDATE messages AS m SET lexical = CAST('' AS tsvector)
+    UPDATE messages AS m SET lexical = CAST('' AS tsvector), flood_copy = true
     FROM unnest(CAST(:keys AS text[]), CAST(:ids AS text[])) AS v(conversation_key, message_id)
     WHERE m.tenant_id = :tenant_id AND m.conversation_key = v.conversation_key
       AND m.message_id = v.message_id
@@ -110,7 +113,11 @@ _UNINDEX = text(
 async def unindex(
     session: AsyncSession, tenant_id: uuid.UUID, messages: list[tuple[str, str]]
 ) -> None:
-    """Leave these (conversation, message id) unindexed for words."""
+    """Leave these (conversation, message id) unindexed for words, and out of the dense
+    search (``_SEARCHED``): another copy of the same statement is in both. A copy keeps its
+    vector (its neighbours' ranking reads it), not its place in the dense scan: a bot farm's
+    varied copies of an ad each lie at their own distance, and filled the nearest of a
+    question near the ad, so that the other members' nearest messages were not found."""
     if messages:
         keys, ids = zip(*messages, strict=True)
         params = {"tenant_id": tenant_id, "keys": list(keys), "ids": list(ids)}
@@ -399,6 +406,11 @@ def _unskipped(skipping: bool) -> str:
     return f"AND embedding_half <#> {_QUERY_HALF} <> ALL(CAST(:skipped AS float8[]))"
 
 
+# What the dense search reads: the messages with a vector, but a flood's copies (the partial
+# covering index's own condition, so that it is read by an index-only scan).
+_SEARCHED = f"embedding_half IS NOT NULL AND {MESSAGE_VECTORS_SCAN.where}"
+
+
 @cache
 def _dense(skipping: bool) -> TextClause:
     return text(
@@ -407,7 +419,7 @@ def _dense(skipping: bool) -> TextClause:
             SELECT seq, embedding_half <#> {_QUERY_HALF} AS approx
             FROM messages
             WHERE tenant_id = :tenant_id AND conversation_key = :conversation_key
-              AND embedding_half IS NOT NULL
+              AND {_SEARCHED}
               AND {_IN_RANGE} {_unskipped(skipping)}
             ORDER BY approx
             LIMIT :dense_pool
@@ -429,7 +441,7 @@ def _dense_rest(skipping: bool) -> TextClause:
                embedding <=> :query AS distance
         FROM messages
         WHERE tenant_id = :tenant_id AND conversation_key = :conversation_key
-          AND embedding_half IS NOT NULL
+          AND {_SEARCHED}
           AND {_IN_RANGE} {_unskipped(skipping)}
           AND embedding_half <#> {_QUERY_HALF} <= :ceiling
         ORDER BY embedding <=> :query, seq
@@ -448,7 +460,7 @@ _SAID_AT = text(
                embedding_half <#> {_QUERY_HALF} AS approx, sender_id, md5(text) AS said
         FROM messages
         WHERE tenant_id = :tenant_id AND conversation_key = :conversation_key
-          AND embedding_half IS NOT NULL
+          AND {_SEARCHED}
           AND {_IN_RANGE}
           AND embedding_half <#> {_QUERY_HALF} = ANY(CAST(:approx AS float8[]))
         ORDER BY sender_id, md5(text), distance, seq

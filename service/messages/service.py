@@ -141,7 +141,8 @@ async def ingest(
 async def copies(session: AsyncSession, tenant_id: Any, rows: list[dict[str, Any]]) -> None:
     """Index the words of one copy of each flood (``service.retrieval.floods``) among the
     new ``rows`` and the conversations' latest stored messages: the new copies left
-    unindexed get an empty ``lexical``, the stored ones lose theirs. In an 8,001-message
+    unindexed get an empty ``lexical`` and are marked ``flood_copy`` (not searched by
+    meaning either), the stored ones lose theirs likewise. In an 8,001-message
     group where an ad naming 王芳 came 3,000 times, a search for the name did not find the
     one member's line naming her."""
     told: dict[tuple[str, str], dict[str, Any]] = {}
@@ -161,6 +162,8 @@ async def copies(session: AsyncSession, tenant_id: Any, rows: list[dict[str, Any
         found.append(floods.Copy(*said, order=(0, s.seq), ref=key, indexed=s.indexed))
     found += floods.new_copies(told.values(), "sent_at")
     await repository.unindex(session, tenant_id, floods.unindexed(found))
+    for row in told.values():
+        row["flood_copy"] = not row["lexical"]
 
 
 def _sent_at(value: datetime | None, zone: str, n: int) -> datetime:

@@ -23,6 +23,8 @@ MESSAGE_VECTORS_SCAN = VectorIndex(
     columns=("tenant_id", "conversation_key", "seq"),
     include=("sent_at",),
     covering_max_dim=1100,
+    # A flood's copies are not searched by meaning (``repository.unindex``).
+    where="NOT flood_copy",
 )
 
 

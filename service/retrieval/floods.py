@@ -11,9 +11,10 @@ flood, such as a spammer's ad sent 3,000 times or a member's "收到" said twent
 its latest copy is indexed for words, the others are left unindexed (an empty ``lexical``),
 and a stored copy loses its index when a later one comes. So the lexical side matches a
 statement once, as the searches show it, and a big conversation's matches of a term are not
-filled by one flood's copies. Each copy keeps its vector. The message archive's nearest
-find every copy by meaning; the events' leave the unindexed copies out of their scan too
-(``events.repository.unindex``), as a spammer's varied copies each lie at their own distance.
+filled by one flood's copies. Each copy keeps its vector, but the copies left unindexed are
+not searched by meaning either (a message's ``flood_copy``, an event out of
+``event_vectors``): a spammer's varied copies each lie at their own distance, and filled the
+nearest of a question near the ad.
 
 The same words on another day, or from another member, are indexed again: another occasion,
 other news. Unless more than ``CHORUS_SENDERS`` members say them on one day, a chorus: 300
@@ -45,12 +46,14 @@ import hashlib
 import string
 import unicodedata
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, date, datetime, time, timedelta
 from functools import lru_cache
 from typing import Any, NamedTuple
 
-from service.retrieval.terms import compact
+from sqlalchemy import text as sql
+
+from service.retrieval.terms import compact, terms
 
 FLOOD_COPIES = 10
 # More members than this saying the same words on one day are a chorus (a bot farm's ad, a
@@ -142,6 +145,40 @@ def copy_state(alias: str) -> str:
 def indexed(alias: str) -> str:
     """SQL of whether a row's words are ``indexed``: not a flood's other copy (or wordless)."""
     return f"coalesce(length({alias}.lexical), 0) > 0 AS indexed"
+
+
+# Stored copies are read a page at a time (``stored_copies``).
+_PAGE = 5000
+
+
+def stored_copies(
+    execute: Callable[..., Any], table: str, key: tuple[str, ...]
+) -> Iterator[tuple[Any, list[tuple[Any, ...]]]]:
+    """The stored copies of ``table`` (its rows left unindexed although their text has words,
+    as told by the same code as at write time: a row without words is no copy), read through
+    ``execute`` (a synchronous connection's or session's) a page at a time, in the order of
+    their ``key`` (the columns after ``tenant_id`` of its primary key): each tenant's keys
+    of a page in turn."""
+    columns = ", ".join(key)
+    after = ", ".join(f":{column}" for column in key)
+    page = sql(
+        f"""
+        SELECT tenant_id, {columns}, text FROM {table}
+        WHERE coalesce(length(lexical), 0) = 0
+          AND (tenant_id, {columns}) > (CAST(:tenant_id AS uuid), {after})
+        ORDER BY tenant_id, {columns}
+        LIMIT :limit
+        """
+    )
+    last: dict[str, Any] = {"tenant_id": "00000000-0000-0000-0000-000000000000"}
+    last |= {column: "" for column in key}
+    while rows := execute(page, {**last, "limit": _PAGE}).all():
+        copies: dict[Any, list[tuple[Any, ...]]] = {}
+        for row in rows:
+            if terms(row.text):
+                copies.setdefault(row.tenant_id, []).append(tuple(row)[1:-1])
+        yield from copies.items()
+        last = {"tenant_id": rows[-1].tenant_id} | {c: getattr(rows[-1], c) for c in key}
 
 
 def new_copies(rows: Iterable[dict[str, Any]], at: str) -> list[Copy]:
