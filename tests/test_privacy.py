@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -226,6 +227,84 @@ async def test_erasure_leaves_nothing_a_query_can_reach(
         await conn.close()
     assert {r["kind"] for r in rows} == {"user"} and len(rows) == 2
     assert rows[0]["requested_by"] == tenant.prefix and len(rows[0]["subject_hash"]) == 64
+
+
+async def test_erasure_keeps_a_floods_copies_one_statement(
+    running: tuple[AppClient, TenantHandle], db_url: str
+) -> None:
+    """A bot farm's ad names the person: twelve accounts send it to the group (a chorus),
+    and the historian notes each as an event. Erasing the person redacts every copy; the
+    copies stay one statement: the ad's first and latest copy indexed for words and searched
+    by meaning, the others neither. Before, every redacted copy was indexed again, and a
+    search for the ad's words showed an account's copy each."""
+    from datetime import UTC, datetime, timedelta
+
+    import numpy as np
+
+    from service.db.engine import Database
+    from service.events import service as events
+    from tests.test_event_search import event_row
+
+    client, tenant = running
+    tenant_id = uuid.UUID(tenant.id)
+    await populate(client, tenant)
+    ad = f"{NAME}的旧车便宜卖，有意私聊"
+    accounts = [f"bot:{n}%" for n in range(12)]
+    batch = [
+        {"message_id": f"ad{n}", "sender_id": who, "sender_name": f"车商{n}", "text": ad}
+        for n, who in enumerate(accounts)
+    ]
+    posted = await client.post(
+        "/v1/messages", json={**GROUP, "messages": batch}, headers=tenant.headers
+    )
+    assert posted.status_code == 202, posted.text
+    db = Database(db_url, pool_size=1)
+    try:
+        now, vector = datetime.now(UTC), np.eye(1, 384, dtype=np.float32)[0]
+        rows = [
+            {
+                **event_row(tenant_id, f"ad:{n}", "g:g7", now + timedelta(seconds=n), vector),
+                "sender_id": who,
+                "text": ad,
+            }
+            for n, who in enumerate(accounts)
+        ]
+        async with db.tenant(tenant_id) as session:
+            await events.store(session, rows)
+    finally:
+        await db.dispose()
+
+    async def copies() -> tuple[int, ...]:
+        conn = await asyncpg.connect(plain_dsn(db_url))
+        try:
+            found = await conn.fetchrow(
+                "SELECT (SELECT count(*) FILTER (WHERE length(lexical) > 0)"
+                "        || ',' || count(*) FILTER (WHERE NOT flood_copy)"
+                "        || ',' || count(*) FILTER (WHERE text LIKE '%' || $2 || '%')"
+                "        FROM messages WHERE sender_id LIKE 'bot:%') AS messages,"
+                " (SELECT count(*) FILTER (WHERE length(lexical) > 0) || ',' || count(v.event_id)"
+                "        FROM events e LEFT JOIN event_vectors v"
+                "        ON v.tenant_id = e.tenant_id AND v.event_id = e.id"
+                "        WHERE e.tenant_id = $1 AND e.id LIKE 'ad:%') AS events",
+                tenant_id,
+                NAME,
+            )
+        finally:
+            await conn.close()
+        return tuple(int(n) for part in found for n in part.split(","))
+
+    assert await copies() == (2, 2, 12, 2, 2)
+    receipt = await client.delete(f"/v1/users/{VICTIM}", headers=tenant.headers)
+    assert receipt.status_code == 200, receipt.text
+    assert receipt.json()["counts"]["messages_redacted"] == 13
+    assert await copies() == (2, 2, 0, 2, 2)
+    found = await client.post(
+        "/v1/messages/search",
+        json={"group_id": "g7", "query": "旧车便宜卖", "top_k": 10},
+        headers=tenant.headers,
+    )
+    shown = [m["sender_id"] for m in found.json()["messages"]]
+    assert 1 <= sum(who.startswith("bot:") for who in shown) <= 2, shown
 
 
 async def test_a_large_erasure_runs_as_a_job(db_url: str) -> None:

@@ -18,7 +18,8 @@ _ID = "a code from a fixed set"
 
 async def redact_events(r: Redaction) -> None:
     """Others' events in the person's conversations lose the person's names in their text,
-    source and metadata; searchable again at once (vector, terms)."""
+    source and metadata; searchable again at once (vector, terms; a flood's copies stay
+    unindexed and out of the scan)."""
     redactor = r.redactor
     changed: list[dict[str, Any]] = []
     for row in await r.rows(
@@ -59,7 +60,11 @@ async def redact_events(r: Redaction) -> None:
                     WITH written AS (
                         UPDATE events SET text = :text, source_text = :source,
                                metadata = CAST(:meta AS jsonb), embedding = :vector,
-                               lexical = CAST(:lexical AS tsvector), updated_at = now()
+                               -- A flood's copy stays one (left unindexed: a text naming
+                               -- someone has words, so only a copy has none indexed).
+                               lexical = CASE WHEN length(lexical) = 0 THEN lexical
+                                              ELSE CAST(:lexical AS tsvector) END,
+                               updated_at = now()
                         WHERE tenant_id = :t AND id = :id
                         RETURNING tenant_id, id, embedding
                     )

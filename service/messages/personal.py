@@ -17,7 +17,8 @@ _ID = "a code from a fixed set"
 
 async def redact_messages(r: Redaction) -> None:
     """Others' messages in the person's conversations lose the person's names, and get the
-    redacted text's terms and vector at once (as the other aggregates' rows do): left for
+    redacted text's terms (but a flood's copies, which stay unindexed) and vector at once
+    (as the other aggregates' rows do): left for
     the embedding job, which nothing queues here, a quiet group's message stayed without a
     vector until its next message came."""
     changed = [
@@ -37,7 +38,9 @@ async def redact_messages(r: Redaction) -> None:
         await r.session.execute(
             text(
                 "UPDATE messages SET text = :body, embedding = CAST(:vector AS vector),"
-                " lexical = CAST(:lexical AS tsvector)"
+                # A flood's copy stays one (its words indexed in another copy, redacted too).
+                " lexical = CASE WHEN flood_copy THEN lexical"
+                " ELSE CAST(:lexical AS tsvector) END"
                 " WHERE tenant_id = :t AND conversation_key = :k AND message_id = :id"
             ),
             {
