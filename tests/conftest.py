@@ -344,6 +344,18 @@ async def wait_for(predicate: Any, timeout: float = 20.0, interval: float = 0.05
         await asyncio.sleep(interval)
 
 
+async def connections_returned(*dbs: Any, timeout: float = 5.0) -> None:
+    """Wait until every connection of the databases' pools is back in its pool. The process's
+    background tasks (the worker polling for jobs, the embedding model's watch, the batched
+    "last used" times) each hold one for a round trip now and then, and may when a test looks;
+    a connection a request left open never comes back, and fails the test."""
+
+    async def returned() -> bool:
+        return all(db.engine.pool.checkedout() == 0 for db in dbs)
+
+    await wait_for(returned, timeout=timeout, interval=0.01)
+
+
 async def job_status(
     client: httpx.AsyncClient, tenant: TenantHandle, job_id: int
 ) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from tests.conftest import (
     FAST_QUEUE,
     AppClient,
     TenantHandle,
+    connections_returned,
     make_settings,
     new_tenant,
     serve_app,
@@ -1162,7 +1163,7 @@ async def test_a_turn_its_model_refuses_opens_no_transaction_and_leaves_none_ope
         event.remove(engine, "before_cursor_execute", bound)
     assert opened == []  # refused before any transaction opened
     gc.collect()
-    assert runtime.read_db.engine.pool.checkedout() == 0
+    await connections_returned(runtime.read_db)
     ok = await client.post("/v1/context", json={**GROUP, "message": "周末"}, headers=tenant.headers)
     assert ok.status_code == 200, ok.text
 
@@ -1240,9 +1241,7 @@ async def test_months_of_turns_over_http_each_embedded_once_in_its_own_group_and
         answered += 1
     assert answered == 585 and len(begun) >= 585
     gc.collect()
-    await asyncio.sleep(0.05)
-    assert runtime.read_db.engine.pool.checkedout() == 0
-    assert runtime.db.engine.pool.checkedout() == 0
+    await connections_returned(runtime.read_db, runtime.db)
 
 
 async def test_a_row_deleted_while_the_results_are_read_leaves_no_partial_row_shown(
