@@ -465,6 +465,25 @@ async def test_a_read_beside_hands_its_rows_over_before_its_transaction_ends(
         assert beside.ended.done() and beside.ended.exception() is None
         assert db.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
 
+    # A request cancelled while it waits for that COMMIT (a client hung up, on a server that
+    # cancels the request then) still waits for it: the COMMIT is not broken off, and the
+    # connection is back in the pool before the request ends, still open (a COMMIT broken off
+    # cost the pool a new connection each time).
+    opened: list[object] = []
+    event.listen(db.engine.sync_engine.pool, "connect", lambda *args: opened.append(args))
+    for _ in range(20):
+        beside = db.read_beside(tenant, read)
+        await beside
+        request = asyncio.ensure_future(settled(beside))
+        await asyncio.sleep(0)
+        assert not beside.ended.done()
+        request.cancel()
+        await asyncio.gather(request, return_exceptions=True)
+        assert request.cancelled()
+        assert beside.ended.done() and beside.ended.exception() is None
+        assert db.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+    assert opened == []
+
     async def fails(session: Any) -> None:
         await session.execute(text("SELECT 1 / 0"))
 

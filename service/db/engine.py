@@ -420,13 +420,26 @@ class Beside(Generic[T]):
 
 async def settled(beside: Beside[Any] | None) -> None:
     """Wait until ``beside``'s transaction has ended, however it ends: a read still running
-    is cancelled first, one that has found its rows is left to close its transaction."""
+    is cancelled first, one that has found its rows is left to close its transaction. A
+    caller cancelled meanwhile (at a forced shutdown, or by a server that cancels a request
+    whose client hung up; uvicorn lets it finish) still waits for that, then is cancelled:
+    the COMMIT is not broken off (SQLAlchemy would throw the connection away), and the
+    connection is back in the pool before the request ends."""
     if beside is None:
         return
     if not beside.found.done():
         beside.ended.cancel()
-    await asyncio.gather(beside.ended, return_exceptions=True)
+    cancelled: asyncio.CancelledError | None = None
+    while not beside.ended.done():
+        try:
+            await asyncio.wait([beside.ended])  # a cancelled wait leaves ``ended`` be
+        except asyncio.CancelledError as exc:
+            cancelled = exc
+    if not beside.ended.cancelled():
+        beside.ended.exception()  # seen: ``found`` carries what the request needs of it
     if not beside.found.done():  # cancelled before it started
         beside.found.cancel()
     elif not beside.found.cancelled():
         beside.found.exception()  # seen: the request ends as its own reads did
+    if cancelled is not None:
+        raise cancelled
