@@ -16,12 +16,13 @@ from typing import Annotated, Any
 from litestar import Litestar, Request, Response
 from litestar.di import Provide
 from litestar.enums import ScopeType
-from litestar.exceptions import HTTPException, ValidationException
+from litestar.exceptions import HTTPException, InternalServerException, ValidationException
 from litestar.handlers import HTTPRouteHandler
 from litestar.openapi import ResponseSpec
 from litestar.params import Dependency, Parameter
 from litestar.types import ASGIApp, Message, Receive, ReceiveMessage, Scope, Send
 from pydantic import BaseModel
+from pydantic import ValidationError as ModelValidationError
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeout
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -243,6 +244,8 @@ def error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[
     # reaches here wrapped by Litestar's dependency cleanup.
     while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
+    if isinstance(exc, InternalServerException):
+        exc = _refused_body(exc) or exc
     if isinstance(exc, SQLAlchemyTimeout):
         exc = Unavailable("the database is busy (no free connection); retry shortly")
     if isinstance(exc, DBAPIError | OSError) and not isinstance(exc, MemoriaError):
@@ -302,6 +305,27 @@ def error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[
     if request.scope["state"].get("request_id_unsent"):
         headers["X-Request-ID"] = request_id
     return Response(content=body, status_code=status, headers=headers)
+
+
+def _refused_body(exc: InternalServerException) -> ValidationException | None:
+    """The body's refusal that Litestar took for a server error, if that is what ``exc`` is.
+
+    Litestar reports a body's invalid field under the field's own name (``tenant``, not
+    ``data.tenant``) and counts a name it also provides to the routes (``tenant``,
+    ``session``, ``settings``, ``db``) as its own failure: a bot's stray ``"session": …``
+    answered 500. Routes are given their dependencies as made, so a model's validation error
+    under the signature can only be the body's.
+    """
+    cause = exc.__cause__
+    while cause is not None and not isinstance(cause, ModelValidationError):
+        cause = cause.__cause__
+    if cause is None:
+        return None
+    problems = [
+        {"key": ".".join(str(part) for part in error["loc"]), "message": error["msg"]}
+        for error in cause.errors(include_input=False)
+    ]
+    return ValidationException(detail="the body is invalid", extra=problems)
 
 
 def _too_large(request: Request[Any, Any, Any]) -> str:

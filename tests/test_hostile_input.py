@@ -346,6 +346,33 @@ async def test_deep_nesting_is_4xx(client: AppClient, tenant: TenantHandle) -> N
     assert listed.json()["jobs"] == []
 
 
+async def test_fields_named_like_the_services_own_parts_are_refused_by_name(
+    client: AppClient, tenant: TenantHandle
+) -> None:
+    # Words a bot's own payload may well carry, which are also what the routes are given
+    # besides the body (the caller's tenant, its transaction, the deployment's settings).
+    for name in ("tenant", "session", "settings", "db"):
+        end = {"request_type": "group", "group_id": "g", "memo": "m", name: "x"}
+        assert_refused(await client.post("/v1/end", json=end, headers=tenant.headers), name)
+        memory = {"scope": "GROUP", "group_id": "g", "content": "c", name: "x"}
+        response = await client.post("/v1/memories", json=memory, headers=tenant.headers)
+        assert_refused(response, name)
+    tenants = (await client.get("/admin/tenants", headers=ADMIN)).json()
+    response = await client.post(
+        "/admin/tenants", json={"name": "x", "settings": "all"}, headers=ADMIN
+    )
+    assert_refused(response, "settings")
+    response = await client.patch(
+        f"/admin/tenants/{tenant.id}", json={"settings": ["x"]}, headers=ADMIN
+    )
+    assert_refused(response, "settings")
+    # Nothing was written on the way.
+    assert (await client.get("/admin/tenants", headers=ADMIN)).json() == tenants
+    memos = await client.get("/v1/memos", params={"group_id": "g"}, headers=tenant.headers)
+    assert memos.json() == []
+    assert (await client.get("/v1/memories", headers=tenant.headers)).json() == []
+
+
 async def test_ids_holding_slashes_are_refused_where_written(
     client: AppClient, tenant: TenantHandle
 ) -> None:
