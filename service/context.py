@@ -46,6 +46,14 @@ def checked_moment(value: datetime | None, field: str) -> datetime | None:
 Moment = Annotated[datetime, AfterValidator(in_range)]
 
 
+def on_clocks(value: datetime | None, zone: tzinfo) -> datetime | None:
+    """A request's time with its offset: one given without is read on ``zone``, the caller's
+    clocks, as a message's ``sent_at`` is (the driver would read it on the server's)."""
+    if value is None or value.tzinfo is not None:
+        return value
+    return value.replace(tzinfo=zone)
+
+
 # No request needs more; deeper JSON is refused before it reaches a model, a jsonb column or
 # the historian (which renders what it is given).
 MAX_JSON_DEPTH = 64

@@ -452,6 +452,36 @@ async def test_numbers_and_times_out_of_range_are_refused_by_name(
     assert_refused(response, "before")
 
 
+async def test_search_bounds_without_an_offset_are_read_on_the_callers_clocks(
+    client: AppClient, tenant: TenantHandle
+) -> None:
+    # Said at 07:30 and 09:30 on the tenant's clocks (Asia/Shanghai), whatever the server's.
+    said = [
+        {"message_id": "m1", "text": "我们明天去北京出差", "sent_at": "2026-03-01T07:30:00"},
+        {"message_id": "m2", "text": "北京的烤鸭很好吃", "sent_at": "2026-03-01T09:30:00"},
+    ]
+    stored = await client.post(
+        "/v1/messages", json={**GROUP, "messages": said}, headers=tenant.headers
+    )
+    assert stored.status_code == 202, stored.text
+    for time_from, time_to in (
+        ("2026-03-01T08:00:00", "2026-03-01T10:00:00"),
+        ("2026-03-01T08:00:00", "2026-03-01T10:00:00+08:00"),
+        ("2026-03-01T00:00:00Z", "2026-03-01T10:00:00"),
+    ):
+        bounds = {"time_from": time_from, "time_to": time_to}
+        search = {"query": "北京", "group_id": "g", **bounds}
+        response = await client.post("/v1/messages/search", json=search, headers=tenant.headers)
+        assert response.status_code == 200, response.text
+        assert [m["message_id"] for m in response.json()["messages"]] == ["m2"], bounds
+        # The event search takes such bounds alike, as a route and as a model's tool call.
+        response = await client.post("/v1/events/search", json=search, headers=tenant.headers)
+        assert response.status_code == 200, response.text
+        call = {"name": SEARCH, "arguments": {"query": "北京", **bounds}, "context": GROUP}
+        response = await client.post("/v1/tools/call", json=call, headers=tenant.headers)
+        assert response.status_code == 200, response.text
+
+
 # --- Prompt injection stays data ---------------------------------------------------------
 
 

@@ -121,8 +121,8 @@ class MessageSearch(BaseModel):
     timezone: str | None = Field(
         default=None,
         max_length=64,
-        description='IANA name; a day the query names ("on 13 October 2023") is read on its'
-        " clocks (default: the tenant's)",
+        description='IANA name; a day the query names ("on 13 October 2023"), and time_from'
+        " and time_to given without an offset, are read on its clocks (default: the tenant's)",
     )
 
     @model_validator(mode="after")

@@ -12,7 +12,7 @@ from zoneinfo import ZoneInfo
 import numpy as np
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.context import scope_of
+from service.context import on_clocks, scope_of
 from service.db.engine import Beside, Database, settled
 from service.embedding import Embedder, start_embedding
 from service.embedding.base import Calibration
@@ -70,7 +70,8 @@ async def search(
     the database of ``session``, lends a big conversation's search a second transaction."""
     key = scope_of(request.group_id, request.user_id)
     warnings = []
-    time_from, time_to = request.time_from, request.time_to
+    zone = ZoneInfo(request.timezone or tenant.timezone)
+    time_from, time_to = on_clocks(request.time_from, zone), on_clocks(request.time_to, zone)
     if time_from and time_to and time_from > time_to:
         time_from, time_to = time_to, time_from
         warnings.append("time_from was after time_to; the two were swapped")
@@ -84,7 +85,7 @@ async def search(
         datetime.now(UTC),
         embedder.calibration,
         request.asker_id,
-        ZoneInfo(request.timezone or tenant.timezone),
+        zone,
     )
     found: dict[int, Any] = {}
 

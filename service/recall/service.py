@@ -21,7 +21,7 @@ from zoneinfo import ZoneInfo
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.context import ConversationContext
+from service.context import ConversationContext, on_clocks
 from service.db.engine import Database, settled
 from service.embedding import Embedder, Started, embedded_while
 from service.embedding.base import Vector
@@ -312,16 +312,17 @@ class Reader:
         """``cognitive.search_events``: hard filters (conversation, time), then decay ranking."""
         q = tenant.query
         keys, warnings = event_scope(request, q)
-        time_from, time_to = request.time_from, request.time_to
+        # The caller's local time: the bounds given without an offset, the days the query
+        # names, and the times shown.
+        zone = (
+            request.context.zone(tenant.timezone) if request.context else ZoneInfo(tenant.timezone)
+        )
+        time_from, time_to = on_clocks(request.time_from, zone), on_clocks(request.time_to, zone)
         if time_from and time_to and time_from > time_to:
             time_from, time_to = time_to, time_from
             warnings.append("time_from was after time_to; the two were swapped")
         top_k = request.top_k or q.tool_default_top_k
         wanted = request.target_user_id if request.target_group_id else None
-        # The caller's local time: the days the query names, and the times shown.
-        zone = (
-            request.context.zone(tenant.timezone) if request.context else ZoneInfo(tenant.timezone)
-        )
         search = EventQuery(
             request.query,
             keys,
