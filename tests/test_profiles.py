@@ -199,6 +199,17 @@ async def test_if_match_protects_against_lost_updates(client: AppClient) -> None
     assert fresh.status_code == 200 and fresh.json()["version"] == 2
     current = (await client.get("/v1/profiles/user/10001", headers=tenant.headers)).json()
     assert current["document"] == doc("二")
+    # What only looks like a version number is refused by name, and changes nothing.
+    for odd in ("²".encode("latin-1"), b"9" * 5000):
+        refused = await client.put(
+            "/v1/profiles/user/10001",
+            json={"document": doc("三")},
+            headers={**tenant.headers, "If-Match": odd},
+        )
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["field"] == "If-Match"
+    current = (await client.get("/v1/profiles/user/10001", headers=tenant.headers)).json()
+    assert (current["version"], current["document"]) == (2, doc("二"))
 
 
 async def test_offline_merge_builds_a_dated_list_and_skips_duplicates(

@@ -238,6 +238,8 @@ def _if_match(value: str | None) -> int | None:
     if value is None:
         return None
     value = value.strip().strip('"').removeprefix("W/").strip('"')
-    if not value.isdigit():
+    # ASCII digits only ("²" is a digit to str.isdigit, not to int), no more than a version
+    # (an int4) holds.
+    if not (value.isascii() and value.isdigit() and len(value) <= 10):
         raise Invalid("If-Match carries the profile version, a number", field="If-Match")
     return int(value)
