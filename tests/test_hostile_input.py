@@ -176,7 +176,7 @@ async def test_end_observations_and_names_round_trip_exactly(
         calls.append((body, response.json()))
     for body, accepted in calls:
         job = await until_finished(client, tenant, accepted["job_id"])
-        assert job["status"] == "done", job
+        assert job["status"] == "done", job["last_error"]
         sources = []
         for event_id in accepted["event_ids"]:
             got = await client.get(f"/v1/events/{path(event_id)}", headers=tenant.headers)
@@ -193,6 +193,34 @@ async def test_end_observations_and_names_round_trip_exactly(
         assert (profile["entity_id"], profile["group_id"]) == (sender, group)
         # The profile's facts are the historian's statements; the injected text is among them.
         assert any(f": {t}\n" in profile["body"] for t in body["observations"])
+
+
+async def test_days_off_the_calendar_are_kept_as_said(
+    worker: tuple[AppClient, TenantHandle],
+) -> None:
+    client, tenant = worker
+    turns = [
+        ("2026-03-01T10:00:00+08:00", ["我99999999天后去北京", "in 99999999 days I retire"]),
+        ("2026-03-01T10:00:00+08:00", ["我喜欢狗", "99999999 weeks ago I swam"]),
+    ]
+    for n, (timestamp, observations) in enumerate(turns):
+        body = {
+            **GROUP,
+            "sender_id": "10001",
+            "request_id": f"far-{n}",
+            "timestamp": timestamp,
+            "observations": observations,
+        }
+        accepted = await client.post("/v1/end", json=body, headers=tenant.headers)
+        assert accepted.status_code == 202, accepted.text
+        job = await until_finished(client, tenant, accepted.json()["job_id"])
+        assert job["status"] == "done", job["last_error"]
+        for event_id, said in zip(accepted.json()["event_ids"], observations, strict=True):
+            event = await client.get(f"/v1/events/{event_id}", headers=tenant.headers)
+            assert event.status_code == 200, event.text
+            assert event.json()["source_text"] == said
+    far = (await client.get("/v1/events/far-0:1:1", headers=tenant.headers)).json()
+    assert "99999999天后" in far["text"]
 
 
 async def test_long_values_within_the_limits_are_stored(

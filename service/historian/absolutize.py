@@ -110,6 +110,20 @@ def month_shift(day: date, months: int) -> tuple[int, int]:
     return index // 12, index % 12 + 1
 
 
+def on_the_calendar(replace: Callable[[re.Match[str]], str]) -> Callable[[re.Match[str]], str]:
+    """A rule's rewrite, or the words left as they are where the day it names is off the
+    calendar (years 1 to 9999): "99999999天后", or "tomorrow" said on 9999-12-30. The gate
+    then flags them, and the turn's other items are stored as always."""
+
+    def rewrite(m: re.Match[str]) -> str:
+        try:
+            return replace(m)
+        except (OverflowError, ValueError):
+            return m.group(0)
+
+    return rewrite
+
+
 def looks_past(text: str) -> bool:
     """A rough tense guess for a bare weekday: past if the sentence says so."""
     return bool(
@@ -204,7 +218,7 @@ def _relative_times_cn(text: str, s: Situation) -> str:
         (r"(?<!之)(?<!以)(?<!然)(后年)", lambda m: f" {today.year + 2}年 "),
     ]
     for pattern, replace in rules:
-        text = re.sub(pattern, replace, text)
+        text = re.sub(pattern, on_the_calendar(replace), text)
     return text
 
 
@@ -251,8 +265,9 @@ def _relative_times_en(text: str, s: Situation) -> str:
         # "on 2026-02-22", but "until 2026-02-22": no second preposition after one.
         return "" if re.search(_PREPOSITIONS, text[: m.start()], re.I) else word + " "
 
-    def on(day: date, part: str = "") -> Callable[[re.Match[str]], str]:
+    def on(offset: int, part: str = "") -> Callable[[re.Match[str]], str]:
         def replace(m: re.Match[str]) -> str:
+            day = today + timedelta(days=offset)
             if part:
                 return f"{lead(m, 'on')}the {part} of {iso(day)}"
             return f"{lead(m, 'on')}{iso(day)}"
@@ -260,34 +275,39 @@ def _relative_times_en(text: str, s: Situation) -> str:
         return replace
 
     def week(offset: int) -> Callable[[re.Match[str]], str]:
-        start = week_start(today + timedelta(weeks=offset))
-        return lambda m: f"{lead(m, 'in')}the week of {iso(start)}"
+        def replace(m: re.Match[str]) -> str:
+            start = week_start(today + timedelta(weeks=offset))
+            return f"{lead(m, 'in')}the week of {iso(start)}"
+
+        return replace
 
     def month(offset: int) -> Callable[[re.Match[str]], str]:
-        year, number = month_shift(today, offset)
-        return lambda m: f"{lead(m, 'in')}{datetime(year, number, 1):%B} {year}"
+        def replace(m: re.Match[str]) -> str:
+            year, number = month_shift(today, offset)
+            return f"{lead(m, 'in')}{datetime(year, number, 1):%B} {year}"
+
+        return replace
 
     def ago(sign: int) -> Callable[[re.Match[str]], str]:
         return lambda m: (
             lead(m, "on" if m.group(2).lower() == "day" else "in") + _en_ago(m, today, sign)
         )
 
-    d = timedelta(days=1)
     rules: list[tuple[str, Callable[[re.Match[str]], str]]] = [
-        (r"\bthe day before yesterday\b", on(today - 2 * d)),
-        (r"\bthe day after tomorrow\b", on(today + 2 * d)),
-        (r"\b(?:last night|yesterday (?:evening|night))\b", on(today - d, "evening")),
-        (r"\byesterday (morning|afternoon)\b", lambda m: on(today - d, m.group(1).lower())(m)),
+        (r"\bthe day before yesterday\b", on(-2)),
+        (r"\bthe day after tomorrow\b", on(2)),
+        (r"\b(?:last night|yesterday (?:evening|night))\b", on(-1, "evening")),
+        (r"\byesterday (morning|afternoon)\b", lambda m: on(-1, m.group(1).lower())(m)),
         (
             r"\btomorrow (morning|afternoon|evening|night)\b",
-            lambda m: on(today + d, m.group(1).lower())(m),
+            lambda m: on(1, m.group(1).lower())(m),
         ),
-        (r"\bthis (morning|afternoon|evening)\b", lambda m: on(today, m.group(1).lower())(m)),
-        (r"\btonight\b", on(today, "evening")),
-        (r"\b(?:earlier|later) today\b", on(today)),
-        (r"\btoday\b", on(today)),
-        (r"\byesterday\b", on(today - d)),
-        (r"\btomorrow\b", on(today + d)),
+        (r"\bthis (morning|afternoon|evening)\b", lambda m: on(0, m.group(1).lower())(m)),
+        (r"\btonight\b", on(0, "evening")),
+        (r"\b(?:earlier|later) today\b", on(0)),
+        (r"\btoday\b", on(0)),
+        (r"\byesterday\b", on(-1)),
+        (r"\btomorrow\b", on(1)),
         (r"\b(?:just now|a moment ago|right now)\b", lambda m: f"at {iso(today)} {clock}"),
         (r"\b(\d+) (day|week|month|year)s? ago\b", ago(-1)),
         (r"\bin (\d+) (day|week|month|year)s?\b", ago(1)),
@@ -311,7 +331,7 @@ def _relative_times_en(text: str, s: Situation) -> str:
         (r"\b(?:recently|lately|these days)\b", lambda m: f"in the days before {iso(today)}"),
     ]
     for pattern, replace in rules:
-        text = re.sub(pattern, replace, text, flags=re.I)
+        text = re.sub(pattern, on_the_calendar(replace), text, flags=re.I)
     # "now" last: "right now"/"just now" are handled above.
     return re.sub(r"\bnow\b", f"as of {iso(today)}", text, flags=re.I)
 
