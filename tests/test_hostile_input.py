@@ -457,6 +457,11 @@ async def test_numbers_and_times_out_of_range_are_refused_by_name(
     edge = "0001-01-01T00:00:00+14:00"
     end = {"request_type": "group", "group_id": "g", "memo": "m", "timestamp": edge}
     assert_refused(await client.post("/v1/end", json=end, headers=tenant.headers), "timestamp")
+    # In range as given, but not on the tenant's clocks (08:00 that day in Shanghai), where the
+    # historian reads it: refused now rather than failing the job later.
+    end = {**end, "timestamp": "9999-12-30T00:00:00+00:00"}
+    assert_refused(await client.post("/v1/end", json=end, headers=tenant.headers), "timestamp")
+    assert (await client.get("/v1/jobs", headers=tenant.headers)).json()["jobs"] == []
     messages = {
         "request_type": "group",
         "group_id": "g",

@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.context import ConversationContext, scope_of
+from service.context import ConversationContext, checked_moment, scope_of
 from service.db.engine import Database
 from service.ends import repository
 from service.ends.schemas import EndAccepted, EndRequest, MemoInfo
@@ -57,6 +57,9 @@ async def accept_end(
     if not request.memo and not request.observations:
         return EndAccepted(enqueued=False, cognitive_enabled=tenant.cognitive_enabled)
     moment = request.moment(tenant.timezone)
+    # The historian reads the time on the call's clocks, where one at the calendar's edge
+    # may fall out of range (9999-12-30T00:00Z is 08:00 that day in Shanghai).
+    checked_moment(moment, "timestamp")
     enqueue = tenant.cognitive_enabled
     ids = event_ids(
         request.request_id, request.end_seq, len(request.observations), bool(request.memo)
