@@ -66,6 +66,13 @@ def doc(version_note: str, name: str = "张三") -> str:
     )
 
 
+# "Billion laughs": each anchor lists the one before nine times; 700 characters of front
+# matter that name a value of 9**7 items.
+LAUGHS = "l0: &l0 [ha, ha, ha, ha, ha, ha, ha, ha, ha]\n" + "".join(
+    f"l{n}: &l{n} [{', '.join([f'*l{n - 1}'] * 9)}]\n" for n in range(1, 7)
+)
+
+
 @pytest.fixture
 async def offline(db_url: str) -> AsyncIterator[tuple[AppClient, TenantHandle]]:
     settings = make_settings(db_url, cognitive={"queue": FAST_QUEUE})
@@ -133,6 +140,7 @@ async def test_put_round_trips_the_exact_text(client: AppClient) -> None:
         (doc("body").replace("tags: []", "tags: {a: 1}"), "document.tags"),
         (doc("body").replace("tags: []", f"tags: [{'x' * 50}]"), "document.tags"),
         (doc("body").replace("+08:00", ""), "document.updated_at"),
+        (doc("body", name="*l6").replace("---\n", f"---\n{LAUGHS}", 1), "document"),
     ],
 )
 async def test_invalid_documents_are_refused(client: AppClient, document: str, field: str) -> None:

@@ -122,6 +122,7 @@ def parse(
         raise Invalid(f"the front matter is not valid YAML: {exc}", field="document") from None
     if not isinstance(meta, dict):
         raise Invalid("the front matter must be a YAML mapping", field="document")
+    check_front_matter(meta)
     for required in ("entity_type", "entity_id", "name", "tags", "updated_at"):
         if meta.get(required) in (None, ""):
             if required == "tags" and meta.get("tags") == []:
@@ -182,6 +183,25 @@ def parse(
         body=body,
         extra={k: v for k, v in meta.items() if k not in known},
     )
+
+
+def check_front_matter(meta: dict[str, Any]) -> None:
+    """``Invalid`` for front matter that repeats a list or mapping by YAML alias: a few lines
+    of anchors, each listing the previous one nine times, expand to billions of items when a
+    value is turned into text ("billion laughs")."""
+    seen: set[int] = set()
+    pending: list[Any] = [meta]
+    while pending:
+        item = pending.pop()
+        if not isinstance(item, dict | list | set):
+            continue
+        if id(item) in seen:
+            raise Invalid(
+                "the front matter must not repeat a list or mapping by YAML alias",
+                field="document",
+            )
+        seen.add(id(item))
+        pending.extend(item.values() if isinstance(item, dict) else item)
 
 
 def render(profile: Profile) -> str:
