@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -14,6 +15,7 @@ from service.app import create_app
 from service.db.engine import Database
 from service.embedding import build_embedder
 from service.historian.profiles import ProfileMerger, Target
+from service.importer.undefined import read_source
 from service.profiles import repository
 from service.profiles.document import Profile, ProfileKey, parse, render
 from service.profiles.service import Fact
@@ -256,6 +258,30 @@ async def test_a_new_display_name_is_taken_without_the_llm(
     member = (await client.get("/v1/profiles/member/g1/10001", headers=tenant.headers)).json()
     assert member["name"] == "张三丰" and member["version"] == 2
     assert "老成员" in member["body"]
+
+
+async def test_front_matter_too_deep_to_render_is_refused_and_merges_go_on(
+    offline: tuple[AppClient, TenantHandle], tmp_path: Path
+) -> None:
+    client, tenant = offline
+    member = doc("老成员").replace("entity_type: user", "entity_type: member\ngroup_id: g1")
+    deep = member.replace("tags: []", f"tags: []\nnotes: {'[' * 400}{']' * 400}")
+    url = "/v1/profiles/member/g1/10001"
+    response = await client.put(url, json={"document": deep}, headers=tenant.headers)
+    # Stored, it broke every later render of the profile: each job of the person failed.
+    assert response.status_code == 422, response.text
+    assert response.json()["field"] == "document"
+    assert (await client.put(url, json={"document": member}, headers=tenant.headers)).is_success
+    job = await hand_over(client, tenant, observations=["张三(10001)在 2026-02-20 搬到了上海"])
+    assert job["status"] == "done", job
+    assert "上海" in (await client.get(url, headers=tenant.headers)).json()["body"]
+    # The importer leaves such a file out, naming it, instead of failing the whole run.
+    users = tmp_path / "profiles" / "users"
+    users.mkdir(parents=True)
+    (users / "10001.md").write_text(deep.replace("member", "user"), encoding="utf-8")
+    source = read_source(tmp_path, "Asia/Shanghai")
+    assert source.profiles == []
+    assert [s.origin for s in source.skipped] == ["profiles/users/10001.md"]
 
 
 async def test_the_llm_reads_then_updates(

@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from service.context import MAX_JSON_DEPTH
 from service.errors import Invalid
 
 ENTITY_TYPES = ("user", "group", "member")
@@ -186,22 +187,30 @@ def parse(
 
 
 def check_front_matter(meta: dict[str, Any]) -> None:
-    """``Invalid`` for front matter that repeats a list or mapping by YAML alias: a few lines
+    """``Invalid`` for front matter that repeats a list or mapping by YAML alias (a few lines
     of anchors, each listing the previous one nine times, expand to billions of items when a
-    value is turned into text ("billion laughs")."""
+    value is turned into text: "billion laughs"), or nests deeper than ``MAX_JSON_DEPTH``
+    (the renderer recurses into every level: a profile stored that deep could never be
+    merged into, renamed or redacted again)."""
     seen: set[int] = set()
-    pending: list[Any] = [meta]
+    pending: list[tuple[Any, int]] = [(meta, 0)]
     while pending:
-        item = pending.pop()
+        item, depth = pending.pop()
         if not isinstance(item, dict | list | set):
             continue
+        if depth > MAX_JSON_DEPTH:
+            raise Invalid(
+                f"the front matter is nested more than {MAX_JSON_DEPTH} levels deep",
+                field="document",
+            )
         if id(item) in seen:
             raise Invalid(
                 "the front matter must not repeat a list or mapping by YAML alias",
                 field="document",
             )
         seen.add(id(item))
-        pending.extend(item.values() if isinstance(item, dict) else item)
+        children = item.values() if isinstance(item, dict) else item
+        pending.extend((child, depth + 1) for child in children)
 
 
 def render(profile: Profile) -> str:
