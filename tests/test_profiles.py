@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator
 from datetime import datetime
 from pathlib import Path
@@ -143,6 +144,12 @@ async def test_put_round_trips_the_exact_text(client: AppClient) -> None:
         (doc("body").replace("tags: []", f"tags: [{'x' * 50}]"), "document.tags"),
         (doc("body").replace("+08:00", ""), "document.updated_at"),
         (doc("body", name="*l6").replace("---\n", f"---\n{LAUGHS}", 1), "document"),
+        (doc("body", name="{first: 张, last: 三}"), "document.name"),
+        (doc("body", name="!!binary 5byg5LiJ"), "document.name"),
+        (
+            doc("body").replace("tags: []", "tags: []\nsource_event_id: [a, b]"),
+            "document.source_event_id",
+        ),
     ],
 )
 async def test_invalid_documents_are_refused(client: AppClient, document: str, field: str) -> None:
@@ -282,6 +289,37 @@ async def test_front_matter_too_deep_to_render_is_refused_and_merges_go_on(
     source = read_source(tmp_path, "Asia/Shanghai")
     assert source.profiles == []
     assert [s.origin for s in source.skipped] == ["profiles/users/10001.md"]
+
+
+async def test_a_profile_stored_before_todays_checks_still_merges(
+    db_url: str, offline: tuple[AppClient, TenantHandle]
+) -> None:
+    client, tenant = offline
+    # Accepted by an earlier release: a name given as a list, a part repeated by alias.
+    legacy = (
+        doc("老成员", name="[张三, 老张]")
+        .replace("entity_type: user", "entity_type: member\ngroup_id: g1")
+        .replace("tags: []", "tags: []\nseen: &days [周一, 周三]\nalso: *days")
+    )
+    db = Database(db_url)
+    async with db.tenant(uuid.UUID(tenant.id)) as session:
+        profile = parse(legacy, stored=True)
+        await repository.write(
+            session,
+            uuid.UUID(tenant.id),
+            profile,
+            legacy,
+            None,
+            expected=None,
+            replaced_by={},
+            keep=5,
+        )
+    await db.dispose()
+    job = await hand_over(client, tenant, observations=["张三(10001)在 2026-02-20 搬到了上海"])
+    assert job["status"] == "done", job
+    url = "/v1/profiles/member/g1/10001"
+    body = (await client.get(url, headers=tenant.headers)).json()["body"]
+    assert "老成员" in body and "上海" in body
 
 
 async def test_the_llm_reads_then_updates(

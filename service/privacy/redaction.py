@@ -96,7 +96,7 @@ class Redactor:
         start = len(document) - len(body)
         if self.mentions(head):
             try:
-                return render(self.profile(parse(document, max_chars=None)))
+                return render(self.profile(parse(document, stored=True)))
             except Invalid:
                 pass  # kept as it was written: the body still loses the name
         return document[:start] + self.text(body)
