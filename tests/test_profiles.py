@@ -143,6 +143,10 @@ async def test_put_round_trips_the_exact_text(client: AppClient) -> None:
         (doc("body").replace("tags: []", "tags: {a: 1}"), "document.tags"),
         (doc("body").replace("tags: []", f"tags: [{'x' * 50}]"), "document.tags"),
         (doc("body").replace("+08:00", ""), "document.updated_at"),
+        (
+            doc("body").replace("2026-02-22T10:30:00+08:00", "0001-01-01T00:00:00+14:00"),
+            "document.updated_at",
+        ),
         (doc("body", name="*l6").replace("---\n", f"---\n{LAUGHS}", 1), "document"),
         (doc("body", name="{first: 张, last: 三}"), "document.name"),
         (doc("body", name="!!binary 5byg5LiJ"), "document.name"),

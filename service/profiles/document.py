@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from service.context import MAX_JSON_DEPTH
+from service.context import MAX_JSON_DEPTH, in_range
 from service.errors import Invalid
 
 ENTITY_TYPES = ("user", "group", "member")
@@ -170,6 +170,10 @@ def parse(document: str, expected: ProfileKey | None = None, *, stored: bool = F
             ) from None
     if updated_at.tzinfo is None:
         raise Invalid("updated_at needs a UTC offset", field="document.updated_at")
+    try:
+        in_range(updated_at)
+    except ValueError as exc:
+        raise Invalid(str(exc), field="document.updated_at") from None
     if not body.strip():
         raise Invalid("the profile body is empty", field="document")
     known = {
