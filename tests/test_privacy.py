@@ -229,6 +229,50 @@ async def test_erasure_leaves_nothing_a_query_can_reach(
     assert rows[0]["requested_by"] == tenant.prefix and len(rows[0]["subject_hash"]) == 64
 
 
+async def test_a_persons_label_goes_with_them_even_under_a_shared_name(
+    running: tuple[AppClient, TenantHandle], db_url: str
+) -> None:
+    """The service labels a person 张三(10001); two members are called 张三, so the name alone
+    is not known to be this one's, but the label is."""
+    client, tenant = running
+    h = tenant.headers
+    said = [
+        ("10001", "张三", "大家好"),
+        ("10003", "张三", "我也叫张三"),
+        ("10002", "李四", "张三(10001)是群主，张三(10003)是新人"),
+    ]
+    messages = [
+        {"message_id": f"l{n}", "sender_id": who, "sender_name": name, "text": text}
+        for n, (who, name, text) in enumerate(said)
+    ]
+    posted = await client.post("/v1/messages", json={**GROUP, "messages": messages}, headers=h)
+    assert posted.status_code == 202, posted.text
+    group = (
+        '---\nentity_type: group\nentity_id: "g7"\nname: 红楼群\ntags: []\n'
+        'updated_at: "2026-01-01T00:00:00+08:00"\n---\n'
+    )
+    for body in ("- 群主：张三 (10001)\n", "- 张三(10001)和李四(10002)是同事\n"):
+        put = await client.put("/v1/profiles/group/g7", json={"document": group + body}, headers=h)
+        assert put.status_code == 200, put.text
+    memory = {"scope": "GROUP", "group_id": "g7", "content": "张三（10001）负责周报"}
+    assert (await client.post("/v1/memories", json=memory, headers=h)).status_code == 201
+    export = json.loads((await client.get("/v1/users/10001/export", headers=h)).content)
+    assert [m["content"] for m in export["memories"]] == ["张三（10001）负责周报"]
+    receipt = await client.delete("/v1/users/10001", headers=h)
+    assert receipt.status_code == 200, receipt.text
+    assert await leftovers(db_url, ["10001"]) == []
+    conn = await asyncpg.connect(plain_dsn(db_url))
+    try:
+        texts = {r["text"] for r in await conn.fetch("SELECT text FROM messages")}
+    finally:
+        await conn.close()
+    assert "[已删除用户]是群主，张三(10003)是新人" in texts and "我也叫张三" in texts
+    profile = (await client.get("/v1/profiles/group/g7", headers=h)).json()
+    assert profile["body"] == "- [已删除用户]和李四(10002)是同事\n"
+    memories = (await client.get("/v1/memories?group_id=g7", headers=h)).json()
+    assert [m["content"] for m in memories] == ["[已删除用户]负责周报"]
+
+
 async def test_erasure_keeps_a_floods_copies_one_statement(
     running: tuple[AppClient, TenantHandle], db_url: str
 ) -> None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -14,6 +16,7 @@ from service.app import create_app
 from service.db.engine import Database
 from service.embedding import build_embedder
 from service.historian.profiles import ProfileMerger, Target
+from service.importer.undefined import read_source
 from service.profiles import repository
 from service.profiles.document import Profile, ProfileKey, parse, render
 from service.profiles.service import Fact
@@ -64,6 +67,13 @@ def doc(version_note: str, name: str = "张三") -> str:
         f'---\nentity_type: user\nentity_id: "10001"\nname: {name}\ntags: []\n'
         f'updated_at: "2026-02-22T10:30:00+08:00"\n---\n{version_note}\n'
     )
+
+
+# "Billion laughs": each anchor lists the one before nine times; 700 characters of front
+# matter that name a value of 9**7 items.
+LAUGHS = "l0: &l0 [ha, ha, ha, ha, ha, ha, ha, ha, ha]\n" + "".join(
+    f"l{n}: &l{n} [{', '.join([f'*l{n - 1}'] * 9)}]\n" for n in range(1, 7)
+)
 
 
 @pytest.fixture
@@ -133,6 +143,17 @@ async def test_put_round_trips_the_exact_text(client: AppClient) -> None:
         (doc("body").replace("tags: []", "tags: {a: 1}"), "document.tags"),
         (doc("body").replace("tags: []", f"tags: [{'x' * 50}]"), "document.tags"),
         (doc("body").replace("+08:00", ""), "document.updated_at"),
+        (
+            doc("body").replace("2026-02-22T10:30:00+08:00", "0001-01-01T00:00:00+14:00"),
+            "document.updated_at",
+        ),
+        (doc("body", name="*l6").replace("---\n", f"---\n{LAUGHS}", 1), "document"),
+        (doc("body", name="{first: 张, last: 三}"), "document.name"),
+        (doc("body", name="!!binary 5byg5LiJ"), "document.name"),
+        (
+            doc("body").replace("tags: []", "tags: []\nsource_event_id: [a, b]"),
+            "document.source_event_id",
+        ),
     ],
 )
 async def test_invalid_documents_are_refused(client: AppClient, document: str, field: str) -> None:
@@ -259,6 +280,61 @@ async def test_a_new_display_name_is_taken_without_the_llm(
     member = (await client.get("/v1/profiles/member/g1/10001", headers=tenant.headers)).json()
     assert member["name"] == "张三丰" and member["version"] == 2
     assert "老成员" in member["body"]
+
+
+async def test_front_matter_too_deep_to_render_is_refused_and_merges_go_on(
+    offline: tuple[AppClient, TenantHandle], tmp_path: Path
+) -> None:
+    client, tenant = offline
+    member = doc("老成员").replace("entity_type: user", "entity_type: member\ngroup_id: g1")
+    deep = member.replace("tags: []", f"tags: []\nnotes: {'[' * 400}{']' * 400}")
+    url = "/v1/profiles/member/g1/10001"
+    response = await client.put(url, json={"document": deep}, headers=tenant.headers)
+    # Stored, it broke every later render of the profile: each job of the person failed.
+    assert response.status_code == 422, response.text
+    assert response.json()["field"] == "document"
+    assert (await client.put(url, json={"document": member}, headers=tenant.headers)).is_success
+    job = await hand_over(client, tenant, observations=["张三(10001)在 2026-02-20 搬到了上海"])
+    assert job["status"] == "done", job
+    assert "上海" in (await client.get(url, headers=tenant.headers)).json()["body"]
+    # The importer leaves such a file out, naming it, instead of failing the whole run.
+    users = tmp_path / "profiles" / "users"
+    users.mkdir(parents=True)
+    (users / "10001.md").write_text(deep.replace("member", "user"), encoding="utf-8")
+    source = read_source(tmp_path, "Asia/Shanghai")
+    assert source.profiles == []
+    assert [s.origin for s in source.skipped] == ["profiles/users/10001.md"]
+
+
+async def test_a_profile_stored_before_todays_checks_still_merges(
+    db_url: str, offline: tuple[AppClient, TenantHandle]
+) -> None:
+    client, tenant = offline
+    # Accepted by an earlier release: a name given as a list, a part repeated by alias.
+    legacy = (
+        doc("老成员", name="[张三, 老张]")
+        .replace("entity_type: user", "entity_type: member\ngroup_id: g1")
+        .replace("tags: []", "tags: []\nseen: &days [周一, 周三]\nalso: *days")
+    )
+    db = Database(db_url)
+    async with db.tenant(uuid.UUID(tenant.id)) as session:
+        profile = parse(legacy, stored=True)
+        await repository.write(
+            session,
+            uuid.UUID(tenant.id),
+            profile,
+            legacy,
+            None,
+            expected=None,
+            replaced_by={},
+            keep=5,
+        )
+    await db.dispose()
+    job = await hand_over(client, tenant, observations=["张三(10001)在 2026-02-20 搬到了上海"])
+    assert job["status"] == "done", job
+    url = "/v1/profiles/member/g1/10001"
+    body = (await client.get(url, headers=tenant.headers)).json()["body"]
+    assert "老成员" in body and "上海" in body
 
 
 async def test_the_llm_reads_then_updates(

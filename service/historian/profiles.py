@@ -340,7 +340,7 @@ def _folded(steps: list[tuple[int, Step]], changed_by: set[int]) -> Step:
                 continue
             changed_by.add(index)
             result = new
-            current = parse(render(new), max_chars=None) if len(steps) > 1 else new
+            current = parse(render(new), stored=True) if len(steps) > 1 else new
             version = (version or 0) + 1
         return result
 

@@ -19,7 +19,15 @@ import yaml
 
 from service.context import ID_MAX, conversation_key, in_range
 from service.errors import Invalid
-from service.profiles.document import MAX_TAG_CHARS, MAX_TAGS, Profile, ProfileKey, parse, render
+from service.profiles.document import (
+    MAX_TAG_CHARS,
+    MAX_TAGS,
+    Profile,
+    ProfileKey,
+    check_front_matter,
+    parse,
+    render,
+)
 from service.profiles.document import split as split_document
 
 _FENCED = re.compile(r"^```[\w-]*\n(.*?)\n?```$", re.S)
@@ -171,6 +179,7 @@ def conform_profile(text: str, key: ProfileKey, taken_at: datetime, zone: str) -
         meta = {}
     if not isinstance(meta, dict):
         raise Invalid("the front matter is not a YAML mapping")
+    check_front_matter(meta)  # what the renderer below could not write
     declared_type = meta.get("entity_type")
     if declared_type not in (None, "", key.entity_type):
         raise Invalid(f"it describes a {declared_type}, but lies among {key.entity_type} files")

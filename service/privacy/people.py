@@ -55,8 +55,9 @@ class Person:
         cheap first filter in SQL before the exact match in Python."""
         import json
 
-        escaped = {json.dumps(n, ensure_ascii=False)[1:-1] for n in self.redactor.names}
-        return sorted({*self.redactor.names, *escaped})
+        found = [*self.redactor.names, *self.redactor.labels]
+        escaped = {json.dumps(n, ensure_ascii=False)[1:-1] for n in found}
+        return sorted({*found, *escaped})
 
 
 async def find_person(session: AsyncSession, tenant_id: uuid.UUID, user_id: str) -> Person:
@@ -84,7 +85,7 @@ async def find_person(session: AsyncSession, tenant_id: uuid.UUID, user_id: str)
     return Person(
         id=user_id,
         private_key=private_key,
-        redactor=Redactor(own - shared),
+        redactor=Redactor(own - shared, user_id, own),
         conversations=keys,
         groups=groups,
         peers=peers,

@@ -12,6 +12,10 @@ the name is replaced by a marker. A name is only replaced where it is known to b
   edges are Latin letters or digits ("Ann" is not in "Anna");
 - the text is in a conversation they took part in (the callers restrict the rows).
 
+Their id goes too where the service wrote it beside a name of theirs, as its label of a
+person (``张三(10001)``, ``Alice (10001)``): the id says for certain who is meant, so the
+label goes whole even when its name is too short or too common to be redacted alone.
+
 Profile documents are redacted in their body (and tags) only, and rebuilt through the
 renderer, so a name that looks like a YAML key or value can never break the front matter.
 """
@@ -44,18 +48,31 @@ def is_distinct_name(name: str) -> bool:
     return len(letters) >= 2 and name.lower() not in ENGLISH_STOPWORDS
 
 
-def _pattern(name: str) -> str:
+def _pattern(name: str, edge: str = "both") -> str:
     before = r"(?<![^\W" + _CJK + "])" if _SPACED_WORD.match(name[0]) else ""
     after = r"(?![^\W" + _CJK + "])" if _SPACED_WORD.match(name[-1]) else ""
-    return before + re.escape(name) + after
+    return before + re.escape(name) + (after if edge == "both" else "")
 
 
 class Redactor:
     """Finds and replaces a set of names known to be one person's."""
 
-    def __init__(self, names: Iterable[str]) -> None:
+    def __init__(
+        self, names: Iterable[str], person_id: str | None = None, own: Iterable[str] = ()
+    ) -> None:
+        """``names``: the names known to be theirs alone; ``person_id`` and ``own`` (every
+        name they went by): their labels (see the module)."""
         self.names = sorted({n.strip() for n in names if is_distinct_name(n)}, key=len)[::-1]
-        self._regex = re.compile("|".join(_pattern(n) for n in self.names)) if self.names else None
+        patterns = [_pattern(n) for n in self.names]
+        self.labels: list[str] = []
+        if person_id:
+            self.labels = [f"({person_id})", f"（{person_id}）"]
+            # Also a label whose name an earlier redaction already replaced by the marker.
+            prefixes = sorted({n.strip() for n in own if n.strip()} | {ERASED}, key=len)[::-1]
+            label = "|".join(_pattern(n, edge="before") for n in prefixes)
+            ident = re.escape(person_id)
+            patterns.insert(0, rf"(?:{label})[ \t]?(?:\({ident}\)|（{ident}）)")
+        self._regex = re.compile("|".join(patterns)) if patterns else None
 
     def __bool__(self) -> bool:
         return self._regex is not None
@@ -96,7 +113,7 @@ class Redactor:
         start = len(document) - len(body)
         if self.mentions(head):
             try:
-                return render(self.profile(parse(document, max_chars=None)))
+                return render(self.profile(parse(document, stored=True)))
             except Invalid:
                 pass  # kept as it was written: the body still loses the name
         return document[:start] + self.text(body)

@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from service.context import MAX_JSON_DEPTH, in_range
 from service.errors import Invalid
 
 ENTITY_TYPES = ("user", "group", "member")
@@ -107,11 +108,12 @@ def split(document: str) -> tuple[str, str]:
     return text[first.end() : closing.start()], text[closing.end() :].lstrip("\r\n")
 
 
-def parse(
-    document: str, expected: ProfileKey | None = None, *, max_chars: int | None = MAX_DOCUMENT_CHARS
-) -> Profile:
-    """Validate a document (front matter parses, required keys, body, tags) and parse it."""
-    if max_chars is not None and len(document) > max_chars:
+def parse(document: str, expected: ProfileKey | None = None, *, stored: bool = False) -> Profile:
+    """Validate a document (front matter parses, required keys, body, tags) and parse it.
+    ``stored``: a text stored earlier, read as it was accepted then (neither today's size cap
+    nor today's checks of the front matter's shape refuse it, so the next merge can rewrite
+    it)."""
+    if not stored and len(document) > MAX_DOCUMENT_CHARS:
         raise Invalid(f"a profile is at most {MAX_DOCUMENT_CHARS} characters", field="document")
     if "\x00" in document:
         raise Invalid("a profile must not contain NUL characters", field="document")
@@ -122,11 +124,18 @@ def parse(
         raise Invalid(f"the front matter is not valid YAML: {exc}", field="document") from None
     if not isinstance(meta, dict):
         raise Invalid("the front matter must be a YAML mapping", field="document")
+    if not stored:
+        check_front_matter(meta)
     for required in ("entity_type", "entity_id", "name", "tags", "updated_at"):
         if meta.get(required) in (None, ""):
             if required == "tags" and meta.get("tags") == []:
                 continue
             raise Invalid(f"the front matter needs '{required}'", field=f"document.{required}")
+    for single in ("entity_type", "entity_id", "group_id", "name", "updated_at", "source_event_id"):
+        if not stored and isinstance(meta.get(single), list | dict | set | bytes):
+            raise Invalid(
+                f"{single} is one text, not a list or mapping", field=f"document.{single}"
+            )
     entity_type = str(meta["entity_type"])
     if entity_type not in ENTITY_TYPES:
         raise Invalid("entity_type is user, group or member", field="document.entity_type")
@@ -161,6 +170,10 @@ def parse(
             ) from None
     if updated_at.tzinfo is None:
         raise Invalid("updated_at needs a UTC offset", field="document.updated_at")
+    try:
+        in_range(updated_at)
+    except ValueError as exc:
+        raise Invalid(str(exc), field="document.updated_at") from None
     if not body.strip():
         raise Invalid("the profile body is empty", field="document")
     known = {
@@ -182,6 +195,33 @@ def parse(
         body=body,
         extra={k: v for k, v in meta.items() if k not in known},
     )
+
+
+def check_front_matter(meta: dict[str, Any]) -> None:
+    """``Invalid`` for front matter that repeats a list or mapping by YAML alias (a few lines
+    of anchors, each listing the previous one nine times, expand to billions of items when a
+    value is turned into text: "billion laughs"), or nests deeper than ``MAX_JSON_DEPTH``
+    (the renderer recurses into every level: a profile stored that deep could never be
+    merged into, renamed or redacted again)."""
+    seen: set[int] = set()
+    pending: list[tuple[Any, int]] = [(meta, 0)]
+    while pending:
+        item, depth = pending.pop()
+        if not isinstance(item, dict | list | set):
+            continue
+        if depth > MAX_JSON_DEPTH:
+            raise Invalid(
+                f"the front matter is nested more than {MAX_JSON_DEPTH} levels deep",
+                field="document",
+            )
+        if id(item) in seen:
+            raise Invalid(
+                "the front matter must not repeat a list or mapping by YAML alias",
+                field="document",
+            )
+        seen.add(id(item))
+        children = item.values() if isinstance(item, dict) else item
+        pending.extend((child, depth + 1) for child in children)
 
 
 def render(profile: Profile) -> str:

@@ -36,7 +36,7 @@ async def redact_profiles(r: Redaction) -> None:
         document = redactor.document(row.document)
         if document == row.document:
             continue  # the name was only a YAML key or the like: nothing of theirs to remove
-        profile = redactor.profile(parse(row.document, max_chars=None))
+        profile = redactor.profile(parse(row.document, stored=True))
         [vector] = await r.embedder.passages([digest(profile.body)])
         version = await profiles.write(
             r.session,

@@ -175,7 +175,7 @@ async def restore_history(
 def load(row: dict[str, Any]) -> Profile:
     """The parsed profile of a stored row (stored documents are always valid; one stored
     before today's cap still loads, so that the next merge can compact it)."""
-    return parse(row["document"], max_chars=None)
+    return parse(row["document"], stored=True)
 
 
 async def save(
