@@ -47,7 +47,9 @@ def private_chat() -> Conversation:
 
 def scene(conversation: Conversation | None = None, sharing: bool = False) -> Scene:
     known = {7: {"scope": "GROUP", "category": "FACT", "content": "群规：周五发周报"}}
-    return Scene(conversation or group_chat(), known, {3}, sharing=sharing)
+    return Scene(
+        conversation or group_chat(), known, {3}, sharing=sharing, offered=frozenset(REGISTRY)
+    )
 
 
 def test_every_offered_schema_is_a_registered_tool_with_its_own_name() -> None:

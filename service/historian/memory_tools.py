@@ -32,6 +32,9 @@ class Scene:
     known: dict[int, dict[str, Any]]  # memory id → the memory shown
     todo_ids: set[int]  # the pending todos shown
     sharing: bool = False  # the person said it may be known elsewhere
+    # The tools the model was offered: a call of another one (write_summary in a private
+    # chat, which has no group to summarize) is refused like an unknown tool.
+    offered: frozenset[str] = field(default_factory=lambda: frozenset(t.name for t in TOOLS))
 
 
 @dataclass
@@ -388,7 +391,14 @@ SUMMARY_TOOL = Tool(
     embeds="content",
 )
 
-TOOLS = (ADD_MEMORY, UPDATE_MEMORY, DELETE_MEMORY, ADD_TODO, COMPLETE_TODO, CANCEL_TODO)
+TOOLS: tuple[Tool, ...] = (
+    ADD_MEMORY,
+    UPDATE_MEMORY,
+    DELETE_MEMORY,
+    ADD_TODO,
+    COMPLETE_TODO,
+    CANCEL_TODO,
+)
 REGISTRY = {tool.name: tool for tool in (*TOOLS, SUMMARY_TOOL)}
 
 
@@ -397,6 +407,6 @@ def validate_call(name: str, args: dict[str, Any] | None, scene: Scene) -> Opera
     if args is None:
         raise Invalid("the arguments are not valid JSON")
     tool = REGISTRY.get(name)
-    if tool is None:
-        raise Invalid(f"unknown tool {name}")
+    if tool is None or name not in scene.offered:
+        raise Invalid(f"unknown tool {name}; the tools are {', '.join(sorted(scene.offered))}")
     return tool.validate(args, scene)
