@@ -121,6 +121,20 @@ def _shown_todo(args: dict[str, Any], scene: Scene) -> dict[str, Any]:
     return {"todo_id": todo_id}
 
 
+def _check_global(content: str, scene: Scene) -> None:
+    """What a GLOBAL memory may say: it is read in every group its person is in."""
+    if scene.conversation.request_type == "private" and not scene.sharing:
+        raise Invalid(
+            "what is said in a private chat stays PRIVATE unless the person says it may "
+            "be known elsewhere"
+        )
+    if pii.sensitive(content):
+        raise Invalid(
+            "a GLOBAL memory is read in every group; health, id and contact data stay "
+            "PRIVATE or MEMBER_IN_GROUP"
+        )
+
+
 # -- add_memory ---------------------------------------------------------------------------
 
 
@@ -143,16 +157,8 @@ def _check_add_memory(args: dict[str, Any], scene: Scene) -> dict[str, Any]:
     bound_user, bound_group = conversation.bind(scope, user_id)
     if not conversation.filter.allows(scope, bound_group, bound_user):
         raise Invalid(f"a {conversation.request_type} chat cannot write {scope} memories")
-    if scope == "GLOBAL" and conversation.request_type == "private" and not scene.sharing:
-        raise Invalid(
-            "what is said in a private chat stays PRIVATE unless the person says it may "
-            "be known elsewhere"
-        )
-    if scope == "GLOBAL" and pii.sensitive(content):
-        raise Invalid(
-            "a GLOBAL memory is read in every group; health, id and contact data stay "
-            "PRIVATE or MEMBER_IN_GROUP"
-        )
+    if scope == "GLOBAL":
+        _check_global(content, scene)
     return {
         "content": content,
         "scope": scope,
@@ -213,6 +219,8 @@ def _check_update_memory(args: dict[str, Any], scene: Scene) -> dict[str, Any]:
     memory_id = _shown_memory(args, scene)
     reason = str(args.get("reason") or "")[:500]
     content = absolute(args.get("new_content"), "new_content")
+    if scene.known[memory_id].get("scope") == "GLOBAL":
+        _check_global(content, scene)
     return {"memory_id": memory_id, "new_content": content, "reason": reason}
 
 
