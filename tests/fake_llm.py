@@ -36,6 +36,7 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
     delay: float = 0.0
     raw_body: bytes | None = None  # sent as is (garbage, truncated JSON, …)
+    drip: float = 0.0  # seconds between the body's bytes (a server that never quite stops)
 
 
 def tool(name: str, arguments: Any) -> Reply:
@@ -146,7 +147,11 @@ class FakeLLM:
                 pass
 
             def _send(
-                self, status: int, body: bytes, headers: dict[str, str] | None = None
+                self,
+                status: int,
+                body: bytes,
+                headers: dict[str, str] | None = None,
+                drip: float = 0.0,
             ) -> None:
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -154,7 +159,14 @@ class FakeLLM:
                 for name, value in (headers or {}).items():
                     self.send_header(name, value)
                 self.end_headers()
-                self.wfile.write(body)
+                if not drip:
+                    self.wfile.write(body)
+                    return
+                with contextlib.suppress(OSError):  # the caller may give up on it
+                    for byte in body:
+                        self.wfile.write(bytes([byte]))
+                        self.wfile.flush()
+                        time.sleep(drip)
 
             def _rerank(self, request: dict[str, Any]) -> None:
                 fake.rerank_requests.append(request)
@@ -250,6 +262,6 @@ class FakeLLM:
                     ],
                     "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
                 }
-                self._send(200, json.dumps(body).encode(), reply.headers)
+                self._send(200, json.dumps(body).encode(), reply.headers, reply.drip)
 
         return Handler

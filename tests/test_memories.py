@@ -633,3 +633,49 @@ async def test_extraction_keeps_a_rolling_summary_per_group_and_day(
     assert "西湖" in day["content"]
     # Rolling: the second extraction rewrote the same day's summary, with history.
     assert [h["action"] for h in await history(client, tenant, day["id"])] == ["add", "update"]
+
+
+async def test_a_tool_not_offered_is_refused_and_the_job_still_lands(
+    online: tuple[AppClient, TenantHandle], llm: FakeLLM
+) -> None:
+    # A private chat is offered no write_summary (a group's day summary); a model talked into
+    # calling it anyway is told so, and the chat's own event and memory are still stored.
+    client, tenant = online
+    calls = [
+        ("write_summary", {"day": "2026-02-21", "content": "2026-02-21 群里讨论了攀岩"}),
+        (
+            "add_memory",
+            {"content": "用户A(10001) 喜欢攀岩", "scope": "PRIVATE", "category": "PREFERENCE"},
+        ),
+    ]
+
+    def memory_step(request: dict[str, Any]) -> Reply:
+        if request["tools"][0]["function"]["name"] == "add_memory":
+            offered = {t["function"]["name"] for t in request["tools"]}
+            assert "write_summary" not in offered
+            first = request["messages"][-1]["role"] == "user"
+            return Reply(tool_calls=calls) if first else Reply(content="done")
+        return quiet(request)
+
+    llm.default = memory_step
+    private = {
+        "request_type": "private",
+        "user_id": "10001",
+        "sender_id": "10001",
+        "sender_name": "用户A",
+        "bot_id": "20002",
+        "timestamp": "2026-02-21T23:30:00+08:00",
+    }
+    response = await client.post(
+        "/v1/end",
+        json={**private, "request_id": "unoffered", "observations": ["我喜欢攀岩"]},
+        headers=tenant.headers,
+    )
+    job = await until_finished(client, tenant, response.json()["job_id"])
+    assert job["status"] == "done", job
+    assert job["result"]["memory"] == {"added": 1}
+    assert any("write_summary: refused" in note for note in job["result"]["notes"])
+    events = await client.get(f"/v1/events/{job['result']['event_ids'][0]}", headers=tenant.headers)
+    assert events.status_code == 200
+    mine = (await client.get("/v1/memories?user_id=10001", headers=tenant.headers)).json()
+    assert [(m["scope"], m["content"]) for m in mine] == [("PRIVATE", "用户A(10001) 喜欢攀岩")]

@@ -47,7 +47,9 @@ def private_chat() -> Conversation:
 
 def scene(conversation: Conversation | None = None, sharing: bool = False) -> Scene:
     known = {7: {"scope": "GROUP", "category": "FACT", "content": "群规：周五发周报"}}
-    return Scene(conversation or group_chat(), known, {3}, sharing=sharing)
+    return Scene(
+        conversation or group_chat(), known, {3}, sharing=sharing, offered=frozenset(REGISTRY)
+    )
 
 
 def test_every_offered_schema_is_a_registered_tool_with_its_own_name() -> None:
@@ -138,6 +140,25 @@ def test_a_private_chat_keeps_what_it_hears_private_unless_it_may_be_shared() ->
     sensitive = {"content": "张三(10001)的手机号是 13812345678", "scope": "GLOBAL"}
     with pytest.raises(Invalid, match="GLOBAL memory is read in every group"):
         validate_call("add_memory", sensitive, scene(private_chat(), sharing=True))
+
+
+def test_an_update_never_turns_a_global_memory_into_what_must_stay_private() -> None:
+    # A GLOBAL memory is read in every group its person is in; in their private chat it is
+    # shown to the model, and an update must keep to the rules an add of GLOBAL keeps to.
+    chat = private_chat()
+    known = {5: {"scope": "GLOBAL", "category": "FACT", "content": "张三(10001)喜欢爬山"}}
+    told = {"memory_id": 5, "new_content": "张三(10001)在治疗抑郁症，不再爬山", "reason": "x"}
+    with pytest.raises(Invalid, match="stays PRIVATE"):
+        validate_call("update_memory", told, Scene(chat, known, set()))
+    sensitive = {"memory_id": 5, "new_content": "张三(10001)的手机号是 13812345678"}
+    with pytest.raises(Invalid, match="GLOBAL memory is read in every group"):
+        validate_call("update_memory", sensitive, Scene(chat, known, set(), sharing=True))
+    shared = {"memory_id": 5, "new_content": "张三(10001)喜欢攀岩", "reason": "改了"}
+    assert validate_call("update_memory", shared, Scene(chat, known, set(), sharing=True))
+    # Ending it says nothing new: allowed whatever was said.
+    assert validate_call("delete_memory", {"memory_id": 5}, Scene(chat, known, set()))
+    private = {5: {**known[5], "scope": "PRIVATE"}}
+    assert validate_call("update_memory", told, Scene(chat, private, set()))
 
 
 HOSTILE: list[Any] = [

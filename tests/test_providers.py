@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import numpy as np
@@ -98,6 +99,20 @@ async def test_timeouts_are_retried(llm: FakeLLM) -> None:
     assert model is not None
     llm.script(Reply(content="slow", delay=1.0), Reply(content="quick"))
     assert (await model.chat([{"role": "user", "content": "x"}])).content == "quick"
+    await model.close()
+
+
+async def test_an_answer_that_drips_in_is_cut_off_at_the_timeout(llm: FakeLLM) -> None:
+    # A byte now and then keeps every read within the timeout; the answer as a whole must
+    # still come within it, or the job (and a worker slot) waits for as long as it drips.
+    model = build_chat_model(chat_settings(llm, timeout_seconds=0.5, max_retries=1))
+    assert model is not None
+    llm.script(Reply(content="slow", drip=0.2), Reply(content="quick"))
+    answer = await asyncio.wait_for(model.chat([{"role": "user", "content": "x"}]), 30)
+    assert answer.content == "quick"
+    llm.script(Reply(content="slow", drip=0.2), Reply(content="slow", drip=0.2))
+    with pytest.raises(LLMError, match=r"within 0\.5s"):
+        await asyncio.wait_for(model.chat([{"role": "user", "content": "x"}]), 30)
     await model.close()
 
 

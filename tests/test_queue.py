@@ -336,3 +336,26 @@ async def test_prune_follows_the_retention_policy(db: Database, tenant_id: uuid.
     remaining = await statuses(db)
     assert deleted == 3
     assert set(remaining) == {ids[2], ids[4], ids[5]}  # recent done, newest two failed
+
+
+async def test_one_tenants_backlog_does_not_hold_up_another_tenants_job(
+    db: Database, tenant_id: uuid.UUID
+) -> None:
+    async with db.system() as session:
+        other, _ = await create_tenant(session, "queue-test-2", {}, Settings())
+    order: list[uuid.UUID] = []
+
+    async def record(ctx: JobContext) -> None:
+        await asyncio.sleep(0.005)
+        order.append(ctx.job.tenant_id)
+
+    await enqueue_many(db, tenant_id, "test.flood", 200)  # one tenant's burst …
+    [late] = await enqueue_many(db, other.id, "test.flood", 1)  # … then another's one job
+
+    async def late_done() -> bool:
+        return (await statuses(db))[late][0] == "done"
+
+    worker = Worker(db, {"test.flood": record}, queue_settings(concurrency=2), poll_interval=0.05)
+    await run_until([worker], late_done)
+    # The other tenant's job is among the first claimed, not after the whole burst.
+    assert order.index(other.id) < 10, order.index(other.id)

@@ -215,6 +215,7 @@ class MemoryKeeper:
             known,
             {int(t["id"]) for t in pending},
             sharing=any(shared(original) for _, original in items),
+            offered=frozenset(tool.name for tool in offered),
         )
         for _ in range(self.settings.cognitive.memory.max_tool_turns):
             result = await self.llm.chat(

@@ -32,6 +32,9 @@ class Scene:
     known: dict[int, dict[str, Any]]  # memory id → the memory shown
     todo_ids: set[int]  # the pending todos shown
     sharing: bool = False  # the person said it may be known elsewhere
+    # The tools the model was offered: a call of another one (write_summary in a private
+    # chat, which has no group to summarize) is refused like an unknown tool.
+    offered: frozenset[str] = field(default_factory=lambda: frozenset(t.name for t in TOOLS))
 
 
 @dataclass
@@ -118,6 +121,20 @@ def _shown_todo(args: dict[str, Any], scene: Scene) -> dict[str, Any]:
     return {"todo_id": todo_id}
 
 
+def _check_global(content: str, scene: Scene) -> None:
+    """What a GLOBAL memory may say: it is read in every group its person is in."""
+    if scene.conversation.request_type == "private" and not scene.sharing:
+        raise Invalid(
+            "what is said in a private chat stays PRIVATE unless the person says it may "
+            "be known elsewhere"
+        )
+    if pii.sensitive(content):
+        raise Invalid(
+            "a GLOBAL memory is read in every group; health, id and contact data stay "
+            "PRIVATE or MEMBER_IN_GROUP"
+        )
+
+
 # -- add_memory ---------------------------------------------------------------------------
 
 
@@ -140,16 +157,8 @@ def _check_add_memory(args: dict[str, Any], scene: Scene) -> dict[str, Any]:
     bound_user, bound_group = conversation.bind(scope, user_id)
     if not conversation.filter.allows(scope, bound_group, bound_user):
         raise Invalid(f"a {conversation.request_type} chat cannot write {scope} memories")
-    if scope == "GLOBAL" and conversation.request_type == "private" and not scene.sharing:
-        raise Invalid(
-            "what is said in a private chat stays PRIVATE unless the person says it may "
-            "be known elsewhere"
-        )
-    if scope == "GLOBAL" and pii.sensitive(content):
-        raise Invalid(
-            "a GLOBAL memory is read in every group; health, id and contact data stay "
-            "PRIVATE or MEMBER_IN_GROUP"
-        )
+    if scope == "GLOBAL":
+        _check_global(content, scene)
     return {
         "content": content,
         "scope": scope,
@@ -210,6 +219,8 @@ def _check_update_memory(args: dict[str, Any], scene: Scene) -> dict[str, Any]:
     memory_id = _shown_memory(args, scene)
     reason = str(args.get("reason") or "")[:500]
     content = absolute(args.get("new_content"), "new_content")
+    if scene.known[memory_id].get("scope") == "GLOBAL":
+        _check_global(content, scene)
     return {"memory_id": memory_id, "new_content": content, "reason": reason}
 
 
@@ -388,7 +399,14 @@ SUMMARY_TOOL = Tool(
     embeds="content",
 )
 
-TOOLS = (ADD_MEMORY, UPDATE_MEMORY, DELETE_MEMORY, ADD_TODO, COMPLETE_TODO, CANCEL_TODO)
+TOOLS: tuple[Tool, ...] = (
+    ADD_MEMORY,
+    UPDATE_MEMORY,
+    DELETE_MEMORY,
+    ADD_TODO,
+    COMPLETE_TODO,
+    CANCEL_TODO,
+)
 REGISTRY = {tool.name: tool for tool in (*TOOLS, SUMMARY_TOOL)}
 
 
@@ -397,6 +415,6 @@ def validate_call(name: str, args: dict[str, Any] | None, scene: Scene) -> Opera
     if args is None:
         raise Invalid("the arguments are not valid JSON")
     tool = REGISTRY.get(name)
-    if tool is None:
-        raise Invalid(f"unknown tool {name}")
+    if tool is None or name not in scene.offered:
+        raise Invalid(f"unknown tool {name}; the tools are {', '.join(sorted(scene.offered))}")
     return tool.validate(args, scene)

@@ -17,6 +17,7 @@ from service.settings import ChatModelSettings
 log = logging.getLogger(__name__)
 
 _RETRYABLE = (
+    TimeoutError,  # the whole answer took longer than timeout_seconds
     openai.RateLimitError,
     openai.InternalServerError,
     openai.APITimeoutError,
@@ -60,7 +61,10 @@ class OpenAIChat:
         attempt = 0
         while True:
             try:
-                response = await self._client.chat.completions.create(**kwargs)
+                # The client's timeout bounds each read, not the answer: a server that sends
+                # a byte now and then would hold the job, and a worker slot, for ever.
+                async with asyncio.timeout(self._settings.timeout_seconds):
+                    response = await self._client.chat.completions.create(**kwargs)
                 result = _result(response)
                 LLM_CALLS.labels(purpose, "ok").inc()
                 LLM_TOKENS.labels(purpose, "prompt").inc(result.prompt_tokens)
@@ -69,8 +73,9 @@ class OpenAIChat:
             except _RETRYABLE as exc:
                 LLM_CALLS.labels(purpose, type(exc).__name__).inc()
                 if attempt >= self._settings.max_retries:
+                    detail = str(exc) or f"no answer within {self._settings.timeout_seconds}s"
                     raise LLMError(
-                        f"{purpose}: {type(exc).__name__} after {attempt + 1} tries: {exc}",
+                        f"{purpose}: {type(exc).__name__} after {attempt + 1} tries: {detail}",
                         retry_after=_retry_after(exc),
                     ) from exc
                 delay = _retry_after(exc) or _backoff(attempt, self._settings.retry_base_seconds)
