@@ -36,10 +36,9 @@ class Job(Base):
     __table_args__ = (
         CheckConstraint("status IN ('queued', 'running', 'done', 'failed')", name="status"),
         UniqueConstraint("tenant_id", "dedupe_key"),
-        # The claim query: the tenants with queued jobs, and each one's most urgent first.
+        # The claim query: queued jobs that are due, most urgent first.
         Index(
             "ix_jobs_claimable",
-            "tenant_id",
             text("priority DESC"),
             "run_after",
             "id",

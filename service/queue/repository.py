@@ -120,44 +120,22 @@ LEFT JOIN jobs AS existing ON existing.tenant_id = $1 AND existing.dedupe_key = 
 
 
 # Claim up to :limit due jobs for this worker.
-# - waiting: the tenants with queued jobs, one probe of ix_jobs_claimable each (a loose index
-#   scan: the index leads with tenant_id), however many jobs each one has queued.
-# - turns: each tenant's most urgent due jobs, numbered per priority. Taking every tenant's
-#   first before anyone's second keeps one tenant's burst of thousands of jobs from holding
-#   up the job another tenant queued after it; a higher priority still goes first.
 # - FOR UPDATE SKIP LOCKED: concurrent workers take disjoint jobs without waiting on each other.
+# - ORDER BY matches ix_jobs_claimable, whose WHERE matches this one, so it is an index scan.
 # - The attempt is counted here, at claim time, so a job that keeps killing its worker still
 #   runs out of attempts.
 # - :kinds (only these kinds) and :skip (not these) split the queue between batched kinds,
 #   claimed many at a time, and the rest; NULL means no restriction.
 _CLAIM = text(
     """
-    WITH RECURSIVE waiting AS (
-        (SELECT tenant_id FROM jobs WHERE status = 'queued' ORDER BY tenant_id LIMIT 1)
-        UNION ALL
-        SELECT (SELECT j.tenant_id FROM jobs AS j
-                WHERE j.status = 'queued' AND j.tenant_id > w.tenant_id
-                ORDER BY j.tenant_id LIMIT 1)
-        FROM waiting AS w WHERE w.tenant_id IS NOT NULL
-    ), turns AS (
-        SELECT first.*,
-               row_number() OVER (PARTITION BY first.tenant_id, first.priority
-                                  ORDER BY first.run_after, first.id) AS turn
-        FROM waiting AS w CROSS JOIN LATERAL (
-            SELECT tenant_id, id, priority, run_after FROM jobs
-            WHERE tenant_id = w.tenant_id AND status = 'queued' AND run_after <= now()
-              AND (CAST(:kinds AS text[]) IS NULL OR kind = ANY(CAST(:kinds AS text[])))
-              AND (CAST(:skip AS text[]) IS NULL OR kind <> ALL(CAST(:skip AS text[])))
-            ORDER BY priority DESC, run_after, id
-            LIMIT :limit
-        ) AS first
-    ), due AS (
-        SELECT j.tenant_id, j.id FROM jobs AS j
-        JOIN turns AS t ON t.tenant_id = j.tenant_id AND t.id = j.id
-        WHERE j.status = 'queued'
-        ORDER BY t.priority DESC, t.turn, t.run_after, t.id
+    WITH due AS (
+        SELECT tenant_id, id FROM jobs
+        WHERE status = 'queued' AND run_after <= now()
+          AND (CAST(:kinds AS text[]) IS NULL OR kind = ANY(CAST(:kinds AS text[])))
+          AND (CAST(:skip AS text[]) IS NULL OR kind <> ALL(CAST(:skip AS text[])))
+        ORDER BY priority DESC, run_after, id
         LIMIT :limit
-        FOR UPDATE OF j SKIP LOCKED
+        FOR UPDATE SKIP LOCKED
     )
     UPDATE jobs AS j
     SET status = 'running',
