@@ -733,3 +733,35 @@ async def test_a_flood_of_tool_calls_is_cut_at_the_cap_and_the_job_still_lands(
     # observation looked up, and the memories taken.
     embedded = [text for r in llm.embedding_requests for text in r["input"]]
     assert sum("请记住第" in text for text in embedded) == cap
+
+
+async def test_a_todo_is_assigned_only_to_someone_of_the_conversation(
+    online: tuple[AppClient, TenantHandle], llm: FakeLLM
+) -> None:
+    # The model chooses assignee_id; one of another group (10009), or a made-up id, would put
+    # the todo into that person's export and /v1/todos, and take it away with their erasure.
+    client, tenant = online
+    todo = {"description": "2026-02-22 提醒用户A(10001)提交周报"}
+    llm.script(
+        tool(
+            "submit_rewrite",
+            {"rewrites": [{"index": 0, "text": "用户A(10001) 要在 2026-02-22 被提醒交周报"}]},
+        ),
+        Reply(content="no profile change"),
+        Reply(
+            tool_calls=[
+                ("add_todo", {**todo, "assignee_id": "10009"}),
+                ("add_todo", {**todo, "assignee_id": "../../x"}),
+                ("add_todo", {**todo, "assignee_id": "10001:evil"}),
+                ("add_todo", {**todo, "assignee_id": "10001"}),
+            ]
+        ),
+    )
+    job = await hand_over(client, tenant, request_id="assign", observations=["明天提醒我交周报"])
+    assert job["status"] == "done", job
+    assert job["result"]["memory"] == {"todos_added": 1}
+    refused = [note for note in job["result"]["notes"] if "add_todo: refused" in note]
+    assert len(refused) == 3
+    assert all("is not part of this conversation" in note for note in refused)
+    listed = (await client.get("/v1/todos", headers=tenant.headers)).json()
+    assert [t["assignee_id"] for t in listed] == ["10001"]
