@@ -147,6 +147,11 @@ class MemorySettings(_Section):
     duplicate_threshold: float = Field(0.985, ge=0.5, le=1.0)
     consolidate_threshold: float = Field(0.985, ge=0.5, le=1.0)
     max_tool_turns: int = Field(3, ge=1, le=10)
+    # Tool calls one memory step takes from the model (an end job's turn, an extraction), over
+    # all its turns. A turn holds at most 50 observations, each worth a change or two; a
+    # model told to "remember each of these 5,000 lines" is cut off here, so one job's writes,
+    # transaction and worker slot stay bounded.
+    max_tool_calls: int = Field(200, ge=1, le=10_000)
     decay_after_days: float = Field(30.0, gt=0)
     decay_factor: float = Field(0.9, gt=0, le=1)
     forget_below_importance: float = Field(0.1, ge=0, le=1)

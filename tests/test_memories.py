@@ -679,3 +679,89 @@ async def test_a_tool_not_offered_is_refused_and_the_job_still_lands(
     assert events.status_code == 200
     mine = (await client.get("/v1/memories?user_id=10001", headers=tenant.headers)).json()
     assert [(m["scope"], m["content"]) for m in mine] == [("PRIVATE", "用户A(10001) 喜欢攀岩")]
+
+
+async def test_a_flood_of_tool_calls_is_cut_at_the_cap_and_the_job_still_lands(
+    db_url: str, llm: FakeLLM
+) -> None:
+    # A chat user can ask for "each of these 5,000 lines remembered separately"; a model
+    # that obliges answers with thousands of calls. The step takes the first max_tool_calls
+    # of them, refuses the rest in one note, and does not ask the model again.
+    cap = 25
+    settings = make_settings(
+        db_url,
+        cognitive={
+            "queue": {**FAST_QUEUE, "job_max_retries": 0},
+            "memory": {"max_tool_calls": cap},
+        },
+        # The scripted server's hash vectors as the embedder, to count what the job embeds.
+        models={
+            **llm_settings(llm)["models"],
+            "embedding": {"provider": "openai", "api_url": llm.base_url, "model_name": "hash-384"},
+        },
+    )
+    contents = [
+        f"用户A(10001) 请记住第 {i} 行：编号 {i * 7919} 的零件放在 {i} 号柜" for i in range(2500)
+    ]
+    flood = [
+        ("add_memory", {"content": text, "scope": "MEMBER_IN_GROUP", "category": "FACT"})
+        for text in contents
+    ]
+
+    def memory_step(request: dict[str, Any]) -> Reply:
+        if request["tools"][0]["function"]["name"] == "add_memory":
+            return Reply(tool_calls=flood)
+        return quiet(request)
+
+    llm.default = memory_step
+    async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
+        tenant = await new_tenant(client)
+        job = await hand_over(client, tenant, request_id="flood", observations=["记住这些行"])
+        assert job["status"] == "done", job
+        assert job["result"]["memory"] == {"added": cap}
+        assert job["result"]["memory_llm_calls"] == 1  # no second turn for the refused rest
+        refused = [note for note in job["result"]["notes"] if "refused" in note]
+        assert refused == [
+            f"{2500 - cap} tool calls refused: at most {cap} are taken from the "
+            "model in one memory step"
+        ]
+        listed = (
+            await client.get("/v1/memories?group_id=g1&limit=500", headers=tenant.headers)
+        ).json()
+        assert sorted(m["content"] for m in listed) == sorted(contents[:cap])
+    # What the job embedded is bounded by the cap too, not by the reply: its event, the
+    # observation looked up, and the memories taken.
+    embedded = [text for r in llm.embedding_requests for text in r["input"]]
+    assert sum("请记住第" in text for text in embedded) == cap
+
+
+async def test_a_todo_is_assigned_only_to_someone_of_the_conversation(
+    online: tuple[AppClient, TenantHandle], llm: FakeLLM
+) -> None:
+    # The model chooses assignee_id; one of another group (10009), or a made-up id, would put
+    # the todo into that person's export and /v1/todos, and take it away with their erasure.
+    client, tenant = online
+    todo = {"description": "2026-02-22 提醒用户A(10001)提交周报"}
+    llm.script(
+        tool(
+            "submit_rewrite",
+            {"rewrites": [{"index": 0, "text": "用户A(10001) 要在 2026-02-22 被提醒交周报"}]},
+        ),
+        Reply(content="no profile change"),
+        Reply(
+            tool_calls=[
+                ("add_todo", {**todo, "assignee_id": "10009"}),
+                ("add_todo", {**todo, "assignee_id": "../../x"}),
+                ("add_todo", {**todo, "assignee_id": "10001:evil"}),
+                ("add_todo", {**todo, "assignee_id": "10001"}),
+            ]
+        ),
+    )
+    job = await hand_over(client, tenant, request_id="assign", observations=["明天提醒我交周报"])
+    assert job["status"] == "done", job
+    assert job["result"]["memory"] == {"todos_added": 1}
+    refused = [note for note in job["result"]["notes"] if "add_todo: refused" in note]
+    assert len(refused) == 3
+    assert all("is not part of this conversation" in note for note in refused)
+    listed = (await client.get("/v1/todos", headers=tenant.headers)).json()
+    assert [t["assignee_id"] for t in listed] == ["10001"]

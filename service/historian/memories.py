@@ -217,6 +217,8 @@ class MemoryKeeper:
             sharing=any(shared(original) for _, original in items),
             offered=frozenset(tool.name for tool in offered),
         )
+        limit = self.settings.cognitive.memory.max_tool_calls
+        room = limit
         for _ in range(self.settings.cognitive.memory.max_tool_turns):
             result = await self.llm.chat(
                 messages, tools=tools, tool_choice="auto", purpose="historian_memory"
@@ -225,8 +227,18 @@ class MemoryKeeper:
             if not result.tool_calls:
                 break
             messages.append(result.as_message())
+            taken = result.tool_calls[:room]
+            room -= len(taken)
+            if len(taken) < len(result.tool_calls):
+                # The first calls stand as if they were all; the rest are not even checked
+                # (each would be a note), and no turn follows: there is no room left.
+                beyond = len(result.tool_calls) - len(taken)
+                plan.notes.append(
+                    f"{beyond} tool calls refused: at most {limit} are taken from the model"
+                    " in one memory step"
+                )
             refused = 0
-            for call in result.tool_calls:
+            for call in taken:
                 try:
                     operation = validate_call(call.name, call.arguments, scene)
                 except Invalid as exc:
@@ -237,8 +249,8 @@ class MemoryKeeper:
                     plan.operations.append(operation)
                     reply = "ok"
                 messages.append({"role": "tool", "tool_call_id": call.id, "content": reply})
-            if not refused:
-                break  # everything was accepted: no second turn needed
+            if not refused or not room:
+                break  # everything was accepted (no second turn needed), or no room is left
         return plan
 
     async def apply(

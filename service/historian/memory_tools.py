@@ -121,6 +121,17 @@ def _shown_todo(args: dict[str, Any], scene: Scene) -> dict[str, Any]:
     return {"todo_id": todo_id}
 
 
+def _participant(value: Any, scene: Scene, what: str) -> str | None:
+    """A person id the model gave: one of the conversation's participants, or none given."""
+    if value in (None, ""):
+        return None
+    person = str(value)
+    if person not in scene.conversation.participants:
+        # Not listed again: the prompt shows them, and an extraction may have hundreds.
+        raise Invalid(f"{what} {person} is not part of this conversation; see Participants")
+    return person
+
+
 def _check_global(content: str, scene: Scene) -> None:
     """What a GLOBAL memory may say: it is read in every group its person is in."""
     if scene.conversation.request_type == "private" and not scene.sharing:
@@ -147,13 +158,10 @@ def _check_add_memory(args: dict[str, Any], scene: Scene) -> dict[str, Any]:
     category = str(args.get("category", "FACT")).upper()
     if category not in CATEGORIES:
         raise Invalid(f"category must be one of {', '.join(CATEGORIES)}")
-    user_id = args.get("user_id")
-    user_id = str(user_id) if user_id not in (None, "") else None
     group_arg = args.get("group_id")
     if group_arg not in (None, "") and str(group_arg) != conversation.group_id:
         raise Invalid(f"this conversation cannot write memories of group {group_arg}")
-    if user_id is not None and user_id not in conversation.participants:
-        raise Invalid(f"user {user_id} is not part of this conversation")
+    user_id = _participant(args.get("user_id"), scene, "user")
     bound_user, bound_group = conversation.bind(scope, user_id)
     if not conversation.filter.allows(scope, bound_group, bound_user):
         raise Invalid(f"a {conversation.request_type} chat cannot write {scope} memories")
@@ -293,11 +301,13 @@ def _check_add_todo(args: dict[str, Any], scene: Scene) -> dict[str, Any]:
             raise Invalid("trigger_time must be an ISO 8601 time") from None
         if when.tzinfo is None:
             when = when.replace(tzinfo=scene.conversation.moment.tzinfo)
-    assignee = args.get("assignee_id")
+    # Someone of this chat, never a member of another group or a made-up id: the todo goes
+    # with its assignee into their export, and with their erasure.
+    assignee = _participant(args.get("assignee_id"), scene, "assignee")
     return {
         "description": description,
         "trigger_time": when.isoformat() if when else None,
-        "assignee_id": str(assignee) if assignee not in (None, "") else None,
+        "assignee_id": assignee,
     }
 
 
@@ -327,7 +337,7 @@ ADD_TODO = Tool(
     {
         "description": {"type": "string"},
         "trigger_time": {"type": "string", "description": "ISO 8601 with offset, or empty"},
-        "assignee_id": {"type": "string"},
+        "assignee_id": {"type": "string", "description": "whom it is for: a participant's id"},
     },
     ("description",),
     _check_add_todo,
