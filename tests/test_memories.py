@@ -765,3 +765,48 @@ async def test_a_todo_is_assigned_only_to_someone_of_the_conversation(
     assert all("is not part of this conversation" in note for note in refused)
     listed = (await client.get("/v1/todos", headers=tenant.headers)).json()
     assert [t["assignee_id"] for t in listed] == ["10001"]
+
+
+async def test_a_todo_goes_to_a_member_who_spoke_in_the_turns_reference_messages(
+    online: tuple[AppClient, TenantHandle], llm: FakeLLM
+) -> None:
+    # "提醒李四交周报": 李四 sent one of the messages the bot hands over with the turn, so the
+    # todo is theirs; the bot is no assignee, and an id only written in a text is none either.
+    client, tenant = online
+    todo = {"description": "2026-02-22 提醒李四(10002)提交周报"}
+    llm.script(
+        tool(
+            "submit_rewrite",
+            {"rewrites": [{"index": 0, "text": "李四(10002) 要在 2026-02-22 被提醒交周报"}]},
+        ),
+        Reply(content="no profile change"),
+        Reply(
+            tool_calls=[
+                ("add_todo", {**todo, "assignee_id": "10002"}),
+                ("add_todo", {**todo, "assignee_id": "20002"}),
+                ("add_todo", {**todo, "assignee_id": "10003"}),
+            ]
+        ),
+    )
+    recent = [
+        {"sender_id": "10002", "sender_name": "李四", "text": "周报我明天再交"},
+        {"sender_id": "20002", "sender_name": "小助手", "text": "好的"},
+        {
+            "sender_id": "10001",
+            "sender_name": "用户A",
+            "text": "明天提醒李四交周报, 王五(10003)也要",
+        },
+    ]
+    job = await hand_over(
+        client,
+        tenant,
+        request_id="assign-member",
+        observations=["明天提醒李四(10002)交周报"],
+        recent_messages=recent,
+    )
+    assert job["status"] == "done", job
+    assert job["result"]["memory"] == {"todos_added": 1}
+    refused = [note for note in job["result"]["notes"] if "add_todo: refused" in note]
+    assert len(refused) == 2, job["result"]["notes"]
+    listed = (await client.get("/v1/todos", headers=tenant.headers)).json()
+    assert [t["assignee_id"] for t in listed] == ["10002"]

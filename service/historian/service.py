@@ -97,12 +97,24 @@ def recent_lines(messages: list[Any], keep: int, width: int) -> list[str]:
     return lines
 
 
-def end_conversation(context: ConversationContext, moment: datetime) -> Conversation:
-    """The memory step's view of an end call's conversation."""
+def end_conversation(
+    context: ConversationContext, moment: datetime, recent: list[Any], keep: int
+) -> Conversation:
+    """The memory step's view of an end call's conversation. Its participants are the speaker
+    and the senders of the newest ``keep`` reference messages the bot sent with the turn (the
+    ones its rewrite is shown), so that "remind 李四 to hand in the report" can be assigned to
+    李四; ids a chat user merely writes in a text are never among them."""
     speaker = context.sender_id or (
         context.private_user if context.request_type == "private" else None
     )
     participants = {speaker: context.sender_name} if speaker else {}
+    if context.request_type == "group":
+        for message in recent[-keep:] if keep else []:
+            sender = message.get("sender_id") if isinstance(message, dict) else None
+            if sender in (None, "") or str(sender) == context.bot_id:
+                continue
+            name = message.get("sender_name") or message.get("sender")
+            participants.setdefault(str(sender), str(name)[:64] if name else None)
     return Conversation(
         key=context.conversation_key,
         request_type=context.request_type,
@@ -345,7 +357,12 @@ class Historian:
             for _, outcome, event_id, _ in work.accepted
         ]
         work.targets = end_targets(work.context, facts, llm=self.llm is not None)
-        work.conversation = end_conversation(work.context, work.moment)
+        work.conversation = end_conversation(
+            work.context,
+            work.moment,
+            list(work.payload.get("recent_messages") or []),
+            self.settings.cognitive.historian.recent_messages_inject_k,
+        )
 
     def _compares(self, work: EndWork) -> bool:
         """Whether the memory step reads the memories near the job's items: only the LLM
