@@ -65,6 +65,8 @@ class FakeLLM:
         self.default: Callable[[dict[str, Any]], Reply] | None = None
         self.chat_requests: list[dict[str, Any]] = []
         self.embedding_requests: list[dict[str, Any]] = []
+        # The next embedding answers drip in: a byte every so many seconds, one entry each.
+        self.embedding_drips: deque[float] = deque()
         # ``/rerank`` scores each document with this (query, document) -> score; None: 500.
         self.rerank: Callable[[str, str], float] | None = None
         self.rerank_delay = 0.0
@@ -99,6 +101,7 @@ class FakeLLM:
             self.default = None
             self.chat_requests.clear()
             self.embedding_requests.clear()
+            self.embedding_drips.clear()
             self.rerank = None
             self.rerank_delay = 0.0
             self.rerank_requests.clear()
@@ -212,9 +215,11 @@ class FakeLLM:
                         "model": request.get("model"),
                         "usage": {"prompt_tokens": 1, "total_tokens": 1},
                     }
+                    with fake._lock:
+                        drip = fake.embedding_drips.popleft() if fake.embedding_drips else 0.0
                     # The caller may have given up on a held request meanwhile.
                     with contextlib.suppress(OSError):
-                        self._send(200, json.dumps(body).encode())
+                        self._send(200, json.dumps(body).encode(), drip=drip)
                     return
                 if self.path.endswith("/rerank"):
                     self._rerank(request)
