@@ -70,6 +70,7 @@ class FakeLLM:
         # ``/rerank`` scores each document with this (query, document) -> score; None: 500.
         self.rerank: Callable[[str, str], float] | None = None
         self.rerank_delay = 0.0
+        self.rerank_drip = 0.0  # seconds between the bytes of its answers
         self.rerank_requests: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
@@ -104,6 +105,7 @@ class FakeLLM:
             self.embedding_drips.clear()
             self.rerank = None
             self.rerank_delay = 0.0
+            self.rerank_drip = 0.0
             self.rerank_requests.clear()
             self.embedding_dims.clear()
 
@@ -181,7 +183,7 @@ class FakeLLM:
                 scores = [fake.rerank(request["query"], d) for d in request["documents"]]
                 ranked = sorted(enumerate(scores), key=lambda pair: -pair[1])
                 results = [{"index": i, "relevance_score": score} for i, score in ranked]
-                self._send(200, json.dumps({"results": results}).encode())
+                self._send(200, json.dumps({"results": results}).encode(), drip=fake.rerank_drip)
 
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)

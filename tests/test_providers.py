@@ -10,7 +10,8 @@ import pytest
 
 from service.embedding import build_embedder
 from service.llm import LLMError, build_chat_model
-from service.settings import ChatModelSettings, EmbeddingModelSettings
+from service.llm.rerank import build_reranker
+from service.settings import ChatModelSettings, EmbeddingModelSettings, RerankerModelSettings
 from tests.fake_llm import FakeLLM, Reply, hash_vector, tool
 
 
@@ -190,3 +191,15 @@ async def test_an_embedding_that_drips_in_is_cut_off_at_the_timeout(llm: FakeLLM
     with pytest.raises(LLMError, match=r"within 0\.5s"):
         await asyncio.wait_for(embedder.query("b"), 30)
     await embedder.close()
+
+
+async def test_a_reranking_that_drips_in_is_cut_off_at_the_timeout(llm: FakeLLM) -> None:
+    reranker = build_reranker(RerankerModelSettings(api_url=llm.base_url, timeout_seconds=0.5))
+    assert reranker is not None
+    llm.rerank = lambda query, document: 0.5
+    llm.rerank_drip = 0.2
+    with pytest.raises(LLMError, match=r"within 0\.5s"):
+        await asyncio.wait_for(reranker.rerank("q", ["a", "b"]), 30)
+    llm.rerank_drip = 0.0
+    assert await reranker.rerank("q", ["a", "b"]) == [0.5, 0.5]
+    await reranker.close()
