@@ -296,12 +296,16 @@ def error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[
             headers.update(exc.headers)
     else:
         status = 500
-        log.exception("unhandled error (request_id=%s)", request_id, exc_info=exc)
         body.update(
             status=500,
             error="internal_error",
             message=f"internal error; quote request id {request_id} when reporting it",
         )
+    # A server error is logged whatever raised it: an unexpected exception, a MemoriaError
+    # of status 500 or an HTTPException of 5xx. Not a database that is busy or down: that
+    # 503 says so to the client, who retries, and would bury the log in an outage.
+    if status >= 500 and not isinstance(exc, Unavailable):
+        log.error("unhandled error, answered %d (request_id=%s)", status, request_id, exc_info=exc)
     if request.scope["state"].get("request_id_unsent"):
         headers["X-Request-ID"] = request_id
     return Response(content=body, status_code=status, headers=headers)
