@@ -39,6 +39,7 @@ from service.errors import (
     TooManyRequests,
     Unauthorized,
     Unavailable,
+    field_of,
 )
 from service.guard import RateLimiter
 from service.llm.rerank import Reranker
@@ -326,7 +327,7 @@ def _refused_body(exc: InternalServerException) -> ValidationException | None:
     if cause is None:
         return None
     problems = [
-        {"key": ".".join(str(part) for part in error["loc"]), "message": error["msg"]}
+        {"key": field_of(error), "message": error["msg"]}
         for error in cause.errors(include_input=False)
     ]
     return ValidationException(detail="the body is invalid", extra=problems)
