@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pydantic_core import ErrorDetails
+
 
 class MemoriaError(Exception):
     """Base of every error the service raises on purpose."""
@@ -90,3 +95,12 @@ class ConfigurationError(MemoriaError):
     """The deployment is misconfigured; raised at start, never to a client."""
 
     code = "configuration_error"
+
+
+def field_of(error: ErrorDetails, under: str = "") -> str:
+    """The dotted name of the field a pydantic error is about (``a.0.b``), named ``under``
+    a prefix when given; the prefix alone, or "", when the error is the whole model's."""
+    where = ".".join(str(part) for part in error["loc"])
+    if not under:
+        return where
+    return f"{under}.{where}" if where else under

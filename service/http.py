@@ -39,6 +39,7 @@ from service.errors import (
     TooManyRequests,
     Unauthorized,
     Unavailable,
+    field_of,
 )
 from service.guard import RateLimiter
 from service.llm.rerank import Reranker
@@ -296,12 +297,16 @@ def error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[
             headers.update(exc.headers)
     else:
         status = 500
-        log.exception("unhandled error (request_id=%s)", request_id, exc_info=exc)
         body.update(
             status=500,
             error="internal_error",
             message=f"internal error; quote request id {request_id} when reporting it",
         )
+    # A server error is logged whatever raised it: an unexpected exception, a MemoriaError
+    # of status 500 or an HTTPException of 5xx. Not a database that is busy or down: that
+    # 503 says so to the client, who retries, and would bury the log in an outage.
+    if status >= 500 and not isinstance(exc, Unavailable):
+        log.error("unhandled error, answered %d (request_id=%s)", status, request_id, exc_info=exc)
     if request.scope["state"].get("request_id_unsent"):
         headers["X-Request-ID"] = request_id
     return Response(content=body, status_code=status, headers=headers)
@@ -322,7 +327,7 @@ def _refused_body(exc: InternalServerException) -> ValidationException | None:
     if cause is None:
         return None
     problems = [
-        {"key": ".".join(str(part) for part in error["loc"]), "message": error["msg"]}
+        {"key": field_of(error), "message": error["msg"]}
         for error in cause.errors(include_input=False)
     ]
     return ValidationException(detail="the body is invalid", extra=problems)

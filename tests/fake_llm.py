@@ -65,9 +65,12 @@ class FakeLLM:
         self.default: Callable[[dict[str, Any]], Reply] | None = None
         self.chat_requests: list[dict[str, Any]] = []
         self.embedding_requests: list[dict[str, Any]] = []
+        # The next embedding answers drip in: a byte every so many seconds, one entry each.
+        self.embedding_drips: deque[float] = deque()
         # ``/rerank`` scores each document with this (query, document) -> score; None: 500.
         self.rerank: Callable[[str, str], float] | None = None
         self.rerank_delay = 0.0
+        self.rerank_drip = 0.0  # seconds between the bytes of its answers
         self.rerank_requests: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
@@ -99,8 +102,10 @@ class FakeLLM:
             self.default = None
             self.chat_requests.clear()
             self.embedding_requests.clear()
+            self.embedding_drips.clear()
             self.rerank = None
             self.rerank_delay = 0.0
+            self.rerank_drip = 0.0
             self.rerank_requests.clear()
             self.embedding_dims.clear()
 
@@ -178,7 +183,7 @@ class FakeLLM:
                 scores = [fake.rerank(request["query"], d) for d in request["documents"]]
                 ranked = sorted(enumerate(scores), key=lambda pair: -pair[1])
                 results = [{"index": i, "relevance_score": score} for i, score in ranked]
-                self._send(200, json.dumps({"results": results}).encode())
+                self._send(200, json.dumps({"results": results}).encode(), drip=fake.rerank_drip)
 
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
@@ -212,9 +217,11 @@ class FakeLLM:
                         "model": request.get("model"),
                         "usage": {"prompt_tokens": 1, "total_tokens": 1},
                     }
+                    with fake._lock:
+                        drip = fake.embedding_drips.popleft() if fake.embedding_drips else 0.0
                     # The caller may have given up on a held request meanwhile.
                     with contextlib.suppress(OSError):
-                        self._send(200, json.dumps(body).encode())
+                        self._send(200, json.dumps(body).encode(), drip=drip)
                     return
                 if self.path.endswith("/rerank"):
                     self._rerank(request)

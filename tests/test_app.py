@@ -7,6 +7,11 @@ import logging
 import weakref
 
 import pytest
+from litestar.exceptions import (
+    HTTPException,
+    InternalServerException,
+    ServiceUnavailableException,
+)
 
 from service.app import create_app
 from service.errors import ConfigurationError
@@ -99,6 +104,38 @@ async def test_internal_errors_hide_details_and_carry_a_logged_request_id(
     assert body["request_id"] == response.headers["x-request-id"]
     assert body["request_id"] in body["message"]
     assert any(body["request_id"] in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        HTTPException(status_code=500, detail="raised as an answer"),
+        InternalServerException(),
+        ServiceUnavailableException(),
+        ConfigurationError("an embedder of the wrong width"),
+    ],
+    ids=["HTTPException", "InternalServerException", "503", "ConfigurationError"],
+)
+async def test_a_server_error_raised_on_purpose_is_logged_like_an_unexpected_one(
+    client: AppClient,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    error: Exception,
+) -> None:
+    tenant = await new_tenant(client)
+    from service.tenants import repository
+
+    async def broken(*args: object, **kwargs: object) -> None:
+        raise error
+
+    monkeypatch.setattr(repository, "list_keys", broken)
+    with caplog.at_level(logging.ERROR, logger="service.http"):
+        response = await client.get("/v1/keys", headers=tenant.headers)
+    assert response.status_code >= 500
+    request_id = response.json()["request_id"]
+    (logged,) = [r for r in caplog.records if request_id in r.getMessage()]
+    assert logged.levelno == logging.ERROR
+    assert logged.exc_info is not None and logged.exc_info[1] is error
 
 
 async def test_openapi_document_and_page(client: AppClient) -> None:

@@ -10,7 +10,8 @@ import pytest
 
 from service.embedding import build_embedder
 from service.llm import LLMError, build_chat_model
-from service.settings import ChatModelSettings, EmbeddingModelSettings
+from service.llm.rerank import build_reranker
+from service.settings import ChatModelSettings, EmbeddingModelSettings, RerankerModelSettings
 from tests.fake_llm import FakeLLM, Reply, hash_vector, tool
 
 
@@ -168,3 +169,37 @@ async def test_openai_compatible_embedder(llm: FakeLLM) -> None:
     await embedder.query("q")
     assert len(llm.embedding_requests) == 3  # the second query came from the cache
     await embedder.close()
+
+
+async def test_an_embedding_that_drips_in_is_cut_off_at_the_timeout(llm: FakeLLM) -> None:
+    # As the chat model's answer: each read within the timeout is not enough, the whole
+    # answer must come within it, or a turn's write (and its job) waits as long as it drips.
+    embedder = build_embedder(
+        EmbeddingModelSettings(
+            provider="openai",
+            api_url=llm.base_url,
+            model_name="e",
+            timeout_seconds=0.5,
+            max_retries=1,
+        )
+    )
+    llm.embedding_drips.extend([0.2])
+    [vector] = await asyncio.wait_for(embedder.passages(["a"]), 30)
+    assert np.allclose(vector, hash_vector("a", 384), atol=1e-6)
+    assert len(llm.embedding_requests) == 2  # the dripping answer was given up and asked again
+    llm.embedding_drips.extend([0.2, 0.2])
+    with pytest.raises(LLMError, match=r"within 0\.5s"):
+        await asyncio.wait_for(embedder.query("b"), 30)
+    await embedder.close()
+
+
+async def test_a_reranking_that_drips_in_is_cut_off_at_the_timeout(llm: FakeLLM) -> None:
+    reranker = build_reranker(RerankerModelSettings(api_url=llm.base_url, timeout_seconds=0.5))
+    assert reranker is not None
+    llm.rerank = lambda query, document: 0.5
+    llm.rerank_drip = 0.2
+    with pytest.raises(LLMError, match=r"within 0\.5s"):
+        await asyncio.wait_for(reranker.rerank("q", ["a", "b"]), 30)
+    llm.rerank_drip = 0.0
+    assert await reranker.rerank("q", ["a", "b"]) == [0.5, 0.5]
+    await reranker.close()

@@ -686,6 +686,25 @@ async def test_a_configured_reranker_orders_the_candidates(
     assert len(llm.rerank_requests) == before
 
 
+async def test_a_reranker_that_drips_its_answer_is_given_up_on(
+    reranked: tuple[AppClient, TenantHandle], llm: FakeLLM
+) -> None:
+    # A byte now and then keeps each read within the reranker's timeout (1 s); the turn's
+    # read must still not wait for the whole answer: the fused order stands, as on a failure.
+    client, tenant = reranked
+    await remember_pets(client, tenant)
+    llm.rerank = lambda query, document: 0.9 if "拖鞋" in document else 0.2
+    llm.rerank_drip = 0.3
+    found = await asyncio.wait_for(search_hits(client, tenant, "我的宠物"), 30)
+    assert len(found["events"]) == len(PET_FACTS)
+    assert any("reranker" in w for w in found["warnings"])
+    turn = client.post("/v1/context", json={**GROUP, "message": "我的宠物"}, headers=tenant.headers)
+    response = await asyncio.wait_for(turn, 30)
+    assert response.status_code == 200, response.text
+    assert response.json()["events"]
+    assert len(llm.rerank_requests) == 2
+
+
 async def test_the_reranker_sees_top_k_times_the_multiplier(
     reranked: tuple[AppClient, TenantHandle], llm: FakeLLM
 ) -> None:

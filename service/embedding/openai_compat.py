@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 import openai
 
 from service.embedding.base import QueryCache, Vector, calibration, normalize
 from service.errors import ConfigurationError
+from service.llm.openai_compat import answered
 from service.observability import EMBEDDINGS
 from service.settings import EmbeddingModelSettings
 
+# The first retry's backoff ceiling, doubling with each try (what the client itself waited).
+_RETRY_BASE_SECONDS = 0.5
+
 
 class OpenAIEmbedder:
-    """Calls ``POST {api_url}/embeddings``; the client retries 429/5xx/timeouts with backoff."""
+    """Calls ``POST {api_url}/embeddings``; retries 429, 5xx and timeouts with backoff."""
 
     def __init__(self, settings: EmbeddingModelSettings) -> None:
         if not settings.api_url:
@@ -21,20 +26,27 @@ class OpenAIEmbedder:
         self.name = settings.model_name
         self.dimension = settings.dimensions
         self.calibration = calibration(settings)
+        self._settings = settings
         self._batch = settings.batch_size
         self._cache = QueryCache(settings.query_cache_size)
         self._client = openai.AsyncOpenAI(
             base_url=settings.api_url,
             api_key=settings.api_key.get_secret_value() or "none",
             timeout=settings.timeout_seconds,
-            max_retries=settings.max_retries,
+            max_retries=0,  # ours, by ``answered``: each try bounded as a whole
         )
 
     async def _embed(self, texts: list[str]) -> list[Vector]:
         out: list[Vector] = []
         for start in range(0, len(texts), self._batch):
             chunk = [t or " " for t in texts[start : start + self._batch]]
-            response = await self._client.embeddings.create(model=self.name, input=chunk)
+            response = await answered(
+                partial(self._client.embeddings.create, model=self.name, input=chunk),
+                purpose="embedding",
+                timeout_seconds=self._settings.timeout_seconds,
+                max_retries=self._settings.max_retries,
+                retry_base_seconds=_RETRY_BASE_SECONDS,
+            )
             EMBEDDINGS.labels("remote").inc(len(chunk))
             rows = sorted(response.data, key=lambda item: item.index)
             for row in rows:

@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from service.ends.schemas import MAX_ITEM_CHARS, EndRequest
-from service.errors import Invalid
+from service.errors import Invalid, field_of
 from service.importer.coerce import (
     Chat,
     chat_of,
@@ -131,7 +131,7 @@ def _read_jobs(source: Source, base: Path, zone: str) -> None:
                 request = EndRequest.model_validate(_end_body(record, request_id, chat, zone))
             except ValidationError as exc:
                 error = exc.errors()[0]
-                where = ".".join(str(p) for p in error["loc"]) or "job"
+                where = field_of(error) or "job"
                 source.skip(path, f"not a usable end job: {where}: {error['msg']}")
                 continue
             if not request.memo and not request.observations:

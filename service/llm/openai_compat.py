@@ -6,7 +6,8 @@ import asyncio
 import json
 import logging
 import random
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import openai
 
@@ -15,6 +16,8 @@ from service.observability import LLM_CALLS, LLM_TOKENS
 from service.settings import ChatModelSettings
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _RETRYABLE = (
     TimeoutError,  # the whole answer took longer than timeout_seconds
@@ -58,41 +61,63 @@ class OpenAIChat:
             kwargs["tools"] = tools
             if tool_choice is not None:
                 kwargs["tool_choice"] = tool_choice
-        attempt = 0
-        while True:
-            try:
-                # The client's timeout bounds each read, not the answer: a server that sends
-                # a byte now and then would hold the job, and a worker slot, for ever.
-                async with asyncio.timeout(self._settings.timeout_seconds):
-                    response = await self._client.chat.completions.create(**kwargs)
-                result = _result(response)
-                LLM_CALLS.labels(purpose, "ok").inc()
-                LLM_TOKENS.labels(purpose, "prompt").inc(result.prompt_tokens)
-                LLM_TOKENS.labels(purpose, "completion").inc(result.completion_tokens)
-                return result
-            except _RETRYABLE as exc:
-                LLM_CALLS.labels(purpose, type(exc).__name__).inc()
-                if attempt >= self._settings.max_retries:
-                    detail = str(exc) or f"no answer within {self._settings.timeout_seconds}s"
-                    raise LLMError(
-                        f"{purpose}: {type(exc).__name__} after {attempt + 1} tries: {detail}",
-                        retry_after=_retry_after(exc),
-                    ) from exc
-                delay = _retry_after(exc) or _backoff(attempt, self._settings.retry_base_seconds)
-                log.warning("%s: %s, retrying in %.2fs", purpose, type(exc).__name__, delay)
-                attempt += 1
-                await asyncio.sleep(delay)
-            except openai.APIStatusError as exc:
-                LLM_CALLS.labels(purpose, f"http_{exc.status_code}").inc()
-                raise LLMError(
-                    f"{purpose}: HTTP {exc.status_code}: {exc}", retryable=False
-                ) from exc
-            except (openai.APIError, ValueError) as exc:  # unparseable body and the like
-                raise LLMError(f"{purpose}: malformed response: {exc}") from exc
+
+        async def ask() -> ChatResult:
+            return _result(await self._client.chat.completions.create(**kwargs))
+
+        result = await answered(
+            ask,
+            purpose=purpose,
+            timeout_seconds=self._settings.timeout_seconds,
+            max_retries=self._settings.max_retries,
+            retry_base_seconds=self._settings.retry_base_seconds,
+        )
+        LLM_TOKENS.labels(purpose, "prompt").inc(result.prompt_tokens)
+        LLM_TOKENS.labels(purpose, "completion").inc(result.completion_tokens)
+        return result
 
     async def close(self) -> None:
         """Close the HTTP client."""
         await self._client.close()
+
+
+async def answered(
+    call: Callable[[], Awaitable[T]],
+    *,
+    purpose: str,
+    timeout_seconds: float,
+    max_retries: int,
+    retry_base_seconds: float,
+) -> T:
+    """What ``call`` (a request of the ``openai`` client) returns, each try given
+    ``timeout_seconds`` in all; 429, 5xx and timeouts are retried up to ``max_retries`` times
+    with backoff, and ``LLMError`` is raised when no try answered."""
+    attempt = 0
+    while True:
+        try:
+            # The client's timeout bounds each read, not the answer: a server that sends
+            # a byte now and then would hold the job, and a worker slot, for ever.
+            async with asyncio.timeout(timeout_seconds):
+                answer = await call()
+            LLM_CALLS.labels(purpose, "ok").inc()
+            return answer
+        except _RETRYABLE as exc:
+            LLM_CALLS.labels(purpose, type(exc).__name__).inc()
+            if attempt >= max_retries:
+                detail = str(exc) or f"no answer within {timeout_seconds}s"
+                raise LLMError(
+                    f"{purpose}: {type(exc).__name__} after {attempt + 1} tries: {detail}",
+                    retry_after=_retry_after(exc),
+                ) from exc
+            delay = _retry_after(exc) or _backoff(attempt, retry_base_seconds)
+            log.warning("%s: %s, retrying in %.2fs", purpose, type(exc).__name__, delay)
+            attempt += 1
+            await asyncio.sleep(delay)
+        except openai.APIStatusError as exc:
+            LLM_CALLS.labels(purpose, f"http_{exc.status_code}").inc()
+            raise LLMError(f"{purpose}: HTTP {exc.status_code}: {exc}", retryable=False) from exc
+        except (openai.APIError, ValueError) as exc:  # unparseable body and the like
+            raise LLMError(f"{purpose}: malformed response: {exc}") from exc
 
 
 def _backoff(attempt: int, base: float, cap: float = 30.0) -> float:

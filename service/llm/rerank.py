@@ -9,6 +9,7 @@ when this raises.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from typing import Any, Protocol
 
@@ -37,6 +38,7 @@ class HttpReranker:
     def __init__(self, settings: RerankerModelSettings) -> None:
         self.name = settings.model_name
         self._max = settings.max_documents
+        self._timeout = settings.timeout_seconds
         headers = {}
         if settings.api_key.get_secret_value():
             headers["Authorization"] = f"Bearer {settings.api_key.get_secret_value()}"
@@ -55,15 +57,19 @@ class HttpReranker:
         if self.name:
             body["model"] = self.name
         try:
-            response = await self._client.post("rerank", json=body)
+            # The client's timeout bounds each read, not the answer: a server that sends a byte
+            # now and then would hold the read path for as long as it dripped.
+            async with asyncio.timeout(self._timeout):
+                response = await self._client.post("rerank", json=body)
             response.raise_for_status()
             results = response.json()["results"]
             scores: list[float | None] = [None] * len(documents)
             for item in results:
                 scores[int(item["index"])] = float(item["relevance_score"])
-        except (httpx.HTTPError, ValueError, KeyError, TypeError, IndexError) as exc:
+        except (TimeoutError, httpx.HTTPError, ValueError, KeyError, TypeError, IndexError) as exc:
             LLM_CALLS.labels("rerank", "error").inc()
-            raise LLMError(f"reranker failed: {exc.__class__.__name__}: {exc}") from exc
+            detail = str(exc) or f"no answer within {self._timeout}s"
+            raise LLMError(f"reranker failed: {exc.__class__.__name__}: {detail}") from exc
         LLM_CALLS.labels("rerank", "ok").inc()
         # A document the endpoint left out ranks last. Logits (any score outside [0, 1])
         # become probabilities, all of them, so that the order is kept.

@@ -17,7 +17,7 @@ from service.db.engine import Database
 from service.embedding import Embedder
 from service.ends.schemas import EndRequest
 from service.ends.service import accept_end
-from service.errors import Invalid, NotFound
+from service.errors import Invalid, NotFound, field_of
 from service.llm.rerank import Reranker
 from service.memories import service as memory_rules
 from service.profiles import service as profile_rules
@@ -266,5 +266,4 @@ def _validate(model: Any, data: dict[str, Any], prefix: str = "arguments") -> An
         return model.model_validate(data)
     except ValidationError as exc:
         error = exc.errors()[0]
-        where = ".".join(str(p) for p in error["loc"])
-        raise Invalid(error["msg"], field=f"{prefix}.{where}" if where else prefix) from None
+        raise Invalid(error["msg"], field=field_of(error, prefix)) from None

@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.context import DEFAULT_TIMEZONE
 from service.db.engine import Database
-from service.errors import Invalid, NotFound, Unauthorized
+from service.errors import Invalid, NotFound, Unauthorized, field_of
 from service.privacy.service import erase_tenant
 from service.settings import QuerySettings, Settings
 from service.tenants import repository
@@ -145,8 +145,7 @@ def validate_overrides(overrides: dict[str, Any], defaults: Settings) -> dict[st
             QuerySettings.model_validate({**defaults.cognitive.query.model_dump(), **query})
         except ValidationError as exc:
             error = exc.errors()[0]
-            loc = ".".join(str(part) for part in error["loc"])
-            raise Invalid(error["msg"], field=f"settings.query.{loc}") from exc
+            raise Invalid(error["msg"], field=field_of(error, "settings.query")) from exc
         cleaned["query"] = dict(query)
     return cleaned
 
