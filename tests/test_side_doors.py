@@ -5,7 +5,9 @@ private."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -19,6 +21,7 @@ from sqlalchemy import text
 from service.app import create_app
 from service.db.migrate import alembic_config
 from service.settings import Settings
+from service.todos import webhook
 from tests.conftest import (
     FAST_QUEUE,
     AppClient,
@@ -286,6 +289,36 @@ async def test_a_failed_delivery_does_not_report_the_answer(db_url: str) -> None
     assert job["status"] == "failed"
     assert "418" not in (job["last_error"] or "")
     assert "did not accept" in (job["last_error"] or "")
+
+
+async def test_a_webhook_that_drips_its_answer_is_cut_at_the_timeout() -> None:
+    """The delivery's timeout bounds the whole answer: a target that sends a byte every 0.2 s
+    (each read well within the timeout) would otherwise hold the job for 10 s."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    stop = threading.Event()
+
+    def drip() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\n")
+            for _ in range(50):
+                if stop.wait(0.2):
+                    return
+                conn.sendall(b".")
+
+    threading.Thread(target=drip, daemon=True).start()
+    url = f"http://127.0.0.1:{server.getsockname()[1]}/hook"
+    started = time.monotonic()
+    try:
+        with pytest.raises(TimeoutError):
+            await webhook.post(url, {"event": "todo.due"}, timeout=1.0, allow_private=True)
+    finally:
+        stop.set()
+        server.close()
+    assert time.monotonic() - started < 5
 
 
 # --- what is private stays private --------------------------------------------------------

@@ -122,7 +122,7 @@ class Courier:
             )
         except webhook.Refused as exc:
             raise PermanentJobError(str(exc)) from None
-        except httpx.HTTPError:
+        except (httpx.HTTPError, TimeoutError):
             # Not why (refused, timed out, …): the job's error is the tenant's to read, and
             # would tell it what answers where.
             log.info("todo %s: the webhook could not be reached", todo_id, exc_info=True)

@@ -67,7 +67,8 @@ async def post(
     url: str, body: dict[str, Any], *, timeout: float, allow_private: bool
 ) -> httpx.Response:
     """POST ``body`` to ``url`` at an address checked just before (``Refused`` if none may be
-    reached); TLS is still verified for the URL's host name."""
+    reached), within ``timeout`` seconds in all (``TimeoutError``); TLS is still verified
+    for the URL's host name."""
     parts = urlsplit(url)
     host = parts.hostname
     if parts.scheme not in ("http", "https") or not host:
@@ -82,7 +83,12 @@ async def post(
     netloc = f"{shown}:{parts.port}" if parts.port else shown
     pinned = urlunsplit((parts.scheme, netloc, parts.path or "/", parts.query, ""))
     headers = {"User-Agent": "memoria", "Host": parts.netloc.rpartition("@")[2]}
-    async with httpx.AsyncClient(timeout=timeout, follow_redirects=False) as client:
+    # The client's timeout bounds each read, not the answer: a target that sends a byte now
+    # and then would hold the delivery job, and a worker slot, for as long as it dripped.
+    async with (
+        asyncio.timeout(timeout),
+        httpx.AsyncClient(timeout=timeout, follow_redirects=False) as client,
+    ):
         return await client.post(
             pinned, json=body, headers=headers, extensions={"sni_hostname": host}
         )
