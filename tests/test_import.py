@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import uuid
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 
 from service.app import create_app
 from service.db.engine import Database
+from service.importer.source import MAX_FILE_BYTES, MAX_HISTORY_BYTES
 from service.queue.repository import prune
 from tests.conftest import (
     FAST_QUEUE,
@@ -409,6 +411,51 @@ async def test_memos_without_a_place_go_where_told_and_bad_input_is_refused(
     assert "no tenant" in stranger
     assert "not a tenant id" in nope
     assert "group:ID or private:ID" in unplaced
+
+
+async def test_files_that_cannot_be_read_whole_are_skipped_beside_the_good_ones(
+    db_url: str, tmp_path: Path
+) -> None:
+    data = bot_data(tmp_path / "data")
+    cognitive = data / "cognitive"
+    # A FIFO nobody writes to, a link to a device without end, and files too big to read whole
+    # (sparse: they take no room on disk).
+    os.mkfifo(cognitive / "queues" / "pending" / "stuck.json")
+    (cognitive / "profiles" / "users" / "10009.md").symlink_to("/dev/zero")
+    (cognitive / "queues" / "failed" / "dir.json").mkdir()
+    with (cognitive / "queues" / "pending" / "huge.json").open("wb") as file:
+        file.truncate(MAX_FILE_BYTES + 1)
+    extra = tmp_path / "events.json"
+    with extra.open("wb") as file:
+        file.truncate(MAX_HISTORY_BYTES + 1)
+    env = clean_env(MEMORIA_DATABASE_URL=db_url)
+    created = await asyncio.to_thread(memoria, "tenants", "create", "odd-files", env=env)
+    tenant_id = created.stdout.split("tenant_id:")[1].split()[0]
+
+    def run(*args: str) -> str:
+        result = memoria("import", "undefined", str(data), "--tenant", tenant_id, *args, env=env)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    # Within the timeout: a FIFO or /dev/zero read whole would hold it for good.
+    summary = await asyncio.to_thread(run)
+    assert counts(summary) == {
+        "profiles": (2, 0),
+        "events": (2, 0),
+        "memos": (3, 0),
+        "jobs": (2, 0),
+    }
+    skipped = summary.split("skipped:")[1]
+    assert "cognitive/queues/pending/stuck.json: not a regular file (a FIFO)" in skipped
+    assert "cognitive/profiles/users/10009.md: not a regular file (a character device)" in skipped
+    assert "cognitive/queues/failed/dir.json: not a regular file (a directory)" in skipped
+    assert "cognitive/queues/pending/huge.json: larger than 4 MiB" in skipped
+    assert "cognitive/queues/pending/broken.json: malformed JSON" in skipped  # as before
+
+    # An events export given by name is the history's cap, and is reported like the others.
+    summary = await asyncio.to_thread(run, "--events", str(extra))
+    assert counts(summary)["events"] == (0, 0)
+    assert f"{extra}: larger than 256 MiB" in summary.split("skipped:")[1]
 
 
 async def test_a_big_history_is_planned_on_statistics_that_count_it(

@@ -8,12 +8,15 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import asyncpg
 import pytest
 
 from service.app import create_app
+from service.audit import service as audit
 from tests.conftest import (
+    ADMIN,
     FAST_QUEUE,
     AppClient,
     TenantHandle,
@@ -406,6 +409,62 @@ async def test_a_reminder_becomes_a_todo_with_an_absolute_time(
         f"/v1/todos/{todo['id']}", json={"status": "EXPIRED"}, headers=tenant.headers
     )
     assert back.status_code == 422 and back.json()["field"] == "status"
+
+
+async def test_times_without_an_offset_are_on_the_tenants_clocks(
+    offline: tuple[AppClient, TenantHandle],
+) -> None:
+    # The tenant's clocks are Asia/Shanghai (UTC+8), whatever the server's.
+    client, tenant = offline
+
+    def at(value: str) -> datetime:
+        return datetime.fromisoformat(value)
+
+    memory = await add(
+        client,
+        tenant,
+        "用户A(10001) 在北京出差",
+        valid_from="2027-03-01T08:00:00",
+        valid_to="2027-03-05T18:00:00",
+    )
+    assert at(memory["valid_from"]) == at("2027-03-01T08:00:00+08:00")
+    assert at(memory["valid_to"]) == at("2027-03-05T18:00:00+08:00")
+    changed = await client.patch(
+        f"/v1/memories/{memory['id']}",
+        json={"valid_to": "2027-03-04T18:00:00"},
+        headers=tenant.headers,
+    )
+    assert at(changed.json()["valid_to"]) == at("2027-03-04T18:00:00+08:00")
+
+    await hand_over(client, tenant, request_id="t1", observations=["明天提醒大家提交周报"])
+    [todo] = (await client.get("/v1/todos?group_id=g1", headers=tenant.headers)).json()
+    moved = await client.patch(
+        f"/v1/todos/{todo['id']}",
+        json={"trigger_time": "2027-03-01T08:00:00"},
+        headers=tenant.headers,
+    )
+    assert at(moved.json()["trigger_time"]) == at("2027-03-01T08:00:00+08:00")
+    for due_before, found in (("2027-03-01T07:59:59", []), ("2027-03-01T08:00:00", [todo["id"]])):
+        listed = await client.get(
+            "/v1/todos", params={"due_before": due_before}, headers=tenant.headers
+        )
+        assert [t["id"] for t in listed.json()] == found, due_before
+
+    # The audit trail of the tenant, since a few minutes ago on its clocks (and not after now).
+    await audit.flush()
+    local = datetime.now(ZoneInfo("Asia/Shanghai")).replace(tzinfo=None, microsecond=0)
+    for since, routes in (
+        (local - timedelta(minutes=5), {"/v1/memories", "/v1/todos/{todo_id}"}),
+        (local + timedelta(minutes=5), set()),
+    ):
+        params = {"tenant_id": tenant.id, "since": since.isoformat()}
+        entries = (await client.get("/admin/audit", params=params, headers=ADMIN)).json()
+        assert routes <= {e["route"] for e in entries}, since
+        assert bool(entries) == bool(routes), since
+    # Across tenants there are no caller's clocks to read it on.
+    since = {"since": local.isoformat()}
+    refused = await client.get("/admin/audit", params=since, headers=ADMIN)
+    assert refused.status_code == 422 and refused.json()["field"] == "since", refused.text
 
 
 async def test_the_llm_completes_a_todo(

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
+import asyncpg
 import pytest
 
 from service.app import create_app
@@ -29,6 +30,7 @@ from tests.conftest import (
     llm_settings,
     make_settings,
     new_tenant,
+    plain_dsn,
     serve_app,
     until_finished,
 )
@@ -199,6 +201,57 @@ async def test_revisions_keep_the_newest_five_and_rollback(client: AppClient) ->
         "/v1/profiles/user/10001/rollback", json={"version": 1}, headers=tenant.headers
     )
     assert gone.status_code == 404
+
+
+async def test_revisions_come_a_page_at_a_time(client: AppClient, db_url: str) -> None:
+    tenant = await new_tenant(client)
+    h = tenant.headers
+    put = await client.put("/v1/profiles/user/10001", json={"document": doc("现在")}, headers=h)
+    assert put.status_code in (200, 201), put.text
+    # A profile changed 1,234 times over months, every text kept.
+    conn = await asyncpg.connect(plain_dsn(db_url))
+    try:
+        await conn.execute(
+            "UPDATE profiles SET version = 1235 WHERE tenant_id = $1 AND profile_key = 'user:10001'",
+            uuid.UUID(tenant.id),
+        )
+        await conn.execute(
+            "INSERT INTO profile_revisions (tenant_id, profile_key, version, document)"
+            " SELECT $1, 'user:10001', v, '第 ' || v || ' 版' FROM generate_series(1, 1234) AS v",
+            uuid.UUID(tenant.id),
+        )
+    finally:
+        await conn.close()
+    url = "/v1/profiles/user/10001/revisions"
+
+    first = (await client.get(url, headers=h)).json()
+    assert [r["version"] for r in first] == list(range(1234, 1184, -1))  # the newest 50
+    assert first[0]["document"] == "第 1234 版"
+    walked: list[int] = []
+    params: dict[str, int] = {"limit": 500}
+    while page := (await client.get(url, params=params, headers=h)).json():
+        assert len(page) <= 500
+        walked += [r["version"] for r in page]
+        params["before"] = page[-1]["version"]
+    assert walked == list(range(1234, 0, -1))
+    member = await client.get(
+        "/v1/profiles/member/g1/10001/revisions", params={"limit": 1}, headers=h
+    )
+    assert member.status_code == 404  # the listing pages; the profile is still looked up
+
+    for path in (url, "/v1/profiles/member/g1/10001/revisions"):
+        for name, value in (
+            ("before", "1234|x"),
+            ("before", "0"),
+            ("before", str(2**31)),
+            ("before", "' OR 1=1 --"),
+            ("limit", "0"),
+            ("limit", "501"),
+            ("limit", "-1"),
+        ):
+            response = await client.get(path, params={name: value}, headers=h)
+            assert response.status_code == 422, (path, name, value, response.text)
+            assert response.json()["field"] == name, response.text
 
 
 async def test_if_match_protects_against_lost_updates(client: AppClient) -> None:

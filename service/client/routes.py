@@ -210,11 +210,19 @@ class Routes:
 
     @route
     def profile_revisions(
-        self, entity_type: str, entity_id: str, *, group_id: str | None = None
+        self,
+        entity_type: str,
+        entity_id: str,
+        *,
+        group_id: str | None = None,
+        limit: int | None = None,
+        before: int | None = None,
     ) -> Call[list[RevisionInfo]]:
-        """A profile's kept previous texts, newest first."""
+        """A profile's kept previous texts, newest first (``before``: a version, for the next
+        page)."""
         path = profile_path(entity_type, entity_id, group_id) + "/revisions"
-        return Call("GET", path, parse_many(RevisionInfo))
+        params = query_params(limit=limit, before=before)
+        return Call("GET", path, parse_many(RevisionInfo), params=params)
 
     @route
     def rollback_profile(

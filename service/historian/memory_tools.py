@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import date, datetime
+from datetime import UTC, date, datetime
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -347,7 +347,10 @@ ADD_TODO = Tool(
 
 def _todo_status(status: str) -> Callable[[Writing, dict[str, Any]], Awaitable[str]]:
     async def apply(writing: Writing, args: dict[str, Any]) -> str:
-        await todos.patch(writing.session, writing.tenant_id, args["todo_id"], {"status": status})
+        zone = writing.conversation.moment.tzinfo or UTC
+        await todos.patch(
+            writing.session, writing.tenant_id, args["todo_id"], {"status": status}, zone
+        )
         return f"todos_{status.lower()}"
 
     return apply

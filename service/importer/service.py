@@ -153,9 +153,12 @@ class _Writer:
         key, newest = history.key, history.versions[-1]
         async with self.db.tenant(self.tenant_id) as session:
             row = await profiles.find(session, self.tenant_id, key)
-            kept = await profiles.revisions(session, self.tenant_id, key) if row else []
+            known = row is not None and (
+                newest.document == row["document"]
+                or await profiles.is_kept(session, self.tenant_id, key, newest.document)
+            )
         if row is not None:
-            if newest.document in {row["document"], *(r["document"] for r in kept)}:
+            if known:
                 self.report.present["profiles"] += 1
             else:
                 self._skip(

@@ -9,7 +9,14 @@ from pathlib import Path
 
 from service.errors import Invalid
 from service.importer.coerce import conform_profile, identifier, moment
-from service.importer.source import ProfileHistory, ProfileVersion, Source, mtime
+from service.importer.source import (
+    MAX_FILE_BYTES,
+    ProfileHistory,
+    ProfileVersion,
+    Source,
+    mtime,
+    read_text,
+)
 from service.profiles.document import ProfileKey
 
 
@@ -54,7 +61,7 @@ def read_profiles(source: Source, base: Path, zone: str) -> None:
             history.get((kind, entity_id), []), key=lambda p: (_snapshot_time(p, zone), p.name)
         )
         try:
-            newest = conform_profile(path.read_text(encoding="utf-8"), key, mtime(path), zone)
+            newest = conform_profile(read_text(path, MAX_FILE_BYTES), key, mtime(path), zone)
         except (Invalid, UnicodeDecodeError, OSError) as exc:
             also = f"; its {len(snapshots)} snapshots left out too" if snapshots else ""
             source.skip(path, f"{_reason(exc)}{also}")
@@ -62,7 +69,7 @@ def read_profiles(source: Source, base: Path, zone: str) -> None:
         versions: list[ProfileVersion] = []
         for snapshot in snapshots:
             try:
-                text = snapshot.read_text(encoding="utf-8")
+                text = read_text(snapshot, MAX_FILE_BYTES)
                 document = conform_profile(text, key, _snapshot_time(snapshot, zone), zone)
             except (Invalid, UnicodeDecodeError, OSError) as exc:
                 source.skip(snapshot, _reason(exc))

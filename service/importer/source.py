@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -14,6 +16,14 @@ from service.ends.schemas import EndRequest
 from service.errors import Invalid
 from service.importer.coerce import Chat
 from service.profiles.document import ProfileKey
+
+# Every file is read whole, so none larger than these is. A profile (or a snapshot of one) is
+# at most MAX_DOCUMENT_CHARS, and a job one end call (50 observations of 4,000 characters, a
+# source message of 100,000): a few hundred kilobytes of UTF-8 at most, so 4 MiB leaves room
+# for the fields the import does not read. The memo log and the events export hold a whole
+# history (Chroma's get() leaves the embeddings out unless asked): a long one is tens of MiB.
+MAX_FILE_BYTES = 4 * 2**20
+MAX_HISTORY_BYTES = 256 * 2**20
 
 
 @dataclass(frozen=True)
@@ -101,14 +111,49 @@ class Source:
             return str(path)
 
 
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _check_regular(mode: int) -> None:
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _KINDS if test(mode)), "of another kind")
+        raise Invalid(f"not a regular file ({kind})")
+
+
+def read_text(path: Path, limit: int, encoding: str = "utf-8") -> str:
+    """A regular file's text (a symlink is followed); ``Invalid`` for anything else, as a FIFO,
+    a device or a socket would block the import or feed it without end, and for a file over
+    ``limit`` bytes, which would be held in memory whole."""
+    # Checked by name before opening: opening some devices does something (a tape rewinds),
+    # and a FIFO opened without O_NONBLOCK waits for a writer.
+    _check_regular(path.stat().st_mode)
+    with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as file:
+        # Again on what was opened: the name may have been replaced in between.
+        opened = os.fstat(file.fileno())
+        _check_regular(opened.st_mode)
+        data = file.read(limit + 1) if opened.st_size <= limit else b""
+    if opened.st_size > limit or len(data) > limit:  # the second: a file still growing
+        raise Invalid(f"larger than {limit // 2**20} MiB (files are read whole)")
+    return data.decode(encoding)
+
+
 # What load_json returns for a file it could not read (None is valid JSON).
 UNREADABLE = object()
 
 
-def load_json(source: Source, path: Path) -> Any:
-    """A file's JSON, or ``UNREADABLE`` (and skipped, with the parser's reason)."""
+def load_json(source: Source, path: Path, limit: int) -> Any:
+    """A file's JSON, or ``UNREADABLE`` (and skipped, with the reason); see ``read_text``."""
     try:
-        text = path.read_text(encoding="utf-8-sig")
+        text = read_text(path, limit, encoding="utf-8-sig")
+    except Invalid as exc:
+        source.skip(path, exc.message)
+        return UNREADABLE
     except UnicodeDecodeError:
         source.skip(path, "not UTF-8 text")
         return UNREADABLE

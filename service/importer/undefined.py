@@ -36,6 +36,8 @@ from service.importer.coerce import (
 )
 from service.importer.snapshots import read_profiles
 from service.importer.source import (
+    MAX_FILE_BYTES,
+    MAX_HISTORY_BYTES,
     UNREADABLE,
     MemoEntry,
     QueuedJob,
@@ -83,7 +85,9 @@ def read_source(
     name no conversation the reader can find."""
     if not root.is_dir():
         raise Invalid(f"no such directory: {root}", field="data_dir")
-    if events_file is not None and not events_file.is_file():
+    # A name that is there but no regular file (a FIFO, a link to a device) is read, to be
+    # reported as skipped, not passed over in silence.
+    if events_file is not None and not events_file.exists():
         raise Invalid(f"no such file: {events_file}", field="events")
     source = Source(root)
     bases = [root / "cognitive", root]
@@ -93,10 +97,10 @@ def read_source(
     queues = next((b / "queues" for b in bases if (b / "queues").is_dir()), None)
     if queues is not None:
         _read_jobs(source, queues, zone)
-    exported = events_file or next((root / p for p in EVENT_EXPORTS if (root / p).is_file()), None)
+    exported = events_file or next((root / p for p in EVENT_EXPORTS if (root / p).exists()), None)
     if exported is not None:
         _read_events(source, exported, zone)
-    if (root / "end_summaries.json").is_file():
+    if (root / "end_summaries.json").exists():
         _read_memos(source, root / "end_summaries.json", zone, memo_chat)
     return source
 
@@ -108,7 +112,7 @@ def _read_jobs(source: Source, base: Path, zone: str) -> None:
     seen: dict[str, str] = {}
     for state in JOB_STATES:
         for path in sorted((base / state).glob("*.json")):
-            record = load_json(source, path)
+            record = load_json(source, path, MAX_FILE_BYTES)
             if record is UNREADABLE:
                 continue
             if not isinstance(record, dict):
@@ -209,7 +213,7 @@ def _event_records(data: Any) -> list[Any] | None:
 
 
 def _read_events(source: Source, path: Path, zone: str) -> None:
-    records = load_json(source, path)
+    records = load_json(source, path, MAX_HISTORY_BYTES)
     if records is UNREADABLE:
         return
     listed = _event_records(records)
@@ -294,7 +298,7 @@ def _place(location: Any, names: dict[tuple[str, str], set[str]]) -> Chat | None
 
 
 def _read_memos(source: Source, path: Path, zone: str, fallback: Chat | None) -> None:
-    data = load_json(source, path)
+    data = load_json(source, path, MAX_HISTORY_BYTES)
     if data is UNREADABLE:
         return
     if isinstance(data, dict):

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import uuid
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from sqlalchemy import and_, true
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.context import on_clocks
 from service.embedding import Embedder
 from service.errors import Invalid, NotFound
 from service.memories import repository
@@ -87,6 +89,7 @@ async def create(
     whether it was created."""
     content = check_personal(data.scope, data.content, tenant.pii_policy)
     [vector] = await embedder.passages([content])
+    zone = ZoneInfo(tenant.timezone)
     memory_id, created = await add(
         session,
         tenant.tenant_id,
@@ -100,8 +103,8 @@ async def create(
         cause=_api_cause(tenant.key_prefix),
         confidence=data.confidence,
         importance=data.importance,
-        valid_from=data.valid_from,
-        valid_to=data.valid_to,
+        valid_from=on_clocks(data.valid_from, zone),
+        valid_to=on_clocks(data.valid_to, zone),
         reason=data.reason,
     )
     return await get(session, tenant.tenant_id, memory_id), created
@@ -132,7 +135,7 @@ async def edit(
         category=data.category,
         confidence=data.confidence,
         importance=data.importance,
-        valid_to=data.valid_to,
+        valid_to=on_clocks(data.valid_to, ZoneInfo(tenant.timezone)),
         is_active=data.is_active,
     )
 

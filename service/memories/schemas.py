@@ -12,6 +12,7 @@ from service.db.types import BIGINT_MAX
 
 Scope = Literal["GLOBAL", "PRIVATE", "GROUP", "MEMBER_IN_GROUP"]
 Category = Literal["PROFILE", "PREFERENCE", "FACT", "SUMMARY"]
+_ON_CLOCKS = "ISO 8601; without an offset, on the tenant's clocks"
 
 
 class MemoryInfo(BaseModel):
@@ -53,8 +54,8 @@ class MemoryCreate(BaseModel):
     content: str = Field(min_length=1, max_length=2000)
     confidence: float = Field(default=0.8, ge=0, le=1)
     importance: float = Field(default=0.5, ge=0, le=1)
-    valid_from: Moment | None = None
-    valid_to: Moment | None = None
+    valid_from: Moment | None = Field(default=None, description=_ON_CLOCKS)
+    valid_to: Moment | None = Field(default=None, description=_ON_CLOCKS)
     reason: str | None = Field(default=None, max_length=500)
 
     @field_validator("user_id", "group_id")
@@ -79,7 +80,7 @@ class MemoryPatch(BaseModel):
     category: Category | None = None
     confidence: float | None = Field(default=None, ge=0, le=1)
     importance: float | None = Field(default=None, ge=0, le=1)
-    valid_to: Moment | None = None
+    valid_to: Moment | None = Field(default=None, description=_ON_CLOCKS)
     is_active: bool | None = None
     reason: str | None = Field(default=None, max_length=500)
 

@@ -170,17 +170,56 @@ _REVISIONS = text(
     """
     SELECT version, document, replaced_by, created_at FROM profile_revisions
     WHERE tenant_id = :tenant_id AND profile_key = :key
+      AND (CAST(:before AS integer) IS NULL OR version < :before)
     ORDER BY version DESC
+    LIMIT :limit
     """
 )
 
 
 async def revisions(
-    session: AsyncSession, tenant_id: uuid.UUID, key: ProfileKey
+    session: AsyncSession, tenant_id: uuid.UUID, key: ProfileKey, limit: int, before: int | None
 ) -> list[dict[str, Any]]:
-    """The kept previous texts, newest first."""
-    rows = await session.execute(_REVISIONS, {"tenant_id": tenant_id, "key": key.key})
+    """The kept previous texts, newest first: ``limit`` of them older than version ``before``."""
+    rows = await session.execute(
+        _REVISIONS, {"tenant_id": tenant_id, "key": key.key, "limit": limit, "before": before}
+    )
     return dicts(rows)
+
+
+_REVISION = text(
+    """
+    SELECT version, document, replaced_by, created_at FROM profile_revisions
+    WHERE tenant_id = :tenant_id AND profile_key = :key AND version = :version
+    """
+)
+
+
+async def revision(
+    session: AsyncSession, tenant_id: uuid.UUID, key: ProfileKey, version: int
+) -> dict[str, Any] | None:
+    """One kept previous text, or None."""
+    params = {"tenant_id": tenant_id, "key": key.key, "version": version}
+    rows = dicts(await session.execute(_REVISION, params))
+    return rows[0] if rows else None
+
+
+_KEPT_TEXT = text(
+    """
+    SELECT EXISTS (
+        SELECT 1 FROM profile_revisions
+        WHERE tenant_id = :tenant_id AND profile_key = :key AND document = :document
+    )
+    """
+)
+
+
+async def is_kept(
+    session: AsyncSession, tenant_id: uuid.UUID, key: ProfileKey, document: str
+) -> bool:
+    """Whether ``document`` is one of the profile's kept previous texts."""
+    params = {"tenant_id": tenant_id, "key": key.key, "document": document}
+    return bool((await session.execute(_KEPT_TEXT, params)).scalar_one())
 
 
 # A conversation's profiles: a group's own and its members', or a person's (private chat).

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from litestar import Controller, Request, get, post, put
 from litestar.params import Parameter
@@ -24,6 +24,15 @@ from service.profiles.schemas import (
 from service.settings import Settings
 from service.tenants.service import TenantContext
 
+# A page of revisions, as the other lists page: ``limit``, and the last version seen as
+# ``before`` for the next (a revision's text is up to 20,000 characters, and a tenant may keep
+# a thousand of them).
+RevisionLimit = Annotated[int, Parameter(ge=1, le=500)]
+RevisionCursor = Annotated[
+    int | None,
+    Parameter(ge=1, le=2**31 - 1, description="a version: the revisions older than it"),
+]
+
 
 def _info(row: dict[str, Any]) -> ProfileInfo:
     return ProfileInfo(**{k: row[k] for k in ProfileInfo.model_fields})
@@ -41,9 +50,14 @@ class ProfileController(Controller):
         return _info(await service.get(session, tenant.tenant_id, key))
 
     async def _revisions(
-        self, session: AsyncSession, tenant: TenantContext, key: ProfileKey
+        self,
+        session: AsyncSession,
+        tenant: TenantContext,
+        key: ProfileKey,
+        limit: int,
+        before: int | None,
     ) -> list[RevisionInfo]:
-        rows = await service.revisions(session, tenant.tenant_id, key)
+        rows = await service.revisions(session, tenant.tenant_id, key, limit, before)
         return [RevisionInfo(**r) for r in rows]
 
     async def _rollback(
@@ -113,10 +127,17 @@ class ProfileController(Controller):
         dependencies=reads(),
     )
     async def member_revisions(
-        self, tenant: TenantContext, session: AsyncSession, group_id: str, user_id: str
+        self,
+        tenant: TenantContext,
+        session: AsyncSession,
+        group_id: str,
+        user_id: str,
+        limit: RevisionLimit = 50,
+        before: RevisionCursor = None,
     ) -> list[RevisionInfo]:
-        """The kept previous texts, newest first."""
-        return await self._revisions(session, tenant, service.key_of("member", user_id, group_id))
+        """The kept previous texts, newest first (``before``: a version, for the next page)."""
+        key = service.key_of("member", user_id, group_id)
+        return await self._revisions(session, tenant, key, limit, before)
 
     @post(
         "/member/{group_id:str}/{user_id:str}/rollback", status_code=200, responses=errors(404, 409)
@@ -165,10 +186,17 @@ class ProfileController(Controller):
         dependencies=reads(),
     )
     async def revisions(
-        self, tenant: TenantContext, session: AsyncSession, entity_type: str, entity_id: str
+        self,
+        tenant: TenantContext,
+        session: AsyncSession,
+        entity_type: str,
+        entity_id: str,
+        limit: RevisionLimit = 50,
+        before: RevisionCursor = None,
     ) -> list[RevisionInfo]:
-        """The kept previous texts, newest first."""
-        return await self._revisions(session, tenant, _plain_key(entity_type, entity_id))
+        """The kept previous texts, newest first (``before``: a version, for the next page)."""
+        key = _plain_key(entity_type, entity_id)
+        return await self._revisions(session, tenant, key, limit, before)
 
     @post(
         "/{entity_type:str}/{entity_id:str}/rollback", status_code=200, responses=errors(404, 409)

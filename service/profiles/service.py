@@ -92,11 +92,19 @@ async def get(session: AsyncSession, tenant_id: uuid.UUID, key: ProfileKey) -> d
 
 
 async def revisions(
-    session: AsyncSession, tenant_id: uuid.UUID, key: ProfileKey
+    session: AsyncSession, tenant_id: uuid.UUID, key: ProfileKey, limit: int, before: int | None
 ) -> list[dict[str, Any]]:
-    """A profile's kept previous texts, newest first; ``NotFound`` when there is no profile."""
+    """A page of a profile's kept previous texts, newest first (``before``: a version, for
+    the next page); ``NotFound`` when there is no profile."""
     await get(session, tenant_id, key)
-    return await repository.revisions(session, tenant_id, key)
+    return await repository.revisions(session, tenant_id, key, limit, before)
+
+
+async def is_kept(
+    session: AsyncSession, tenant_id: uuid.UUID, key: ProfileKey, document: str
+) -> bool:
+    """Whether ``document`` is one of the profile's kept previous texts."""
+    return await repository.is_kept(session, tenant_id, key, document)
 
 
 async def of_conversation(
@@ -223,13 +231,13 @@ async def rollback(
         raise NotFound(f"no profile of {key.describe()}")
     if version == current["version"]:
         return int(current["version"])
-    kept = {r["version"]: r for r in await repository.revisions(session, tenant_id, key)}
-    if version not in kept:
-        raise NotFound(f"revision {version} is not kept (kept: {sorted(kept)})")
+    kept = await repository.revision(session, tenant_id, key, version)
+    if kept is None:
+        raise NotFound(f"revision {version} is not kept (the revisions list names those that are)")
     return await save(
         session,
         tenant_id,
-        kept[version]["document"],
+        kept["document"],
         key,
         embedder,
         expected=current["version"],

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Annotated
+from zoneinfo import ZoneInfo
 
 from litestar import Controller, get, patch
 from litestar.params import Parameter
@@ -34,12 +36,16 @@ class TodoController(Controller):
         ),
         group_id: str | None = None,
         user_id: str | None = None,
-        due_before: datetime | None = None,
+        due_before: Annotated[
+            datetime | None,
+            Parameter(description="ISO 8601; without an offset, on the tenant's clocks"),
+        ] = None,
         limit: int = Parameter(default=100, ge=1, le=1000),
     ) -> list[TodoInfo]:
         """Todos by status, conversation and due time."""
+        zone = ZoneInfo(tenant.timezone)
         rows = await service.listing(
-            session, tenant.tenant_id, status, group_id, user_id, due_before, limit
+            session, tenant.tenant_id, status, group_id, user_id, due_before, limit, zone
         )
         return [_info(r) for r in rows]
 
@@ -60,4 +66,5 @@ class TodoController(Controller):
     ) -> TodoInfo:
         """Complete, cancel, reopen, reschedule or reassign a todo."""
         values = data.model_dump(exclude_unset=True)
-        return _info(await service.patch(session, tenant.tenant_id, todo_id, values))
+        zone = ZoneInfo(tenant.timezone)
+        return _info(await service.patch(session, tenant.tenant_id, todo_id, values, zone))

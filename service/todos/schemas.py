@@ -37,7 +37,9 @@ class TodoPatch(BaseModel):
 
     status: Status | None = None
     description: str | None = Field(default=None, min_length=1, max_length=2000)
-    trigger_time: Moment | None = None
+    trigger_time: Moment | None = Field(
+        default=None, description="ISO 8601; without an offset, on the tenant's clocks"
+    )
     assignee_id: str | None = Field(default=None, max_length=128)
 
     _assignee = field_validator("assignee_id")(path_safe)

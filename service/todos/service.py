@@ -6,13 +6,13 @@ import json
 import logging
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any
 
 import httpx
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.context import checked_moment, scope_of
+from service.context import checked_moment, on_clocks, scope_of
 from service.db.engine import Database
 from service.errors import Invalid, NotFound
 from service.queue import repository as jobs
@@ -37,9 +37,12 @@ TRANSITIONS = {
 
 
 async def patch(
-    session: Any, tenant_id: uuid.UUID, todo_id: int, values: dict[str, Any]
+    session: Any, tenant_id: uuid.UUID, todo_id: int, values: dict[str, Any], zone: tzinfo
 ) -> dict[str, Any]:
-    """Change a todo; status moves only along the lifecycle."""
+    """Change a todo; status moves only along the lifecycle, and a ``trigger_time`` without
+    an offset is on ``zone``, the tenant's clocks."""
+    if "trigger_time" in values:
+        values["trigger_time"] = on_clocks(values["trigger_time"], zone)
     current = await repository.get(session, tenant_id, todo_id)
     if current is None:
         raise NotFound("no such todo")
@@ -145,15 +148,17 @@ async def listing(
     user_id: str | None,
     due_before: datetime | None,
     limit: int,
+    zone: tzinfo,
 ) -> list[dict[str, Any]]:
-    """Todos by status, conversation (a group's or a private chat's) and due time."""
+    """Todos by status, conversation (a group's or a private chat's) and due time (without an
+    offset, on ``zone``, the tenant's clocks)."""
     key = scope_of(group_id, user_id) if (group_id or user_id) else None
     return await repository.listing(
         session,
         tenant_id,
         status=status,
         conversation_key=key,
-        due_before=checked_moment(due_before, "due_before"),
+        due_before=on_clocks(checked_moment(due_before, "due_before"), zone),
         limit=limit,
     )
 
