@@ -331,7 +331,11 @@ async def test_prune_follows_the_retention_policy(db: Database, tenant_id: uuid.
             text("UPDATE jobs SET finished_at = now() WHERE id = :id"), {"id": ids[2]}
         )
         deleted = await repository.prune(
-            session, done_age_seconds=3600, failed_max_age_days=365, failed_max_count=2
+            session,
+            done_age_seconds=3600,
+            failed_max_age_days=365,
+            failed_max_count=2,
+            receipt_age_days=90,
         )
     remaining = await statuses(db)
     assert deleted == 3

@@ -83,3 +83,21 @@ class Job(Base):
     )
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class JobReceipt(Base):
+    """The first answer to a request that made a job, kept past the job's own retention, so
+    that a repeat of the request long after its job was pruned makes no second one."""
+
+    __tablename__ = "job_receipts"
+    # No foreign key to tenants: see service.db.citus (the table stays beside jobs).
+    __table_args__ = (
+        # Pruning receipts by age.
+        Index("ix_job_receipts_created", "created_at"),
+    )
+
+    tenant_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    dedupe_key: Mapped[str] = mapped_column(String(400), primary_key=True)
+    job_id: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    answer: Mapped[Any] = mapped_column(JSONB, nullable=True)
+    created_at: Mapped[datetime] = created_at_column()

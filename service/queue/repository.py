@@ -96,9 +96,11 @@ def enqueue_beside(write: str, *, existing_field: str) -> str:
     only when $6 is true. Both halves are idempotent: the write by its own ON CONFLICT, the
     job by its dedupe key.
 
-    The row has ``created`` (the new job's id), or ``existing`` and ``existing_<field>`` (that
-    field of its payload) for the job an earlier call made. The outer SELECT runs on the
-    statement's snapshot, so ``existing`` never finds the job inserted here."""
+    The job is made beside a receipt (``job_receipts``: its id and that field of its payload)
+    that outlives the job by ``receipt_retention_days``, so a repeat after the job was pruned
+    still makes none. The row has ``created`` (the new job's id), or ``existing`` and
+    ``existing_<field>`` (the receipt's) for the job an earlier call made. The outer SELECT
+    runs on the statement's snapshot, so ``existing`` never finds the receipt made here."""
     if not existing_field.isidentifier():
         raise ValueError(f"not a payload field name: {existing_field!r}")
     return f"""
@@ -106,16 +108,22 @@ WITH write AS (
 {write}
 ), job AS (
     INSERT INTO jobs (tenant_id, kind, payload, max_attempts, dedupe_key)
-    SELECT $1, $2, CAST($3 AS jsonb), $4, $5
-    WHERE $6
+    SELECT $1, $2, CAST($3 AS jsonb), $4, CAST($5 AS text)
+    WHERE $6 AND NOT EXISTS (
+        SELECT FROM job_receipts WHERE tenant_id = $1 AND dedupe_key = CAST($5 AS text))
     ON CONFLICT (tenant_id, dedupe_key) DO NOTHING
     RETURNING id
+), receipt AS (
+    INSERT INTO job_receipts (tenant_id, dedupe_key, job_id, answer)
+    SELECT $1, CAST($5 AS text), id, CAST($3 AS jsonb) -> '{existing_field}' FROM job
+    ON CONFLICT (tenant_id, dedupe_key) DO NOTHING
 )
 SELECT (SELECT id FROM job) AS created,
-       existing.id AS existing,
-       existing.payload -> '{existing_field}' AS existing_{existing_field}
+       existing.job_id AS existing,
+       existing.answer AS existing_{existing_field}
 FROM (SELECT 1) AS one
-LEFT JOIN jobs AS existing ON existing.tenant_id = $1 AND existing.dedupe_key = $5
+LEFT JOIN job_receipts AS existing
+    ON existing.tenant_id = $1 AND existing.dedupe_key = CAST($5 AS text)
 """
 
 
@@ -363,7 +371,11 @@ async def retry(session: AsyncSession, tenant_id: uuid.UUID, job_id: int) -> boo
 
 
 # Done jobs older than the retention; failed jobs older than failed_max_age_days, and beyond
-# the newest failed_max_files per tenant (the seeds' policy for the failed/ directory).
+# the newest failed_max_files per tenant (the seeds' policy for the failed/ directory);
+# receipts older than theirs (by ix_job_receipts_created: a day's receipts at a time).
+_PRUNE_RECEIPTS = text(
+    "DELETE FROM job_receipts WHERE created_at < now() - make_interval(secs => :age)"
+)
 _PRUNE_DONE = text(
     "DELETE FROM jobs WHERE status = 'done' AND finished_at < now() - make_interval(secs => :age)"
 )
@@ -384,9 +396,15 @@ _PRUNE_FAILED_COUNT = text(
 
 
 async def prune(
-    session: AsyncSession, done_age_seconds: float, failed_max_age_days: int, failed_max_count: int
+    session: AsyncSession,
+    done_age_seconds: float,
+    failed_max_age_days: int,
+    failed_max_count: int,
+    receipt_age_days: float,
 ) -> int:
-    """Delete finished jobs past their retention; returns how many."""
+    """Delete finished jobs past their retention, and receipts past theirs; returns how many
+    jobs."""
+    await session.execute(_PRUNE_RECEIPTS, {"age": receipt_age_days * 86400})
     deleted = (await session.execute(_PRUNE_DONE, {"age": done_age_seconds})).rowcount  # type: ignore[attr-defined]
     if failed_max_age_days > 0:
         deleted += (
