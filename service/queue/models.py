@@ -36,11 +36,11 @@ class Job(Base):
     __table_args__ = (
         CheckConstraint("status IN ('queued', 'running', 'done', 'failed')", name="status"),
         UniqueConstraint("tenant_id", "dedupe_key"),
-        # The claim query: queued jobs that are due, most urgent first.
+        # The claim query: queued jobs by priority, then turn (the tenants' jobs in turns).
         Index(
             "ix_jobs_claimable",
             text("priority DESC"),
-            "run_after",
+            "turn",
             "id",
             postgresql_where=text("status = 'queued'"),
         ),
@@ -68,6 +68,10 @@ class Job(Base):
     status: Mapped[str] = mapped_column(String(16), nullable=False, server_default="queued")
     priority: Mapped[int] = mapped_column(SmallInteger, nullable=False, server_default="0")
     run_after: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), nullable=False, server_default=func.now()
+    )
+    # A virtual time set at enqueue (see service.queue.repository): the claim's order.
+    turn: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), nullable=False, server_default=func.now()
     )
     attempts: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
