@@ -89,6 +89,12 @@ class QueueSettings(_Section):
     failed_cleanup_interval: int = Field(100, ge=0)
     job_max_retries: int = Field(3, ge=0, le=100)
     done_retention_hours: float = Field(24.0, ge=0)
+    receipt_retention_days: float = Field(
+        90.0,
+        gt=0,
+        description="how long a repeated /v1/end (same request_id and end_seq) is still"
+        " answered with the first answer and makes no second job, after that job is pruned",
+    )
     lease_seconds: float = Field(30.0, gt=0)
     heartbeat_seconds: float = Field(10.0, gt=0)
     claim_batch: int = Field(8, ge=1, le=500)

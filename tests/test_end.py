@@ -5,8 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 
 from service.ends.service import event_ids
+from service.queue import repository
+from service.runtime import Runtime
 from tests.conftest import AppClient, TenantHandle, new_tenant
 
 GROUP = {
@@ -139,3 +142,62 @@ async def test_switched_off_keeps_the_memo_log_and_queues_nothing(
     assert (await client.get("/v1/jobs", headers=tenant.headers)).json()["jobs"] == []
     memos = (await client.get("/v1/memos?group_id=100200", headers=tenant.headers)).json()
     assert [m["memo"] for m in memos] == ["记下了"]
+
+
+async def test_a_repeat_after_the_job_is_pruned_makes_no_second_job(client: AppClient) -> None:
+    rt: Runtime = client.app.state.runtime
+    first_tenant = await new_tenant(client, "first")
+    second_tenant = await new_tenant(client, "second")
+    turn = {"request_id": "turn:50%:a", "end_seq": 2, "observations": ["a", "b"]}
+    first = (await end(client, first_tenant, **turn)).json()
+    # The job ran and was done long ago: the queue's retention of done jobs has passed.
+    async with rt.db.system() as session:
+        await session.execute(
+            text("UPDATE jobs SET status = 'done', finished_at = now() - interval '3 days'")
+        )
+        queue = rt.settings.cognitive.queue
+        await repository.prune(
+            session,
+            queue.done_retention_hours * 3600,
+            queue.failed_max_age_days,
+            queue.failed_max_files,
+            queue.receipt_retention_days,
+        )
+    jobs = (await client.get("/v1/jobs", headers=first_tenant.headers)).json()["jobs"]
+    assert jobs == []
+
+    again = await end(client, first_tenant, **turn)
+    assert again.status_code == 202
+    assert again.json()["job_id"] == first["job_id"]
+    assert again.json()["event_ids"] == first["event_ids"] == ["turn:50%:a:2:1", "turn:50%:a:2:2"]
+    assert again.json()["duplicate"] is True
+    jobs = (await client.get("/v1/jobs", headers=first_tenant.headers)).json()["jobs"]
+    assert jobs == []
+    # The same ids from another tenant are its own hand-over, and so are keys that would
+    # match the first tenant's only as a pattern.
+    for request_id in ("turn:50%:a", "turn:5_%", "turn:%"):
+        other = (await end(client, second_tenant, **{**turn, "request_id": request_id})).json()
+        assert other["duplicate"] is False and other["job_id"] != first["job_id"]
+    jobs = (await client.get("/v1/jobs", headers=second_tenant.headers)).json()["jobs"]
+    assert len(jobs) == 3
+
+
+async def test_a_repeat_after_the_receipts_retention_is_a_new_hand_over(
+    client: AppClient, tenant: TenantHandle
+) -> None:
+    rt: Runtime = client.app.state.runtime
+    queue = rt.settings.cognitive.queue
+    first = (await end(client, tenant, request_id="turn-9", observations=["a"])).json()
+    async with rt.db.system() as session:
+        # Done, pruned, and its receipt a day older than the receipts' retention.
+        age = queue.receipt_retention_days + 1
+        await session.execute(
+            text("UPDATE jobs SET status = 'done', finished_at = now() - interval '3 days'")
+        )
+        await session.execute(
+            text("UPDATE job_receipts SET created_at = now() - make_interval(days => :age)"),
+            {"age": int(age)},
+        )
+        await repository.prune(session, 86400, 30, 500, queue.receipt_retention_days)
+    again = (await end(client, tenant, request_id="turn-9", observations=["a"])).json()
+    assert again["duplicate"] is False and again["job_id"] != first["job_id"]

@@ -352,12 +352,12 @@ async def test_import_brings_the_bots_data_once(db_url: str, tmp_path: Path) -> 
         moved = (await client.get(f"/v1/events/{PRIVATE_JOB}:1", headers=h)).json()
         assert "杭州" in moved["text"] and moved["user_id"] == "10003"
 
-    # Once the jobs are done and pruned from the queue, their turns still count as imported
-    # (by their memo and events).
+    # Once the jobs are done and pruned from the queue, and their receipts too, their turns
+    # still count as imported (by their memo and events).
     db = Database(db_url, pool_size=1)
     try:
         async with db.system() as session:
-            assert await prune(session, 0, 0, 0) >= 2
+            assert await prune(session, 0, 0, 0, 0) >= 2
     finally:
         await db.dispose()
     last, _ = await run_import(db_url, str(data), "--tenant", tenant.id)

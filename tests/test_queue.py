@@ -8,6 +8,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -331,7 +332,11 @@ async def test_prune_follows_the_retention_policy(db: Database, tenant_id: uuid.
             text("UPDATE jobs SET finished_at = now() WHERE id = :id"), {"id": ids[2]}
         )
         deleted = await repository.prune(
-            session, done_age_seconds=3600, failed_max_age_days=365, failed_max_count=2
+            session,
+            done_age_seconds=3600,
+            failed_max_age_days=365,
+            failed_max_count=2,
+            receipt_age_days=90,
         )
     remaining = await statuses(db)
     assert deleted == 3
@@ -350,3 +355,26 @@ async def test_a_claim_beside_another_workers_claim_takes_the_next_jobs(
             taken = await repository.claim_jobs(second, "w2", 4, 5.0)
     assert [job.id for job in held] == ids[:4]
     assert [job.id for job in taken] == ids[4:8]
+
+
+async def test_one_tenants_burst_does_not_hold_up_another_tenants_job(
+    db: Database, tenant_id: uuid.UUID
+) -> None:
+    async with db.system() as session:
+        other, _ = await create_tenant(session, "queue-test-2", {}, Settings())
+        later, _ = await create_tenant(session, "queue-test-3", {}, Settings())
+    burst = await enqueue_many(db, tenant_id, "test.flood", 200)  # one tenant's burst …
+    [single] = await enqueue_many(db, other.id, "test.flood", 1)  # … then another's one job
+    # A retry waiting out its backoff is not taken before its time, whatever its turn.
+    [waiting] = await enqueue_many(
+        db, later.id, "test.flood", 1, run_after=datetime.now(UTC) + timedelta(hours=1)
+    )
+    claimed: list[int] = []
+    async with db.system() as session:
+        while batch := await repository.claim_jobs(session, "w1", 4, 5.0):
+            claimed += [job.id for job in batch]
+    # The other tenant's job is in the first claim, not after the whole burst; the burst
+    # itself is not held back (all of it claimed at once, in its order).
+    assert single in claimed[:4], claimed.index(single)
+    assert [i for i in claimed if i != single] == burst
+    assert waiting not in claimed

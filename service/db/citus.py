@@ -15,7 +15,8 @@ a later migration adds is distributed too:
   ``tenants`` is dropped for good, because a local table that references a reference table is
   turned into a Citus-managed table, whose planner rejects the queue's SQL ("non-IMMUTABLE
   functions are not allowed in CASE or COALESCE statements"); erasing a tenant deletes its jobs
-  explicitly, so the cascade was only a safety net;
+  explicitly, so the cascade was only a safety net; ``job_receipts``, written in the same
+  statement as a job, stays beside it (and has no foreign key either);
 * foreign keys are dropped before the tables change kind and added back after (Citus checks
   them against the final layout); a reference table's identity column becomes a sequence
   default, because Citus refuses identity columns on reference tables;
@@ -51,7 +52,7 @@ DISTRIBUTION_COLUMN = "tenant_id"
 # Read across tenants, small, or both: a copy on every node.
 REFERENCE_TABLES = ("tenants", "api_keys", "memoria_meta", "reembed_runs")
 # Stays an ordinary PostgreSQL table on the coordinator.
-LOCAL_TABLES = ("jobs", "alembic_version")
+LOCAL_TABLES = ("jobs", "job_receipts", "alembic_version")
 
 
 def citus_installed(connection: Connection) -> bool:

@@ -36,11 +36,11 @@ class Job(Base):
     __table_args__ = (
         CheckConstraint("status IN ('queued', 'running', 'done', 'failed')", name="status"),
         UniqueConstraint("tenant_id", "dedupe_key"),
-        # The claim query: queued jobs that are due, most urgent first.
+        # The claim query: queued jobs by priority, then turn (the tenants' jobs in turns).
         Index(
             "ix_jobs_claimable",
             text("priority DESC"),
-            "run_after",
+            "turn",
             "id",
             postgresql_where=text("status = 'queued'"),
         ),
@@ -70,6 +70,10 @@ class Job(Base):
     run_after: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), nullable=False, server_default=func.now()
     )
+    # A virtual time set at enqueue (see service.queue.repository): the claim's order.
+    turn: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), nullable=False, server_default=func.now()
+    )
     attempts: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
     max_attempts: Mapped[int] = mapped_column(Integer, nullable=False, server_default="4")
     lease_owner: Mapped[str | None] = mapped_column(String(128))
@@ -83,3 +87,21 @@ class Job(Base):
     )
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class JobReceipt(Base):
+    """The first answer to a request that made a job, kept past the job's own retention, so
+    that a repeat of the request long after its job was pruned makes no second one."""
+
+    __tablename__ = "job_receipts"
+    # No foreign key to tenants: see service.db.citus (the table stays beside jobs).
+    __table_args__ = (
+        # Pruning receipts by age.
+        Index("ix_job_receipts_created", "created_at"),
+    )
+
+    tenant_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    dedupe_key: Mapped[str] = mapped_column(String(400), primary_key=True)
+    job_id: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    answer: Mapped[Any] = mapped_column(JSONB, nullable=True)
+    created_at: Mapped[datetime] = created_at_column()

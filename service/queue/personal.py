@@ -72,4 +72,14 @@ JOBS = PersonalTable(
     ),
 )
 
-TABLES = (JOBS,)
+# A request's receipt holds its dedupe key and the ids of the events its job writes (made of
+# the bot's request id), no one's words: it goes with the tenant and by its own retention.
+RECEIPTS = PersonalTable(
+    table="job_receipts",
+    not_personal={
+        "dedupe_key": "a key made of ids that runs a job once",
+        "answer": "the ids of the events a hand-over writes, made of the bot's request id",
+    },
+)
+
+TABLES = (JOBS, RECEIPTS)

@@ -38,13 +38,38 @@ class ClaimedJob:
     created_at: datetime
 
 
+# A job's turn, the claim's order after priority: a virtual time, its run_after or one step
+# after the turn of its tenant's latest queued job, whichever is later. A burst of a tenant's
+# jobs takes turns a step apart, so a job another tenant queues after the burst's first
+# comes before most of it; a tenant with nothing queued starts at now, and the claim does
+# not wait for a turn, so a lone tenant's burst runs at once. The step only has to outlast
+# the time a backlogged tenant waits for its next job to be claimed (seconds, with the
+# historian's jobs); a longer one keeps the turns fair under a slower queue, and costs a
+# lone tenant nothing. A job queued to run later does not set its tenant's pace (run_after
+# <= now()). The latest queued job is one probe of ix_jobs_tenant_status; under row-level
+# security the enqueue sees its own tenant's jobs only, which are all it needs.
+TURN_STEP_SECONDS = 10
+
+
+def _next_turn(tenant: str, start: str) -> str:
+    """The turn of a job of ``tenant`` that is due at ``start`` (SQL expressions)."""
+    return f"""GREATEST({start}, (
+        SELECT latest.turn FROM jobs AS latest
+        WHERE latest.tenant_id = {tenant} AND latest.status = 'queued'
+          AND latest.run_after <= now()
+        ORDER BY latest.id DESC LIMIT 1) + make_interval(secs => {TURN_STEP_SECONDS}))"""
+
+
 # Enqueue, idempotent by (tenant_id, dedupe_key): a repeated request finds the job it made
 # the first time instead of making a second one.
 _ENQUEUE = text(
-    """
-    INSERT INTO jobs (tenant_id, kind, payload, priority, run_after, max_attempts, dedupe_key)
+    f"""
+    INSERT INTO jobs (tenant_id, kind, payload, priority, run_after, turn, max_attempts,
+                      dedupe_key)
     VALUES (:tenant_id, :kind, CAST(:payload AS jsonb), :priority,
-            COALESCE(CAST(:run_after AS timestamptz), now()), :max_attempts, :dedupe_key)
+            COALESCE(CAST(:run_after AS timestamptz), now()),
+            {_next_turn(":tenant_id", "COALESCE(CAST(:run_after AS timestamptz), now())")},
+            :max_attempts, :dedupe_key)
     ON CONFLICT (tenant_id, dedupe_key) DO NOTHING
     RETURNING id
     """
@@ -96,32 +121,43 @@ def enqueue_beside(write: str, *, existing_field: str) -> str:
     only when $6 is true. Both halves are idempotent: the write by its own ON CONFLICT, the
     job by its dedupe key.
 
-    The row has ``created`` (the new job's id), or ``existing`` and ``existing_<field>`` (that
-    field of its payload) for the job an earlier call made. The outer SELECT runs on the
-    statement's snapshot, so ``existing`` never finds the job inserted here."""
+    The job is made beside a receipt (``job_receipts``: its id and that field of its payload)
+    that outlives the job by ``receipt_retention_days``, so a repeat after the job was pruned
+    still makes none. The row has ``created`` (the new job's id), or ``existing`` and
+    ``existing_<field>`` (the receipt's) for the job an earlier call made. The outer SELECT
+    runs on the statement's snapshot, so ``existing`` never finds the receipt made here."""
     if not existing_field.isidentifier():
         raise ValueError(f"not a payload field name: {existing_field!r}")
     return f"""
 WITH write AS (
 {write}
 ), job AS (
-    INSERT INTO jobs (tenant_id, kind, payload, max_attempts, dedupe_key)
-    SELECT $1, $2, CAST($3 AS jsonb), $4, $5
-    WHERE $6
+    INSERT INTO jobs (tenant_id, kind, payload, max_attempts, dedupe_key, turn)
+    SELECT $1, $2, CAST($3 AS jsonb), $4, CAST($5 AS text), {_next_turn("$1", "now()")}
+    WHERE $6 AND NOT EXISTS (
+        SELECT FROM job_receipts WHERE tenant_id = $1 AND dedupe_key = CAST($5 AS text))
     ON CONFLICT (tenant_id, dedupe_key) DO NOTHING
     RETURNING id
+), receipt AS (
+    INSERT INTO job_receipts (tenant_id, dedupe_key, job_id, answer)
+    SELECT $1, CAST($5 AS text), id, CAST($3 AS jsonb) -> '{existing_field}' FROM job
+    ON CONFLICT (tenant_id, dedupe_key) DO NOTHING
 )
 SELECT (SELECT id FROM job) AS created,
-       existing.id AS existing,
-       existing.payload -> '{existing_field}' AS existing_{existing_field}
+       existing.job_id AS existing,
+       existing.answer AS existing_{existing_field}
 FROM (SELECT 1) AS one
-LEFT JOIN jobs AS existing ON existing.tenant_id = $1 AND existing.dedupe_key = $5
+LEFT JOIN job_receipts AS existing
+    ON existing.tenant_id = $1 AND existing.dedupe_key = CAST($5 AS text)
 """
 
 
 # Claim up to :limit due jobs for this worker.
 # - FOR UPDATE SKIP LOCKED: concurrent workers take disjoint jobs without waiting on each other.
-# - ORDER BY matches ix_jobs_claimable, whose WHERE matches this one, so it is an index scan.
+# - ORDER BY matches ix_jobs_claimable, whose WHERE matches this one, so it is an index scan
+#   that stops at :limit, however many tenants have jobs queued. By turn (see _next_turn):
+#   the tenants' jobs in turns within a priority. A job whose run_after is later than its
+#   turn (a retry's backoff) is passed over until due.
 # - The attempt is counted here, at claim time, so a job that keeps killing its worker still
 #   runs out of attempts.
 # - :kinds (only these kinds) and :skip (not these) split the queue between batched kinds,
@@ -133,7 +169,7 @@ _CLAIM = text(
         WHERE status = 'queued' AND run_after <= now()
           AND (CAST(:kinds AS text[]) IS NULL OR kind = ANY(CAST(:kinds AS text[])))
           AND (CAST(:skip AS text[]) IS NULL OR kind <> ALL(CAST(:skip AS text[])))
-        ORDER BY priority DESC, run_after, id
+        ORDER BY priority DESC, turn, id
         LIMIT :limit
         FOR UPDATE SKIP LOCKED
     )
@@ -363,7 +399,11 @@ async def retry(session: AsyncSession, tenant_id: uuid.UUID, job_id: int) -> boo
 
 
 # Done jobs older than the retention; failed jobs older than failed_max_age_days, and beyond
-# the newest failed_max_files per tenant (the seeds' policy for the failed/ directory).
+# the newest failed_max_files per tenant (the seeds' policy for the failed/ directory);
+# receipts older than theirs (by ix_job_receipts_created: a day's receipts at a time).
+_PRUNE_RECEIPTS = text(
+    "DELETE FROM job_receipts WHERE created_at < now() - make_interval(secs => :age)"
+)
 _PRUNE_DONE = text(
     "DELETE FROM jobs WHERE status = 'done' AND finished_at < now() - make_interval(secs => :age)"
 )
@@ -384,9 +424,15 @@ _PRUNE_FAILED_COUNT = text(
 
 
 async def prune(
-    session: AsyncSession, done_age_seconds: float, failed_max_age_days: int, failed_max_count: int
+    session: AsyncSession,
+    done_age_seconds: float,
+    failed_max_age_days: int,
+    failed_max_count: int,
+    receipt_age_days: float,
 ) -> int:
-    """Delete finished jobs past their retention; returns how many."""
+    """Delete finished jobs past their retention, and receipts past theirs; returns how many
+    jobs."""
+    await session.execute(_PRUNE_RECEIPTS, {"age": receipt_age_days * 86400})
     deleted = (await session.execute(_PRUNE_DONE, {"age": done_age_seconds})).rowcount  # type: ignore[attr-defined]
     if failed_max_age_days > 0:
         deleted += (

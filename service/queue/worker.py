@@ -525,6 +525,7 @@ class Worker:
                 self.settings.done_retention_hours * 3600,
                 self.settings.failed_max_age_days,
                 self.settings.failed_max_files,
+                self.settings.receipt_retention_days,
             )
         if deleted:
             log.info("pruned %d finished job(s)", deleted)

@@ -1,0 +1,113 @@
+"""What a claim costs with many tenants' jobs queued: the claim is one scan of the claimable
+index by (priority, turn), whatever the number of tenants, and an enqueue finds its tenant's
+latest turn by one probe.
+
+Queues ``--jobs`` jobs for each of ``--tenants`` tenants (turns as a burst of each would get
+them), then times claims of ``--limit`` jobs, each in its own committed transaction, and
+enqueues of one tenant's jobs; prints their percentiles and the claim's plan.
+
+Run: python bench/queue_claims.py [--tenants 2000] [--jobs 100] [--claims 500] [--limit 8]
+     [--url postgresql+asyncpg://…  (a database migrated here; default: an embedded one)]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from sqlalchemy import text
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.measure import percentiles
+from service.db.embedded import embedded_url, stop_embedded
+from service.db.engine import Database
+from service.db.migrate import upgrade_to_head
+from service.queue import repository
+from service.settings import Settings
+
+_TENANTS = text(
+    "INSERT INTO tenants (id, name) SELECT gen_random_uuid(), 'bench-' || n"
+    " FROM generate_series(1, :n) AS n RETURNING id"
+)
+# Each tenant's jobs as a burst of them queued a moment apart gets them (see _next_turn).
+_JOBS = text(
+    """
+    INSERT INTO jobs (tenant_id, kind, payload, turn)
+    SELECT t.id, 'bench.job', jsonb_build_object('n', k),
+           now() + make_interval(secs => t.start) + make_interval(secs => k * :step)
+    FROM (SELECT id, random() * 60 AS start FROM tenants WHERE name LIKE 'bench-%') AS t,
+         generate_series(0, :jobs - 1) AS k
+    """
+)
+_PLAN = text(
+    """
+    EXPLAIN (ANALYZE, BUFFERS, COSTS OFF)
+    SELECT tenant_id, id FROM jobs
+    WHERE status = 'queued' AND run_after <= now()
+    ORDER BY priority DESC, turn, id LIMIT 8 FOR UPDATE SKIP LOCKED
+    """
+)
+
+
+async def measure(db: Database, args: argparse.Namespace) -> None:
+    async with db.system() as session:
+        tenants = [r.id for r in await session.execute(_TENANTS, {"n": args.tenants})]
+        step = repository.TURN_STEP_SECONDS
+        await session.execute(_JOBS, {"jobs": args.jobs, "step": step})
+        await session.execute(text("ANALYZE jobs"))
+    print(f"{args.tenants} tenants x {args.jobs} jobs queued")
+
+    claims: list[float] = []
+    for _ in range(args.claims):
+        async with db.system() as session:
+            started = time.perf_counter()
+            taken = await repository.claim_jobs(session, "bench", args.limit, 30.0)
+            claims.append(time.perf_counter() - started)
+        assert len(taken) == args.limit
+    print(f"claim of {args.limit}:  {percentiles(claims)}")
+
+    enqueues: list[float] = []
+    tenant: uuid.UUID = tenants[len(tenants) // 2]
+    for n in range(200):
+        async with db.tenant(tenant) as session:
+            started = time.perf_counter()
+            await repository.enqueue(session, tenant, "bench.job", {"n": n})
+            enqueues.append(time.perf_counter() - started)
+    print(f"enqueue beside {args.jobs}+ queued of its tenant:  {percentiles(enqueues)}")
+
+    async with db.system() as session:
+        plan = [r[0] for r in await session.execute(_PLAN)]
+    print("\n".join(plan))
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tenants", type=int, default=2000)
+    parser.add_argument("--jobs", type=int, default=100)
+    parser.add_argument("--claims", type=int, default=500)
+    parser.add_argument("--limit", type=int, default=8)
+    parser.add_argument("--url")
+    args = parser.parse_args()
+    data_dir = Path(tempfile.mkdtemp(prefix="bench-queue-"))
+    url = args.url or embedded_url(data_dir / "pg")
+    try:
+        await asyncio.to_thread(upgrade_to_head, url, Settings(database_url=url))
+        db = Database(url)
+        try:
+            await measure(db, args)
+        finally:
+            await db.dispose()
+    finally:
+        stop_embedded()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
