@@ -378,3 +378,36 @@ async def test_one_tenants_burst_does_not_hold_up_another_tenants_job(
     assert single in claimed[:4], claimed.index(single)
     assert [i for i in claimed if i != single] == burst
     assert waiting not in claimed
+
+
+async def test_a_claim_passes_over_no_job_waiting_out_its_backoff(
+    db: Database, tenant_id: uuid.UUID
+) -> None:
+    # During a model's outage every job fails and waits out a backoff. Left with its early
+    # turn, each would stay at the front of the claimable index, and every claim would read
+    # past all of them before reaching a due job.
+    backing_off = await enqueue_many(db, tenant_id, "test.flood", 300)
+    async with db.system() as session:
+        held = await repository.claim_jobs(session, "w1", 300, 5.0)
+        for job in held:
+            assert await repository.fail(session, job, "w1", "model down", 3600) == "queued"
+    assert sorted(job.id for job in held) == backing_off
+    [due] = await enqueue_many(db, tenant_id, "test.flood", 1)
+    async with db.system() as session:
+        plan = (
+            await session.execute(
+                text(
+                    "EXPLAIN (ANALYZE, FORMAT JSON) SELECT id FROM jobs"
+                    " WHERE status = 'queued' AND run_after <= now()"
+                    " ORDER BY priority DESC, turn, id LIMIT 4 FOR UPDATE SKIP LOCKED"
+                )
+            )
+        ).scalar_one()
+        taken = await repository.claim_jobs(session, "w1", 4, 5.0)
+    assert [job.id for job in taken] == [due]
+
+    def passed_over(node: dict[str, Any]) -> int:
+        own = int(node.get("Rows Removed by Filter", 0))
+        return own + sum(passed_over(child) for child in node.get("Plans", []))
+
+    assert passed_over(plan[0]["Plan"]) == 0

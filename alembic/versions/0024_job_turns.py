@@ -6,7 +6,8 @@ held up every job another tenant queued after it until the whole burst was done.
 turn of its tenant's latest queued job, whichever is later; the claim takes jobs by
 (priority, turn), so a burst's jobs are spread out and another tenant's job falls in
 between. The claimable index is on the turn, still one index scan per claim whatever the
-number of tenants. The jobs already queued take their run_after as their turn.
+number of tenants, and carries run_after, so a job not yet due is passed over on its entry.
+The jobs already queued take their run_after as their turn.
 
 Revision ID: 0024_job_turns
 Revises: 0023_job_receipts
@@ -35,7 +36,8 @@ def upgrade() -> None:
     op.create_index(
         "ix_jobs_claimable",
         "jobs",
-        [sa.text("priority DESC"), "turn", "id"],
+        # run_after last: whether a job is due is read from the entry, not the row.
+        [sa.text("priority DESC"), "turn", "id", "run_after"],
         postgresql_where=sa.text("status = 'queued'"),
     )
 

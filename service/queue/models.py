@@ -37,11 +37,14 @@ class Job(Base):
         CheckConstraint("status IN ('queued', 'running', 'done', 'failed')", name="status"),
         UniqueConstraint("tenant_id", "dedupe_key"),
         # The claim query: queued jobs by priority, then turn (the tenants' jobs in turns).
+        # run_after last (after the unique id, so not for the order): the claim's "due" is
+        # then decided on the index entry, with no read of the row of a job not yet due.
         Index(
             "ix_jobs_claimable",
             text("priority DESC"),
             "turn",
             "id",
+            "run_after",
             postgresql_where=text("status = 'queued'"),
         ),
         # Reclaiming jobs whose worker died: running jobs by lease expiry.

@@ -303,12 +303,16 @@ async def complete_many(
 
 
 # A failed attempt: back to 'queued' after :delay, or 'failed' for good once attempts are
-# used up (or when the error is permanent). The error text is kept either way.
+# used up (or when the error is permanent). The error text is kept either way. Its turn moves
+# to its new run_after if that is later: left early, a job waiting out its backoff would
+# sit at the front of the claimable index, and every claim would pass over it (over all of
+# them, during a model's outage).
 _FAIL = text(
     """
     UPDATE jobs
     SET status = CASE WHEN :permanent OR attempts >= max_attempts THEN 'failed' ELSE 'queued' END,
         run_after = now() + make_interval(secs => :delay),
+        turn = GREATEST(turn, now() + make_interval(secs => :delay)),
         finished_at = CASE WHEN :permanent OR attempts >= max_attempts THEN now() END,
         last_error = :error,
         lease_owner = NULL,
