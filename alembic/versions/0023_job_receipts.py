@@ -12,7 +12,7 @@ The receipts of the end jobs still in the queue are made here.
 
 Revision ID: 0023_job_receipts
 Revises: 0022_message_copies_unsearched
-Create Date: 2026-12-02 10:00:00.000000
+Create Date: 2026-11-29 10:00:00.000000
 """
 
 from __future__ import annotations

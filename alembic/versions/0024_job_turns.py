@@ -11,7 +11,7 @@ The jobs already queued take their run_after as their turn.
 
 Revision ID: 0024_job_turns
 Revises: 0023_job_receipts
-Create Date: 2026-12-02 11:00:00.000000
+Create Date: 2026-11-29 11:00:00.000000
 """
 
 from __future__ import annotations
