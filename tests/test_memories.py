@@ -635,6 +635,60 @@ async def test_due_todos_are_delivered_to_the_webhook(db_url: str) -> None:
     assert "周报" in received[0]["todo"]["description"]
 
 
+async def test_a_todo_rescheduled_after_its_delivery_is_delivered_at_its_new_time(
+    db_url: str,
+) -> None:
+    """Asked to "remind me again in a moment": a delivered todo given a new trigger_time is POSTed
+    again once that time comes (its first delivery job, kept a day, held its place)."""
+    received: list[dict[str, Any]] = []
+
+    class Hook(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    hook = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=hook.serve_forever, daemon=True).start()
+    settings = make_settings(
+        db_url,
+        cognitive={"queue": FAST_QUEUE, "extraction": {"check_interval_seconds": 0.2}},
+        webhook_allow_private=True,
+    )
+    try:
+        async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
+            tenant = await new_tenant(client)
+            url = f"http://127.0.0.1:{hook.server_address[1]}/todos"
+            await client.patch("/v1/settings", json={"webhook_url": url}, headers=tenant.headers)
+            await hand_over(client, tenant, request_id="w2", observations=["明天提醒大家交周报"])
+
+            async def delivered() -> dict[str, Any] | None:
+                todos = (await client.get("/v1/todos", headers=tenant.headers)).json()
+                return todos[0] if todos and todos[0]["delivered_at"] else None
+
+            todo = await wait_for(delivered, timeout=30)
+            again = (datetime.now(UTC) + timedelta(seconds=1)).isoformat()
+            response = await client.patch(
+                f"/v1/todos/{todo['id']}", json={"trigger_time": again}, headers=tenant.headers
+            )
+            assert response.status_code == 200 and response.json()["delivered_at"] is None
+
+            async def twice() -> bool:
+                return len(received) >= 2
+
+            await wait_for(twice, timeout=15)
+            assert (await delivered()) is not None
+    finally:
+        hook.shutdown()
+    assert [datetime.fromisoformat(r["todo"]["trigger_time"]) for r in received][1] == (
+        datetime.fromisoformat(again)
+    )
+
+
 async def test_extraction_keeps_a_rolling_summary_per_group_and_day(
     offline: tuple[AppClient, TenantHandle],
 ) -> None:

@@ -116,10 +116,18 @@ async def expire_overdue(session: AsyncSession, tenant_id: uuid.UUID, before: da
     return len((await session.execute(_EXPIRE, {"tenant_id": tenant_id, "before": before})).all())
 
 
-# Due todos of tenants with a webhook, not yet delivered (runs as the owner, across tenants).
+# Due todos of tenants with a webhook, not yet delivered (runs as the owner, across tenants),
+# each with the dedupe key of its delivery: one job per version of the todo, its updated_at.
+# A todo delivered and then rescheduled or reopened is a new version, delivered again: keyed
+# by the todo alone, its new time found the first delivery's job (kept for a day) and made
+# none.
 _UNDELIVERED = text(
     """
-    SELECT t.tenant_id, t.id FROM todos AS t JOIN tenants AS n ON n.id = t.tenant_id
+    SELECT t.tenant_id, t.id, t.updated_at,
+           'deliver:' || t.id || '@'
+               || to_char(t.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US')
+               AS dedupe_key
+    FROM todos AS t JOIN tenants AS n ON n.id = t.tenant_id
     WHERE t.status = 'PENDING' AND t.trigger_time <= now() AND t.delivered_at IS NULL
       AND COALESCE(n.settings ->> 'webhook_url', '') <> ''
     LIMIT :limit
@@ -128,5 +136,23 @@ _UNDELIVERED = text(
 
 
 async def undelivered(session: AsyncSession, limit: int) -> list[Any]:
-    """Due todos waiting for their webhook delivery."""
+    """Due todos waiting for their webhook delivery: ``tenant_id``, ``id``, ``updated_at`` (the
+    version to deliver) and ``dedupe_key`` (of its delivery job)."""
     return list(await session.execute(_UNDELIVERED, {"limit": limit}))
+
+
+_DELIVERED = text(
+    """
+    UPDATE todos SET delivered_at = now(), updated_at = now()
+    WHERE tenant_id = :tenant_id AND id = :id AND updated_at = :version
+      AND delivered_at IS NULL
+    """
+)
+
+
+async def mark_delivered(
+    session: AsyncSession, tenant_id: uuid.UUID, todo_id: int, version: datetime
+) -> None:
+    """Note a todo delivered, unless it changed since ``version`` (its ``updated_at``) was read:
+    a todo rescheduled while its old time was being POSTed is delivered again at its new one."""
+    await session.execute(_DELIVERED, {"tenant_id": tenant_id, "id": todo_id, "version": version})
