@@ -12,9 +12,15 @@ from zoneinfo import ZoneInfo
 
 import asyncpg
 import pytest
+from sqlalchemy import text
 
 from service.app import create_app
 from service.audit import service as audit
+from service.db.engine import Database
+from service.settings import Settings
+from service.tenants.service import create_tenant
+from service.todos import service as todos
+from service.todos.service import Courier
 from tests.conftest import (
     ADMIN,
     FAST_QUEUE,
@@ -687,6 +693,62 @@ async def test_a_todo_rescheduled_after_its_delivery_is_delivered_at_its_new_tim
     assert [datetime.fromisoformat(r["todo"]["trigger_time"]) for r in received][1] == (
         datetime.fromisoformat(again)
     )
+
+
+async def test_todos_whose_delivery_failed_do_not_hold_up_other_tenants(db_url: str) -> None:
+    """The due scan takes 500 todos at a time: 500 of one tenant whose delivery jobs failed
+    (its webhook is down) were taken again at every pass, so its other due todos, and another
+    tenant's, never got a job."""
+    db = Database(db_url, pool_size=4)
+    courier = Courier(db, Settings())
+    try:
+        async with db.system() as session:
+            down, _ = await create_tenant(session, "webhook-down", {}, Settings())
+            up, _ = await create_tenant(session, "webhook-up", {}, Settings())
+            await session.execute(
+                text(
+                    "UPDATE tenants SET settings = settings"
+                    " || jsonb_build_object('webhook_url', 'https://example.com/hook')"
+                    " WHERE id = ANY(:ids)"
+                ),
+                {"ids": [down.id, up.id]},
+            )
+            await session.execute(
+                text(
+                    "INSERT INTO todos (tenant_id, conversation_key, group_id, description,"
+                    " trigger_time, evidence)"
+                    " SELECT :tenant_id, 'g:g1', 'g1', '交周报 ' || n, now() - interval '1 hour',"
+                    " '{}' FROM generate_series(1, 1000) AS n"
+                ),
+                {"tenant_id": down.id},
+            )
+        assert await courier.enqueue_due() == 500
+        async with db.system() as session:
+            await session.execute(
+                text("UPDATE jobs SET status = 'failed', finished_at = now() WHERE tenant_id = :t"),
+                {"t": down.id},
+            )
+            waiting = await todos.add(
+                session,
+                up.id,
+                {
+                    "conversation_key": "g:g2",
+                    "group_id": "g2",
+                    "user_id": None,
+                    "creator_id": None,
+                    "description": "提醒大家开会",
+                    "trigger_time": datetime.now(UTC) - timedelta(minutes=1),
+                },
+            )
+        for _ in range(3):
+            await courier.enqueue_due()
+        async with db.system() as session:
+            jobs = text("SELECT tenant_id, payload FROM jobs WHERE tenant_id = ANY(:ids)")
+            found = (await session.execute(jobs, {"ids": [down.id, up.id]})).all()
+        assert len({row.payload["todo_id"] for row in found if row.tenant_id == down.id}) == 1000
+        assert [row.payload["todo_id"] for row in found if row.tenant_id == up.id] == [waiting]
+    finally:
+        await db.dispose()
 
 
 async def test_extraction_keeps_a_rolling_summary_per_group_and_day(

@@ -120,16 +120,22 @@ async def expire_overdue(session: AsyncSession, tenant_id: uuid.UUID, before: da
 # each with the dedupe key of its delivery: one job per version of the todo, its updated_at.
 # A todo delivered and then rescheduled or reopened is a new version, delivered again: keyed
 # by the todo alone, its new time found the first delivery's job (kept for a day) and made
-# none.
+# none. A todo whose version has a job already (queued, retrying, or failed: a webhook that
+# is down) is passed over, by the jobs' dedupe key index: taken again at each pass, 500 such
+# todos filled every pass's :limit, and no other todo of any tenant got a job.
 _UNDELIVERED = text(
     """
-    SELECT t.tenant_id, t.id, t.updated_at,
-           'deliver:' || t.id || '@'
+    SELECT t.tenant_id, t.id, t.updated_at, d.dedupe_key
+    FROM todos AS t JOIN tenants AS n ON n.id = t.tenant_id
+    CROSS JOIN LATERAL (
+        SELECT 'deliver:' || t.id || '@'
                || to_char(t.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US')
                AS dedupe_key
-    FROM todos AS t JOIN tenants AS n ON n.id = t.tenant_id
+    ) AS d
     WHERE t.status = 'PENDING' AND t.trigger_time <= now() AND t.delivered_at IS NULL
       AND COALESCE(n.settings ->> 'webhook_url', '') <> ''
+      AND NOT EXISTS (
+          SELECT FROM jobs AS j WHERE j.tenant_id = t.tenant_id AND j.dedupe_key = d.dedupe_key)
     LIMIT :limit
     """
 )
