@@ -12,9 +12,15 @@ from zoneinfo import ZoneInfo
 
 import asyncpg
 import pytest
+from sqlalchemy import text
 
 from service.app import create_app
 from service.audit import service as audit
+from service.db.engine import Database
+from service.settings import Settings
+from service.tenants.service import create_tenant
+from service.todos import service as todos
+from service.todos.service import Courier
 from tests.conftest import (
     ADMIN,
     FAST_QUEUE,
@@ -633,6 +639,116 @@ async def test_due_todos_are_delivered_to_the_webhook(db_url: str) -> None:
     assert attempts == 2
     assert len(received) == 1 and received[0]["event"] == "todo.due"
     assert "周报" in received[0]["todo"]["description"]
+
+
+async def test_a_todo_rescheduled_after_its_delivery_is_delivered_at_its_new_time(
+    db_url: str,
+) -> None:
+    """Asked to "remind me again in a moment": a delivered todo given a new trigger_time is POSTed
+    again once that time comes (its first delivery job, kept a day, held its place)."""
+    received: list[dict[str, Any]] = []
+
+    class Hook(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    hook = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=hook.serve_forever, daemon=True).start()
+    settings = make_settings(
+        db_url,
+        cognitive={"queue": FAST_QUEUE, "extraction": {"check_interval_seconds": 0.2}},
+        webhook_allow_private=True,
+    )
+    try:
+        async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
+            tenant = await new_tenant(client)
+            url = f"http://127.0.0.1:{hook.server_address[1]}/todos"
+            await client.patch("/v1/settings", json={"webhook_url": url}, headers=tenant.headers)
+            await hand_over(client, tenant, request_id="w2", observations=["明天提醒大家交周报"])
+
+            async def delivered() -> dict[str, Any] | None:
+                todos = (await client.get("/v1/todos", headers=tenant.headers)).json()
+                return todos[0] if todos and todos[0]["delivered_at"] else None
+
+            todo = await wait_for(delivered, timeout=30)
+            again = (datetime.now(UTC) + timedelta(seconds=1)).isoformat()
+            response = await client.patch(
+                f"/v1/todos/{todo['id']}", json={"trigger_time": again}, headers=tenant.headers
+            )
+            assert response.status_code == 200 and response.json()["delivered_at"] is None
+
+            async def twice() -> bool:
+                return len(received) >= 2
+
+            await wait_for(twice, timeout=15)
+            assert (await delivered()) is not None
+    finally:
+        hook.shutdown()
+    assert [datetime.fromisoformat(r["todo"]["trigger_time"]) for r in received][1] == (
+        datetime.fromisoformat(again)
+    )
+
+
+async def test_todos_whose_delivery_failed_do_not_hold_up_other_tenants(db_url: str) -> None:
+    """The due scan takes 500 todos at a time: 500 of one tenant whose delivery jobs failed
+    (its webhook is down) were taken again at every pass, so its other due todos, and another
+    tenant's, never got a job."""
+    db = Database(db_url, pool_size=4)
+    courier = Courier(db, Settings())
+    try:
+        async with db.system() as session:
+            down, _ = await create_tenant(session, "webhook-down", {}, Settings())
+            up, _ = await create_tenant(session, "webhook-up", {}, Settings())
+            await session.execute(
+                text(
+                    "UPDATE tenants SET settings = settings"
+                    " || jsonb_build_object('webhook_url', 'https://example.com/hook')"
+                    " WHERE id = ANY(:ids)"
+                ),
+                {"ids": [down.id, up.id]},
+            )
+            await session.execute(
+                text(
+                    "INSERT INTO todos (tenant_id, conversation_key, group_id, description,"
+                    " trigger_time, evidence)"
+                    " SELECT :tenant_id, 'g:g1', 'g1', '交周报 ' || n, now() - interval '1 hour',"
+                    " '{}' FROM generate_series(1, 1000) AS n"
+                ),
+                {"tenant_id": down.id},
+            )
+        assert await courier.enqueue_due() == 500
+        async with db.system() as session:
+            await session.execute(
+                text("UPDATE jobs SET status = 'failed', finished_at = now() WHERE tenant_id = :t"),
+                {"t": down.id},
+            )
+            waiting = await todos.add(
+                session,
+                up.id,
+                {
+                    "conversation_key": "g:g2",
+                    "group_id": "g2",
+                    "user_id": None,
+                    "creator_id": None,
+                    "description": "提醒大家开会",
+                    "trigger_time": datetime.now(UTC) - timedelta(minutes=1),
+                },
+            )
+        for _ in range(3):
+            await courier.enqueue_due()
+        async with db.system() as session:
+            jobs = text("SELECT tenant_id, payload FROM jobs WHERE tenant_id = ANY(:ids)")
+            found = (await session.execute(jobs, {"ids": [down.id, up.id]})).all()
+        assert len({row.payload["todo_id"] for row in found if row.tenant_id == down.id}) == 1000
+        assert [row.payload["todo_id"] for row in found if row.tenant_id == up.id] == [waiting]
+    finally:
+        await db.dispose()
 
 
 async def test_extraction_keeps_a_rolling_summary_per_group_and_day(

@@ -28,6 +28,7 @@ from sqlalchemy import text
 
 from service.app import create_app
 from service.db.engine import Database
+from service.db.last_use import LastUse
 from service.db.migrate import upgrade_to_head
 from service.runtime import Runtime
 from tests.conftest import (
@@ -453,3 +454,30 @@ async def test_a_read_that_used_nothing_does_not_stop_the_others_being_written(
         assert last_use.waiting == 0
     sql = "SELECT last_used_at IS NOT NULL FROM memories WHERE id = $1"
     assert await _fetchval(db_url, sql, memory["id"]) is True
+
+
+async def test_the_waiting_times_stay_bounded_while_a_write_hangs() -> None:
+    """A primary slow to answer holds the flush for minutes while reads go on: the ids they
+    used were all kept waiting, one entry per memory read, without bound."""
+    answer = asyncio.Event()
+
+    class Session:
+        async def execute(self, *args: Any) -> None:
+            return None
+
+    class SlowPrimary:
+        @contextlib.asynccontextmanager
+        async def system(self) -> AsyncIterator[Any]:
+            await answer.wait()
+            yield Session()
+
+    last_use = LastUse(SlowPrimary(), every_seconds=3600, max_ids=1000)
+    tenant = uuid.uuid4()
+    for read in range(60_000):  # a turn's five memories, 300,000 of them
+        last_use.record("memories", tenant, range(read * 5, read * 5 + 5))
+        if read % 1000 == 0:
+            await asyncio.sleep(0)  # the flush starts, and hangs
+    assert last_use.waiting <= 100_000
+    answer.set()
+    await last_use.close()
+    assert last_use.waiting == 0

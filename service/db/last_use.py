@@ -35,8 +35,9 @@ log = logging.getLogger(__name__)
 # spliced into SQL, so only these are accepted.
 TABLES = ("memories", "api_keys")
 
-# Waiting ids kept while the primary cannot be written; beyond this the oldest batch is dropped
-# (a "last used" time is a hint, not data worth memory without bound).
+# Waiting ids kept while the primary cannot be written, or is slow to be; beyond this the oldest
+# batch is dropped, and the ids read meanwhile are not noted (a "last used" time is a hint,
+# not data worth memory without bound).
 _KEEP_ON_FAILURE = 100_000
 
 
@@ -59,6 +60,7 @@ class LastUse:
         # (table, tenant) -> id -> the latest time it was used
         self._waiting: dict[tuple[str, uuid.UUID], dict[int | uuid.UUID, datetime]] = {}
         self._count = 0
+        self._full = False  # new ids are not noted (see ``record``); said once a batch
         self._timer: asyncio.Task[None] | None = None
         self._flushing: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
@@ -83,11 +85,20 @@ class LastUse:
         if not ids:
             # A read that used nothing (no memory matched) leaves no empty batch behind.
             return
-        batch = self._waiting.setdefault((table, tenant_id), {})
+        batch = self._waiting.get((table, tenant_id))
         for row_id in ids:
-            if row_id not in batch:
+            previous = batch.get(row_id) if batch is not None else None
+            if previous is None and self._count >= _KEEP_ON_FAILURE:
+                # A write that hangs (a primary slow to answer) holds the flush while every
+                # read adds its ids: a new one waits only while there is room.
+                if not self._full:
+                    log.warning("last-used times not noted: %d wait to be written", self._count)
+                    self._full = True
+                continue
+            if batch is None:
+                batch = self._waiting[(table, tenant_id)] = {}
+            if previous is None:
                 self._count += 1
-            previous = batch.get(row_id)
             if previous is None or previous < when:
                 batch[row_id] = when
         if not self._count:
@@ -102,6 +113,7 @@ class LastUse:
         """Write every waiting time to the primary now (tests, shutdown, a full batch)."""
         async with self._lock:
             waiting, self._waiting, self._count = self._waiting, {}, 0
+            self._full = False
             try:
                 await self._write(waiting)
             except BaseException:

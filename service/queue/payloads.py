@@ -7,6 +7,7 @@ Unknown keys are ignored, so a job enqueued by an older or newer release still r
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -82,6 +83,9 @@ class DeliverPayload(JobPayload):
     """``todos.deliver``: one due todo, to the tenant's webhook."""
 
     todo_id: int
+    # The todo's updated_at when it was found due: a job of an older version delivers nothing
+    # (None: a job enqueued before versions were kept, which delivers the todo as it is).
+    version: datetime | None = None
 
 
 class ExportPayload(JobPayload):

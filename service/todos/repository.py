@@ -116,17 +116,49 @@ async def expire_overdue(session: AsyncSession, tenant_id: uuid.UUID, before: da
     return len((await session.execute(_EXPIRE, {"tenant_id": tenant_id, "before": before})).all())
 
 
-# Due todos of tenants with a webhook, not yet delivered (runs as the owner, across tenants).
+# Due todos of tenants with a webhook, not yet delivered (runs as the owner, across tenants),
+# each with the dedupe key of its delivery: one job per version of the todo, its updated_at.
+# A todo delivered and then rescheduled or reopened is a new version, delivered again: keyed
+# by the todo alone, its new time found the first delivery's job (kept for a day) and made
+# none. A todo whose version has a job already (queued, retrying, or failed: a webhook that
+# is down) is passed over, by the jobs' dedupe key index: taken again at each pass, 500 such
+# todos filled every pass's :limit, and no other todo of any tenant got a job.
 _UNDELIVERED = text(
     """
-    SELECT t.tenant_id, t.id FROM todos AS t JOIN tenants AS n ON n.id = t.tenant_id
+    SELECT t.tenant_id, t.id, t.updated_at, d.dedupe_key
+    FROM todos AS t JOIN tenants AS n ON n.id = t.tenant_id
+    CROSS JOIN LATERAL (
+        SELECT 'deliver:' || t.id || '@'
+               || to_char(t.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US')
+               AS dedupe_key
+    ) AS d
     WHERE t.status = 'PENDING' AND t.trigger_time <= now() AND t.delivered_at IS NULL
       AND COALESCE(n.settings ->> 'webhook_url', '') <> ''
+      AND NOT EXISTS (
+          SELECT FROM jobs AS j WHERE j.tenant_id = t.tenant_id AND j.dedupe_key = d.dedupe_key)
     LIMIT :limit
     """
 )
 
 
 async def undelivered(session: AsyncSession, limit: int) -> list[Any]:
-    """Due todos waiting for their webhook delivery."""
+    """Due todos waiting for their webhook delivery: ``tenant_id``, ``id``, ``updated_at`` (the
+    version to deliver) and ``dedupe_key`` (of its delivery job)."""
     return list(await session.execute(_UNDELIVERED, {"limit": limit}))
+
+
+_DELIVERED = text(
+    """
+    UPDATE todos SET delivered_at = now(), updated_at = now()
+    WHERE tenant_id = :tenant_id AND id = :id AND updated_at = :version
+      AND delivered_at IS NULL
+    """
+)
+
+
+async def mark_delivered(
+    session: AsyncSession, tenant_id: uuid.UUID, todo_id: int, version: datetime
+) -> None:
+    """Note a todo delivered, unless it changed since ``version`` (its ``updated_at``) was read:
+    a todo rescheduled while its old time was being POSTed is delivered again at its new one."""
+    await session.execute(_DELIVERED, {"tenant_id": tenant_id, "id": todo_id, "version": version})

@@ -93,21 +93,26 @@ class Courier:
                     session,
                     row.tenant_id,
                     DELIVER_JOB,
-                    DeliverPayload(todo_id=row.id),
+                    DeliverPayload(todo_id=row.id, version=row.updated_at),
                     max_attempts=self.settings.cognitive.queue.max_attempts,
-                    dedupe_key=f"deliver:{row.id}",
+                    dedupe_key=row.dedupe_key,
                 )
         return len(rows)
 
     async def run_deliver(self, job: JobContext) -> dict[str, Any]:
         """POST the todo to the webhook; a non-2xx answer fails the attempt (retried)."""
-        todo_id = DeliverPayload.of(job.job.payload).todo_id
+        payload = DeliverPayload.of(job.job.payload)
+        todo_id = payload.todo_id
         async with job.transaction() as session:
             todo = await repository.get(session, job.job.tenant_id, todo_id)
             tenant = await get_tenant(session, job.job.tenant_id)
             settings = dict(tenant.settings or {}) if tenant is not None else {}
         url = settings.get("webhook_url")
         if todo is None or todo["status"] != "PENDING" or todo["delivered_at"] is not None:
+            return {"skipped": True}
+        if payload.version is not None and todo["updated_at"] != payload.version:
+            # Changed since it was found due (rescheduled, say): that version has its own job,
+            # once it is due.
             return {"skipped": True}
         if not url:
             raise PermanentJobError("the tenant has no webhook_url")
@@ -134,9 +139,7 @@ class Courier:
             log.info("todo %s: the webhook answered %s", todo_id, response.status_code)
             raise RuntimeError("the webhook did not accept the delivery")
         async with job.finishing() as session:
-            await repository.update(
-                session, job.job.tenant_id, todo_id, {"delivered_at": datetime.now(UTC)}
-            )
+            await repository.mark_delivered(session, job.job.tenant_id, todo_id, todo["updated_at"])
         return {"delivered": todo_id}
 
 
