@@ -597,6 +597,41 @@ async def test_event_search_filters_are_hard(running: tuple[AppClient, TenantHan
     assert allowed.status_code == 200 and allowed.json()["events"] == []
 
 
+async def test_a_person_named_in_a_group_search_narrows_it_to_their_events(
+    running: tuple[AppClient, TenantHandle],
+) -> None:
+    # The model asks about one member from within the group (target_user_id, no group named):
+    # that member's events, not everyone's.
+    client, tenant = running
+    for sender in ("10001", "10002"):
+        await end(
+            client,
+            tenant,
+            request_id=f"lake-{sender}",
+            sender_id=sender,
+            observations=["我 2026-03-01 去了一次西湖"],
+            timestamp="2026-03-01T12:00:00+08:00",
+        )
+    context = {"request_type": "group", "group_id": "g1", "sender_id": "10001"}
+    for body, senders in (
+        ({"query": "西湖", "context": context}, {"10001", "10002"}),
+        ({"query": "西湖", "context": context, "target_user_id": "10002"}, {"10002"}),
+        ({"query": "西湖", "context": context, "user_id": "10002"}, {"10002"}),
+        (
+            {
+                "query": "西湖",
+                "context": context,
+                "target_group_id": "g1",
+                "target_user_id": "10002",
+            },
+            {"10002"},
+        ),
+    ):
+        found = await client.post("/v1/events/search", json=body, headers=tenant.headers)
+        assert found.status_code == 200, found.text
+        assert {e["sender_id"] for e in found.json()["events"]} == senders, body
+
+
 PET_FACTS = [
     "我的猫阿福昨天打翻了鱼缸",
     "我昨天去超市买了猫粮和猫砂",

@@ -322,7 +322,9 @@ class Reader:
             time_from, time_to = time_to, time_from
             warnings.append("time_from was after time_to; the two were swapped")
         top_k = request.top_k or q.tool_default_top_k
-        wanted = request.target_user_id if request.target_group_id else None
+        # A person named within a group (the caller's, or one named): their events only. In a
+        # private chat the conversation is the person's already.
+        wanted = request.target_user_id if keys[0].startswith("g:") else None
         search = EventQuery(
             request.query,
             keys,
