@@ -132,6 +132,29 @@ async def test_bad_messages_are_refused_naming_the_field(
         await conn.close()
 
 
+async def test_a_time_off_the_calendar_on_the_tenants_clocks_is_refused(
+    running: tuple[AppClient, TenantHandle],
+) -> None:
+    client, tenant = running
+    # In range as given, but the historian reads it on the tenant's clocks (Shanghai): the
+    # 31st of December 9999, and a day before 1 January 1. Stored, they failed the extraction
+    # of their day, and with it every later extraction of the group.
+    for edge in ("9999-12-30T00:00:00-16:00", "0001-01-02T00:00:00+14:00"):
+        batch = [*chat(1), {**chat(1, start=1)[0], "sent_at": edge}]
+        response = await client.post(
+            "/v1/messages", json={**GROUP, "messages": batch}, headers=tenant.headers
+        )
+        assert response.status_code == 422, response.text
+        assert response.json()["field"] == "messages.1.sent_at", response.text
+    message = {**chat(1, start=2)[0], "text": "记住：我对花生过敏"}
+    response = await client.post(
+        "/v1/messages", json={**GROUP, "messages": [message]}, headers=tenant.headers
+    )
+    [job_id] = response.json()["extraction_job_ids"]
+    job = await until_finished(client, tenant, job_id)
+    assert job["status"] == "done" and job["result"]["messages"] == 1, job
+
+
 async def test_every_n_messages_triggers_extraction(
     running: tuple[AppClient, TenantHandle], db_url: str
 ) -> None:

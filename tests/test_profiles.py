@@ -642,6 +642,45 @@ async def test_remembered_messages_reach_the_members_profile_offline(db_url: str
         assert "好热" not in member["body"]
 
 
+async def test_a_word_holding_remember_or_note_asks_nothing_offline(db_url: str) -> None:
+    settings = make_settings(
+        db_url, cognitive={"queue": FAST_QUEUE, "extraction": {"every_n_messages": 100}}
+    )
+    lines = [
+        "I bought a notebook yesterday",
+        "I remembered my keys",
+        "see the keynote",
+        "Please remember that I moved to Berlin",
+    ]
+    async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
+        tenant = await new_tenant(client)
+        response = await client.post(
+            "/v1/messages",
+            json={
+                "request_type": "group",
+                "group_id": "g1",
+                "messages": [
+                    {
+                        "message_id": str(n),
+                        "sender_id": "10001",
+                        "sender_name": "Anna",
+                        "text": text,
+                        "sent_at": f"2026-03-01T10:0{n}:00+08:00",
+                    }
+                    for n, text in enumerate(lines)
+                ],
+            },
+            headers=tenant.headers,
+        )
+        [job_id] = response.json()["extraction_job_ids"]
+        job = await until_finished(client, tenant, job_id)
+        assert job["result"]["messages"] == 4
+        member = (await client.get("/v1/profiles/member/g1/10001", headers=tenant.headers)).json()
+        facts = [line for line in member["body"].splitlines() if line.startswith("- ")]
+        # Only the one asking; before, "abook", "Ied Anna (10001)'s keys" and "the key" too.
+        assert len(facts) == 1 and "Anna (10001) moved to Berlin" in facts[0], facts
+
+
 def test_render_keeps_extra_front_matter_keys() -> None:
     profile = Profile(
         ProfileKey("group", "g1"),

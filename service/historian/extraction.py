@@ -44,10 +44,11 @@ __all__ = ["EXTRACT_JOB", "Extractor", "extraction_material", "extraction_target
 
 
 # Leading white space is matched (and removed) from its first character only: tried from
-# every character of a long run of spaces, the search was quadratic in the run.
+# every character of a long run of spaces, the search was quadratic in the run. The English
+# words are whole words: "notebook", "remembered" and "keynote" ask nothing.
 _REMEMBER = re.compile(
     r"(?<!\s)\s*(?:请|帮我|麻烦)?(?:记住|记得|别忘了|不要忘了|记一下)了?[：:，,\s]*"
-    r"|(?<!\s)\s*(?:please\s+)?(?:remember|don't forget|do not forget|note|keep in mind)"
+    r"|(?<!\s)\s*\b(?:please\s+)?(?:remember|don't forget|do not forget|note|keep in mind)\b"
     r"\s*(?:that\s+)?[:,]?\s*",
     re.I,
 )

@@ -11,7 +11,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.context import conversation_key
+from service.context import conversation_key, in_range
 from service.db import statistics
 from service.db.engine import Database
 from service.embedding import Embedder
@@ -72,7 +72,9 @@ async def ingest(
                 "sender_id": message.sender_id,
                 "sender_name": message.sender_name,
                 "text": body,
-                "sent_at": _sent_at(message.sent_at, message.timezone or tenant.timezone, n),
+                "sent_at": _sent_at(
+                    message.sent_at, message.timezone or tenant.timezone, tenant.timezone, n
+                ),
                 "lexical": to_tsvector_literal(terms(body)),
             }
         )
@@ -166,15 +168,24 @@ async def copies(session: AsyncSession, tenant_id: Any, rows: list[dict[str, Any
         row["flood_copy"] = not row["lexical"]
 
 
-def _sent_at(value: datetime | None, zone: str, n: int) -> datetime:
+def _sent_at(value: datetime | None, zone: str, clocks: str, n: int) -> datetime:
+    """A message's time: one without an offset is read on ``zone``. Refused where the
+    historian, reading it on ``clocks`` (the tenant's), could not: at the calendar's edge
+    (9999-12-30T00:00-16:00 is the 31st in Shanghai), the extraction of its day failed, and
+    with it every later extraction of the conversation."""
     if value is None:
         return datetime.now(UTC)
-    if value.tzinfo is not None:
-        return value
+    if value.tzinfo is None:
+        try:
+            value = value.replace(tzinfo=ZoneInfo(zone))
+        except (ZoneInfoNotFoundError, ValueError):
+            field = f"messages.{n}.timezone"
+            raise Invalid(f"unknown IANA timezone {zone!r}", field=field) from None
     try:
-        return value.replace(tzinfo=ZoneInfo(zone))
-    except (ZoneInfoNotFoundError, ValueError):
-        raise Invalid(f"unknown IANA timezone {zone!r}", field=f"messages.{n}.timezone") from None
+        in_range(value.astimezone(ZoneInfo(clocks)))
+    except (OverflowError, ValueError) as exc:
+        raise Invalid(f"on the tenant's clocks, {exc}", field=f"messages.{n}.sent_at") from None
+    return value
 
 
 async def enqueue_extraction(

@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 from pgvector import Vector
 
-from service.retrieval.terms import near_duplicate
+from service.retrieval.terms import Wording, same_statement, wording
 
 K = TypeVar("K", bound=Hashable)
 H = TypeVar("H", bound=Hashable)
@@ -118,6 +118,12 @@ def first_distinct(
     a flood's, ``floods.copy_of``). An item without a vector repeats only identical words.
     Meaning alone would merge the different news of a group that all reads alike."""
     kept: list[int] = []
+    wordings: dict[int, Wording] = {}  # each text's, made once: it is compared with many
+
+    def worded(n: int) -> Wording:
+        if n not in wordings:
+            wordings[n] = wording(texts[n])
+        return wordings[n]
 
     def repeats(n: int, m: int) -> bool:
         if copy_of is not None and copy_of(n, m):
@@ -126,7 +132,7 @@ def first_distinct(
             return False
         vector, other = vectors[n], vectors[m]
         cosine = float(vector @ other) if vector is not None and other is not None else 0.0
-        return near_duplicate(texts[n], texts[m], cosine, threshold)
+        return same_statement(worded(n), worded(m), cosine, threshold)
 
     for n in range(len(texts)):
         if len(kept) == k:
