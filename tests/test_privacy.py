@@ -551,3 +551,38 @@ async def test_export_command_writes_the_same_document(
     assert lines[0]["table"] == "tenants"
     assert {"messages", "events", "memories", "api_keys"} <= {line["table"] for line in lines}
     assert all("embedding" not in line["row"] and "key_hash" not in line["row"] for line in lines)
+
+
+async def test_erasure_scrubs_only_the_persons_ids_from_the_audit_trail(
+    running: tuple[AppClient, TenantHandle],
+) -> None:
+    client, tenant = running
+    made = await client.post(
+        "/v1/memories",
+        json={"scope": "GROUP", "group_id": "g7", "content": "群规禁止发广告"},
+        headers=tenant.headers,
+    )
+    memory = str(made.json()["id"])
+    # A person whose id is the memory's number ("1" is a QQ bot's id, and a first memory's).
+    person = memory
+    document = (
+        f'---\nentity_type: user\nentity_id: "{person}"\nname: 某人\ntags: []\n'
+        'updated_at: "2026-01-01T00:00:00+08:00"\n---\n某人的侧写。\n'
+    )
+    put = await client.put(
+        f"/v1/profiles/user/{person}", json={"document": document}, headers=tenant.headers
+    )
+    assert put.status_code == 200, put.text
+    assert (
+        await client.delete(f"/v1/memories/{memory}", headers=tenant.headers)
+    ).status_code == 200
+    await audit.flush()  # the entries are in the trail before the erasures
+    assert (await client.delete(f"/v1/users/{person}", headers=tenant.headers)).status_code == 200
+    await client.delete("/v1/users/user", headers=tenant.headers)  # an id that is a word
+    await audit.flush()
+    entries = (await client.get(f"/admin/audit?tenant_id={tenant.id}", headers=ADMIN)).json()
+    targets = {(e["method"], e["route"]): e["targets"] for e in entries}
+    # Another record that happens to share the person's id keeps its id in the trail.
+    assert targets[("DELETE", "/v1/memories/{memory_id}")] == {"memory_id": memory}
+    # The person's own id goes; which kind of profile was written stays.
+    assert targets[("PUT", "/v1/profiles/{entity_type}/{entity_id}")] == {"entity_type": "user"}

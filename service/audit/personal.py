@@ -3,7 +3,18 @@
 
 from __future__ import annotations
 
-from service.db.registry import PersonalTable
+from service.db.registry import PERSON_FIELDS, PersonalTable
+
+# The targets that name a person: a path's person id (``{user_id}``), and a profile's
+# ``{entity_id}`` unless the profile is a group's. No other target is compared with the id, so
+# a memory, todo or job numbered as a person is called ("42"), or a profile kind spelt like
+# one ("user"), keeps its place in the trail.
+_PERSON_KEYS = ", ".join(f"'{name}'" for name in PERSON_FIELDS)
+_PERSON_TARGET = (
+    f"(e.k IN ({_PERSON_KEYS})"
+    " OR (e.k = 'entity_id' AND a.targets ->> 'entity_type' IS DISTINCT FROM 'group'))"
+    " AND e.v = to_jsonb(CAST(:u AS text))"
+)
 
 AUDIT_LOG = PersonalTable(
     table="audit_log",
@@ -18,14 +29,14 @@ AUDIT_LOG = PersonalTable(
     erase_user=(
         (
             "audit_log",
-            """
+            f"""
             UPDATE audit_log AS a
-            SET targets = (SELECT COALESCE(jsonb_object_agg(k, v), '{}'::jsonb)
+            SET targets = (SELECT COALESCE(jsonb_object_agg(e.k, e.v), '{{}}'::jsonb)
                            FROM jsonb_each(a.targets) AS e(k, v)
-                           WHERE v <> to_jsonb(CAST(:u AS text)))
+                           WHERE NOT ({_PERSON_TARGET}))
             WHERE a.tenant_id = :t
               AND EXISTS (SELECT 1 FROM jsonb_each(a.targets) AS e(k, v)
-                          WHERE v = to_jsonb(CAST(:u AS text)))
+                          WHERE {_PERSON_TARGET})
             """,
         ),
     ),
