@@ -365,6 +365,28 @@ async def test_a_large_erasure_runs_as_a_job(db_url: str) -> None:
     assert await leftovers(db_url, [VICTIM, NAME]) == []
 
 
+async def test_a_large_group_erasure_runs_as_a_job(db_url: str) -> None:
+    settings = make_settings(db_url, privacy_sync_limit=0, cognitive={"queue": FAST_QUEUE})
+    async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
+        tenant = await new_tenant(client)
+        await populate(client, tenant)
+        response = await client.delete("/v1/groups/g7", headers=tenant.headers)
+        assert response.status_code == 202, response.text
+        assert response.json()["status_url"] == f"/v1/jobs/{response.json()['job_id']}"
+        job = await until_finished(client, tenant, response.json()["job_id"])
+        assert job["status"] == "done" and job["result"]["counts"]["messages"] == 3
+        assert job["result"]["erased"] == "group"
+        events = await client.get("/v1/events?group_id=g7", headers=tenant.headers)
+        assert events.json()["events"] == []
+    assert await leftovers(db_url, ["g:g7", "红楼群"]) == []
+    conn = await asyncpg.connect(plain_dsn(db_url))
+    try:
+        payload = await conn.fetchval("SELECT payload FROM jobs WHERE id = $1", job["id"])
+    finally:
+        await conn.close()
+    assert "g7" not in payload  # the job keeps the group's keyed hash, not its id
+
+
 async def test_erasing_a_group_and_a_tenant(
     running: tuple[AppClient, TenantHandle], db_url: str
 ) -> None:
