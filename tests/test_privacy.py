@@ -608,3 +608,27 @@ async def test_erasure_scrubs_only_the_persons_ids_from_the_audit_trail(
     assert targets[("DELETE", "/v1/memories/{memory_id}")] == {"memory_id": memory}
     # The person's own id goes; which kind of profile was written stays.
     assert targets[("PUT", "/v1/profiles/{entity_type}/{entity_id}")] == {"entity_type": "user"}
+
+
+async def test_a_groups_erasure_takes_its_id_out_of_the_audit_trail(
+    running: tuple[AppClient, TenantHandle],
+) -> None:
+    client, tenant = running
+    for group in ("g7", "g8"):
+        document = (
+            f'---\nentity_type: group\nentity_id: "{group}"\nname: 群\ntags: []\n'
+            'updated_at: "2026-01-01T00:00:00+08:00"\n---\n一个群。\n'
+        )
+        put = await client.put(
+            f"/v1/profiles/group/{group}", json={"document": document}, headers=tenant.headers
+        )
+        assert put.status_code == 200, put.text
+    await audit.flush()
+    assert (await client.delete("/v1/groups/g7", headers=tenant.headers)).status_code == 200
+    await audit.flush()
+    entries = (await client.get(f"/admin/audit?tenant_id={tenant.id}", headers=ADMIN)).json()
+    writes = [e["targets"] for e in entries if e["route"].startswith("/v1/profiles/")]
+    assert sorted(writes, key=len) == [
+        {"entity_type": "group"},
+        {"entity_type": "group", "entity_id": "g8"},
+    ]

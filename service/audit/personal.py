@@ -1,5 +1,5 @@
-"""The audit log keeps what was done; an erased person's id among an entry's targets goes
-(see ``service.db.registry``)."""
+"""The audit log keeps what was done; an erased person's or group's id among an entry's
+targets goes (see ``service.db.registry``)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,24 @@ _PERSON_TARGET = (
     " OR (e.k = 'entity_id' AND a.targets ->> 'entity_type' IS DISTINCT FROM 'group'))"
     " AND e.v = to_jsonb(CAST(:u AS text))"
 )
+# The targets that name a group: a member's ``{group_id}``, a group profile's ``{entity_id}``.
+_GROUP_TARGET = (
+    "(e.k = 'group_id' OR (e.k = 'entity_id' AND a.targets ->> 'entity_type' = 'group'))"
+    " AND e.v = to_jsonb(CAST(:g AS text))"
+)
+
+
+def _scrub(target: str) -> str:
+    """An UPDATE that takes the ``target`` pairs out of the tenant's entries' targets."""
+    return f"""
+            UPDATE audit_log AS a
+            SET targets = (SELECT COALESCE(jsonb_object_agg(e.k, e.v), '{{}}'::jsonb)
+                           FROM jsonb_each(a.targets) AS e(k, v)
+                           WHERE NOT ({target}))
+            WHERE a.tenant_id = :t
+              AND EXISTS (SELECT 1 FROM jsonb_each(a.targets) AS e(k, v) WHERE {target})
+            """
+
 
 AUDIT_LOG = PersonalTable(
     table="audit_log",
@@ -26,20 +44,8 @@ AUDIT_LOG = PersonalTable(
         "outcome": "a code from a fixed set",
         "request_id": "the request's correlation id",
     },
-    erase_user=(
-        (
-            "audit_log",
-            f"""
-            UPDATE audit_log AS a
-            SET targets = (SELECT COALESCE(jsonb_object_agg(e.k, e.v), '{{}}'::jsonb)
-                           FROM jsonb_each(a.targets) AS e(k, v)
-                           WHERE NOT ({_PERSON_TARGET}))
-            WHERE a.tenant_id = :t
-              AND EXISTS (SELECT 1 FROM jsonb_each(a.targets) AS e(k, v)
-                          WHERE {_PERSON_TARGET})
-            """,
-        ),
-    ),
+    erase_user=(("audit_log", _scrub(_PERSON_TARGET)),),
+    erase_group=(("audit_log", _scrub(_GROUP_TARGET)),),
 )
 
 TABLES = (AUDIT_LOG,)
