@@ -365,6 +365,28 @@ async def test_a_large_erasure_runs_as_a_job(db_url: str) -> None:
     assert await leftovers(db_url, [VICTIM, NAME]) == []
 
 
+async def test_a_large_group_erasure_runs_as_a_job(db_url: str) -> None:
+    settings = make_settings(db_url, privacy_sync_limit=0, cognitive={"queue": FAST_QUEUE})
+    async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
+        tenant = await new_tenant(client)
+        await populate(client, tenant)
+        response = await client.delete("/v1/groups/g7", headers=tenant.headers)
+        assert response.status_code == 202, response.text
+        assert response.json()["status_url"] == f"/v1/jobs/{response.json()['job_id']}"
+        job = await until_finished(client, tenant, response.json()["job_id"])
+        assert job["status"] == "done" and job["result"]["counts"]["messages"] == 3
+        assert job["result"]["erased"] == "group"
+        events = await client.get("/v1/events?group_id=g7", headers=tenant.headers)
+        assert events.json()["events"] == []
+    assert await leftovers(db_url, ["g:g7", "红楼群"]) == []
+    conn = await asyncpg.connect(plain_dsn(db_url))
+    try:
+        payload = await conn.fetchval("SELECT payload FROM jobs WHERE id = $1", job["id"])
+    finally:
+        await conn.close()
+    assert "g7" not in payload  # the job keeps the group's keyed hash, not its id
+
+
 async def test_erasing_a_group_and_a_tenant(
     running: tuple[AppClient, TenantHandle], db_url: str
 ) -> None:
@@ -551,3 +573,62 @@ async def test_export_command_writes_the_same_document(
     assert lines[0]["table"] == "tenants"
     assert {"messages", "events", "memories", "api_keys"} <= {line["table"] for line in lines}
     assert all("embedding" not in line["row"] and "key_hash" not in line["row"] for line in lines)
+
+
+async def test_erasure_scrubs_only_the_persons_ids_from_the_audit_trail(
+    running: tuple[AppClient, TenantHandle],
+) -> None:
+    client, tenant = running
+    made = await client.post(
+        "/v1/memories",
+        json={"scope": "GROUP", "group_id": "g7", "content": "群规禁止发广告"},
+        headers=tenant.headers,
+    )
+    memory = str(made.json()["id"])
+    # A person whose id is the memory's number ("1" is a QQ bot's id, and a first memory's).
+    person = memory
+    document = (
+        f'---\nentity_type: user\nentity_id: "{person}"\nname: 某人\ntags: []\n'
+        'updated_at: "2026-01-01T00:00:00+08:00"\n---\n某人的侧写。\n'
+    )
+    put = await client.put(
+        f"/v1/profiles/user/{person}", json={"document": document}, headers=tenant.headers
+    )
+    assert put.status_code == 200, put.text
+    assert (
+        await client.delete(f"/v1/memories/{memory}", headers=tenant.headers)
+    ).status_code == 200
+    await audit.flush()  # the entries are in the trail before the erasures
+    assert (await client.delete(f"/v1/users/{person}", headers=tenant.headers)).status_code == 200
+    await client.delete("/v1/users/user", headers=tenant.headers)  # an id that is a word
+    await audit.flush()
+    entries = (await client.get(f"/admin/audit?tenant_id={tenant.id}", headers=ADMIN)).json()
+    targets = {(e["method"], e["route"]): e["targets"] for e in entries}
+    # Another record that happens to share the person's id keeps its id in the trail.
+    assert targets[("DELETE", "/v1/memories/{memory_id}")] == {"memory_id": memory}
+    # The person's own id goes; which kind of profile was written stays.
+    assert targets[("PUT", "/v1/profiles/{entity_type}/{entity_id}")] == {"entity_type": "user"}
+
+
+async def test_a_groups_erasure_takes_its_id_out_of_the_audit_trail(
+    running: tuple[AppClient, TenantHandle],
+) -> None:
+    client, tenant = running
+    for group in ("g7", "g8"):
+        document = (
+            f'---\nentity_type: group\nentity_id: "{group}"\nname: 群\ntags: []\n'
+            'updated_at: "2026-01-01T00:00:00+08:00"\n---\n一个群。\n'
+        )
+        put = await client.put(
+            f"/v1/profiles/group/{group}", json={"document": document}, headers=tenant.headers
+        )
+        assert put.status_code == 200, put.text
+    await audit.flush()
+    assert (await client.delete("/v1/groups/g7", headers=tenant.headers)).status_code == 200
+    await audit.flush()
+    entries = (await client.get(f"/admin/audit?tenant_id={tenant.id}", headers=ADMIN)).json()
+    writes = [e["targets"] for e in entries if e["route"].startswith("/v1/profiles/")]
+    assert sorted(writes, key=len) == [
+        {"entity_type": "group"},
+        {"entity_type": "group", "entity_id": "g8"},
+    ]

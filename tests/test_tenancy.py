@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import asyncpg
@@ -82,6 +83,23 @@ async def test_admin_revocation_takes_effect(client: AppClient) -> None:
     )
     assert response.status_code == 200
     assert (await client.get("/v1/tenant", headers=tenant.headers)).status_code == 401
+
+
+async def test_keys_used_once_are_not_held_past_their_cache_time(db_url: str) -> None:
+    # A tenant minting keys and using each once: a process kept every checked key, with its
+    # tenant's settings (a persona of up to 20,000 characters), until it stopped.
+    settings = make_settings(db_url, auth_cache_seconds=0.5)
+    async with serve_app(create_app(settings, migrate=False)) as client:
+        tenant = await new_tenant(client)
+        await client.put("/v1/persona", json={"text": "人设" * 10_000}, headers=tenant.headers)
+        for _ in range(200):
+            minted = await client.post("/v1/keys", headers=tenant.headers)
+            used = {"Authorization": f"Bearer {minted.json()['key']}"}
+            assert (await client.get("/v1/tenant", headers=used)).status_code == 200
+        auth = client.app.state.runtime.auth
+        await asyncio.sleep(0.6)
+        assert (await client.get("/v1/tenant", headers=tenant.headers)).status_code == 200
+        assert len(auth._cache) == 1  # the key in use, not the 200 used once before
 
 
 async def test_key_last_used_time_is_recorded(client: AppClient, db_url: str) -> None:

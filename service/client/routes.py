@@ -512,5 +512,6 @@ class Routes:
 
     @route
     def erase_group(self, group_id: str) -> Call[dict[str, Any]]:
-        """Erase a group and everything of it; a receipt of counts."""
+        """Erase a group and everything of it: a receipt of counts, or ``job_id``/``status_url``
+        when large."""
         return Call("DELETE", f"/v1/groups/{segment(group_id)}", parse_dict)

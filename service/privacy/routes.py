@@ -28,6 +28,18 @@ _LATER = {
     )
 }
 
+_ERASED_LATER = {
+    202: ResponseSpec(dict[str, Any], description="large: erased by a job", generate_examples=False)
+}
+
+
+def _erased(kind: str, erasure: service.Erasure) -> Response[dict[str, Any]]:
+    """The receipt of counts (200), or the job that erases (202 with where to look)."""
+    if erasure.job_id is not None:
+        body = {"job_id": erasure.job_id, "status_url": f"/v1/jobs/{erasure.job_id}"}
+        return Response(body, status_code=202)
+    return Response({"erased": kind, "counts": erasure.counts}, status_code=200)
+
 
 class PrivacyController(Controller):
     """A person's or a group's data: all of it out, or all of it gone."""
@@ -65,15 +77,7 @@ class PrivacyController(Controller):
             session, db, settings, tenant.tenant_id, "group", subject, tenant.key_prefix
         )
 
-    @delete(
-        f"/users/{_ID}",
-        status_code=200,
-        responses={
-            202: ResponseSpec(
-                dict[str, Any], description="large: erased by a job", generate_examples=False
-            )
-        },
-    )
+    @delete(f"/users/{_ID}", status_code=200, responses=_ERASED_LATER)
     async def erase_user(
         self,
         tenant: TenantContext,
@@ -86,20 +90,18 @@ class PrivacyController(Controller):
         erasure = await service.erase_user_now_or_later(
             session, tenant.tenant_id, subject, embedder, settings, requested_by=tenant.key_prefix
         )
-        if erasure.job_id is not None:
-            body = {"job_id": erasure.job_id, "status_url": f"/v1/jobs/{erasure.job_id}"}
-            return Response(body, status_code=202)
-        return Response({"erased": "user", "counts": erasure.counts}, status_code=200)
+        return _erased("user", erasure)
 
-    @delete(f"/groups/{_ID}", status_code=200)
+    @delete(f"/groups/{_ID}", status_code=200, responses=_ERASED_LATER)
     async def erase_group(
-        self, tenant: TenantContext, session: AsyncSession, subject: str
-    ) -> dict[str, Any]:
-        """Erase a group and everything of it."""
-        counts = await service.erase_group(
-            session, tenant.tenant_id, subject, requested_by=tenant.key_prefix
+        self, tenant: TenantContext, session: AsyncSession, settings: Settings, subject: str
+    ) -> Response[dict[str, Any]]:
+        """Erase a group and everything of it; 200 with a receipt, or 202 with a job when
+        large."""
+        erasure = await service.erase_group_now_or_later(
+            session, tenant.tenant_id, subject, settings, requested_by=tenant.key_prefix
         )
-        return {"erased": "group", "counts": counts}
+        return _erased("group", erasure)
 
 
 class TenantPrivacyController(Controller):

@@ -34,16 +34,18 @@ from service.privacy.erasure import (
 from service.privacy.keys import subject_hash
 from service.privacy.people import find_person
 from service.queue import repository as jobs
-from service.queue.payloads import EraseUserPayload
+from service.queue.payloads import EraseGroupPayload, EraseUserPayload
 from service.settings import Settings
 
 __all__ = [
+    "ERASE_GROUP_JOB",
     "ERASE_USER_JOB",
-    "UserErasure",
+    "Erasure",
     "count_export_rows",
     "count_user_rows",
     "document_parts",
     "erase_group",
+    "erase_group_now_or_later",
     "erase_tenant",
     "erase_user",
     "erase_user_now_or_later",
@@ -55,13 +57,14 @@ __all__ = [
 ]
 
 ERASE_USER_JOB = "privacy.erase_user"
+ERASE_GROUP_JOB = "privacy.erase_group"
 
 # ---------------------------------------------------------------- erasure
 
 
 @dataclass(frozen=True)
-class UserErasure:
-    """A person's erasure: done (``counts``), or handed to a job (``job_id``)."""
+class Erasure:
+    """A person's or a group's erasure: done (``counts``), or handed to a job (``job_id``)."""
 
     counts: dict[str, int] | None = None
     job_id: int | None = None
@@ -75,7 +78,7 @@ async def erase_user_now_or_later(
     settings: Settings,
     *,
     requested_by: str | None,
-) -> UserErasure:
+) -> Erasure:
     """Erase a person in the caller's transaction, or, past ``privacy_sync_limit`` rows,
     enqueue the erasure as a job in it."""
     if await count_user_rows(session, tenant_id, user_id) > settings.privacy_sync_limit:
@@ -86,7 +89,7 @@ async def erase_user_now_or_later(
             EraseUserPayload(user_id=user_id, requested_by=requested_by),
             max_attempts=settings.cognitive.queue.max_attempts,
         )
-        return UserErasure(job_id=job_id)
+        return Erasure(job_id=job_id)
     counts = await erase_user(
         session,
         tenant_id,
@@ -95,7 +98,30 @@ async def erase_user_now_or_later(
         requested_by=requested_by,
         keep=settings.cognitive.profile.revision_keep,
     )
-    return UserErasure(counts=counts)
+    return Erasure(counts=counts)
+
+
+async def erase_group_now_or_later(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    group_id: str,
+    settings: Settings,
+    *,
+    requested_by: str | None,
+) -> Erasure:
+    """Erase a group in the caller's transaction, or, past ``privacy_sync_limit`` rows,
+    enqueue the erasure as a job in it."""
+    if await count_group_rows(session, tenant_id, group_id) > settings.privacy_sync_limit:
+        job_id, _ = await jobs.enqueue(
+            session,
+            tenant_id,
+            ERASE_GROUP_JOB,
+            EraseGroupPayload(group_id=group_id, requested_by=requested_by),
+            max_attempts=settings.cognitive.queue.max_attempts,
+        )
+        return Erasure(job_id=job_id)
+    counts = await erase_group(session, tenant_id, group_id, requested_by=requested_by)
+    return Erasure(counts=counts)
 
 
 # ---------------------------------------------------------------- export

@@ -54,6 +54,13 @@ class EraseUserPayload(JobPayload):
     requested_by: str | None = None
 
 
+class EraseGroupPayload(JobPayload):
+    """``privacy.erase_group``: a group's erasure too large to run in the request."""
+
+    group_id: str
+    requested_by: str | None = None
+
+
 class ErasedPayload(JobPayload):
     """What an erasure job keeps once done: the erased id's keyed hash, never the id."""
 

@@ -233,7 +233,9 @@ class Authenticator:
     """Checks bearer keys; caches good keys briefly so a request costs no extra round trip.
 
     Revocation through this process clears its cache at once; elsewhere (the CLI, another
-    replica) it takes effect within ``auth_cache_seconds``.
+    replica) it takes effect within ``auth_cache_seconds``. Keys not used within that time
+    are swept out, at most once a period, so keys used once (a tenant minting thousands, each
+    entry with its tenant's settings) are not held until the process stops.
     """
 
     def __init__(self, db: Database, settings: Settings) -> None:
@@ -241,6 +243,7 @@ class Authenticator:
         self._settings = settings
         self._ttl = settings.auth_cache_seconds
         self._cache: dict[bytes, tuple[float, TenantContext]] = {}
+        self._next_sweep = 0.0
 
     async def authenticate(self, authorization: str | None) -> TenantContext:
         """The tenant of ``Authorization: Bearer <key>``, or ``Unauthorized``."""
@@ -256,7 +259,7 @@ class Authenticator:
         else:
             context = await self._lookup(match.group(1), digest)
             if self._ttl > 0:
-                self._cache[digest] = (now + self._ttl, context)
+                self._remember(digest, context, now)
         if context.key_id is not None:
             # Written to the primary in the background: authenticating writes nothing.
             self._db.last_use.record("api_keys", context.tenant_id, [context.key_id])
@@ -289,6 +292,12 @@ class Authenticator:
                         break
                     return TenantContext.of(tenant, self._settings, key=key)
         raise Unauthorized("unknown or revoked API key")
+
+    def _remember(self, digest: bytes, context: TenantContext, now: float) -> None:
+        self._cache[digest] = (now + self._ttl, context)
+        if now >= self._next_sweep:
+            self._cache = {d: entry for d, entry in self._cache.items() if entry[0] > now}
+            self._next_sweep = now + self._ttl
 
     def forget(self, tenant_id: uuid.UUID | None = None) -> None:
         """Drop cached keys (of one tenant, or all) after a revocation or settings change."""
