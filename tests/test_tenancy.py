@@ -6,8 +6,11 @@ import asyncio
 import uuid
 
 import asyncpg
+import pytest
 
 from service.app import create_app
+from service.errors import Unauthorized
+from service.tenants import service as tenants
 from tests.conftest import ADMIN, AppClient, make_settings, new_tenant, plain_dsn, serve_app
 
 
@@ -73,6 +76,31 @@ async def test_missing_malformed_and_revoked_keys_get_401(client: AppClient) -> 
     assert revoked.json()["revoked_at"] is not None
     assert (await client.get("/v1/tenant", headers=spare)).status_code == 401
     assert (await client.get("/v1/tenant", headers=tenant.headers)).status_code == 200
+
+
+async def test_a_key_checked_while_its_revocation_commits_is_not_kept(db_url: str) -> None:
+    # A request checked between the revocation and its commit reads the key as still good;
+    # what it cached then must not outlive the commit by auth_cache_seconds.
+    settings = make_settings(db_url, auth_cache_seconds=60)
+    async with serve_app(create_app(settings, migrate=False, run_worker=False)) as client:
+        await _revoked_while_checked(client)
+
+
+async def _revoked_while_checked(client: AppClient) -> None:
+    tenant = await new_tenant(client)
+    second = await client.post("/v1/keys", json={"name": "spare"}, headers=tenant.headers)
+    runtime = client.app.state.runtime
+    bearer = f"Bearer {second.json()['key']}"
+    async with runtime.db.system() as session:
+        await tenants.revoke_key(
+            session, runtime.auth, uuid.UUID(tenant.id), uuid.UUID(second.json()["id"])
+        )
+        checked = await runtime.auth.authenticate(bearer)  # before the commit: still good
+        assert str(checked.tenant_id) == tenant.id
+    with pytest.raises(Unauthorized):
+        await runtime.auth.authenticate(bearer)
+    spare = {"Authorization": bearer}
+    assert (await client.get("/v1/tenant", headers=spare)).status_code == 401
 
 
 async def test_admin_revocation_takes_effect(client: AppClient) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import ValidationError
+from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.context import DEFAULT_TIMEZONE
@@ -299,8 +300,17 @@ class Authenticator:
             self._cache = {d: entry for d, entry in self._cache.items() if entry[0] > now}
             self._next_sweep = now + self._ttl
 
-    def forget(self, tenant_id: uuid.UUID | None = None) -> None:
-        """Drop cached keys (of one tenant, or all) after a revocation or settings change."""
+    def forget(self, tenant_id: uuid.UUID | None = None, *, at: AsyncSession | None = None) -> None:
+        """Drop cached keys (of one tenant, or all) after a revocation or settings change;
+        with ``at``, the transaction making that change, once more when it commits: a request
+        checked meanwhile read the state before it, and would keep it cached."""
+        self._drop(tenant_id)
+        if at is not None:
+            event.listen(
+                at.sync_session, "after_commit", lambda _: self._drop(tenant_id), once=True
+            )
+
+    def _drop(self, tenant_id: uuid.UUID | None) -> None:
         if tenant_id is None:
             self._cache.clear()
             return
@@ -399,7 +409,7 @@ async def update(
     if overrides is not None:
         tenant.settings = validate_overrides(overrides, settings)
     await session.flush()
-    auth.forget(tenant_id)
+    auth.forget(tenant_id, at=session)
     return tenant_info(tenant)
 
 
@@ -408,7 +418,7 @@ async def erase(session: AsyncSession, auth: Authenticator, tenant_id: uuid.UUID
     counts = await erase_tenant(session, tenant_id)
     if counts is None:
         raise NotFound("no such tenant")
-    auth.forget(tenant_id)
+    auth.forget(tenant_id, at=session)
     return counts
 
 
@@ -425,7 +435,7 @@ async def revoke_key(
     key = await repository.revoke_key(session, tenant_id, key_id)
     if key is None:
         raise NotFound("no such key")
-    auth.forget(tenant_id)
+    auth.forget(tenant_id, at=session)
     return key_info(key)
 
 
@@ -450,7 +460,7 @@ async def update_settings(
             overrides[name] = getattr(data, name)
     row.settings = validate_overrides(overrides, settings)
     await session.flush()
-    auth.forget(tenant.tenant_id)
+    auth.forget(tenant.tenant_id, at=session)
     return TenantContext(
         tenant_id=tenant.tenant_id,
         tenant_name=tenant.tenant_name,
@@ -473,4 +483,4 @@ async def set_persona(
         overrides["persona"] = text
     row.settings = overrides
     await session.flush()
-    auth.forget(tenant_id)
+    auth.forget(tenant_id, at=session)
