@@ -189,6 +189,27 @@ async def test_a_job_killing_its_worker_every_time_runs_out_of_attempts(
     assert "lease expired" in (error or "")
 
 
+async def test_a_job_whose_worker_died_or_failed_goes_behind_its_tenants_queued_jobs(
+    db: Database, tenant_id: uuid.UUID
+) -> None:
+    # Taken again first, a job (and the batch claimed beside it) that kills its worker used up
+    # its attempts back to back, and the jobs queued behind it waited all the while.
+    first, *rest = await enqueue_many(db, tenant_id, "test.flood", 4)
+    async with db.system() as session:
+        [dead] = await repository.claim_jobs(session, "doomed", 1, lease=0.05)
+    await asyncio.sleep(0.1)
+    async with db.system() as session:
+        assert await repository.reclaim_expired(session) == 1
+        [second] = await repository.claim_jobs(session, "w1", 1, 5.0)
+        assert await repository.fail(session, second, "w1", "model down", 0) == "queued"
+    order: list[int] = []
+    async with db.system() as session:
+        while batch := await repository.claim_jobs(session, "w1", 1, 5.0):
+            order += [job.id for job in batch]
+    assert dead.id == first and second.id == rest[0]
+    assert order == [*rest[1:], first, rest[0]]
+
+
 async def test_heartbeats_keep_a_long_job_from_being_taken_over(
     db: Database, tenant_id: uuid.UUID
 ) -> None:

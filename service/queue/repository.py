@@ -303,16 +303,18 @@ async def complete_many(
 
 
 # A failed attempt: back to 'queued' after :delay, or 'failed' for good once attempts are
-# used up (or when the error is permanent). The error text is kept either way. Its turn moves
-# to its new run_after if that is later: left early, a job waiting out its backoff would
-# sit at the front of the claimable index, and every claim would pass over it (over all of
-# them, during a model's outage).
+# used up (or when the error is permanent). The error text is kept either way. Like a job
+# whose worker died (_RECLAIM), it goes to the back of its tenant's line: kept at its early
+# turn, it was taken again before anything its tenant queued meanwhile, so a job that kills
+# or fails its worker used up its attempts back to back (and with it a batch's other jobs,
+# claimed beside it each time); and while it waits out its backoff, it would sit at the
+# front of the claimable index for every claim to pass over.
 _FAIL = text(
-    """
+    f"""
     UPDATE jobs
     SET status = CASE WHEN :permanent OR attempts >= max_attempts THEN 'failed' ELSE 'queued' END,
         run_after = now() + make_interval(secs => :delay),
-        turn = GREATEST(turn, now() + make_interval(secs => :delay)),
+        turn = {_next_turn("jobs.tenant_id", "now() + make_interval(secs => :delay)")},
         finished_at = CASE WHEN :permanent OR attempts >= max_attempts THEN now() END,
         last_error = :error,
         lease_owner = NULL,
@@ -363,15 +365,17 @@ async def release(session: AsyncSession, job: ClaimedJob, worker: str) -> bool:
 
 
 # Jobs whose worker died: the lease ran out with no heartbeat. They go back to the queue
-# (their attempt was already counted at claim), or to 'failed' if that was the last one.
+# (their attempt was already counted at claim), at the back of their tenant's line (see
+# _FAIL), or to 'failed' if that was the last one.
 _RECLAIM = text(
-    """
+    f"""
     UPDATE jobs
     SET status = CASE WHEN attempts >= max_attempts THEN 'failed' ELSE 'queued' END,
         finished_at = CASE WHEN attempts >= max_attempts THEN now() END,
         last_error = 'lease expired: the worker ' || COALESCE(lease_owner, '?')
                      || ' stopped without finishing',
         run_after = now(),
+        turn = {_next_turn("jobs.tenant_id", "now()")},
         lease_owner = NULL,
         lease_expires_at = NULL,
         updated_at = now()
