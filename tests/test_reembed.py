@@ -213,8 +213,11 @@ async def test_a_run_remakes_every_vector_and_switches_with_writes_in_between(
         await seed(client, b, "B")
         await wait_for(lambda: nothing_unembedded(db_url))
 
-        # Two batches go through, then the model holds the next ones: the run is under way.
-        llm.hold_embeddings(after=2)
+        # Six batches go through, then the model holds the next ones: the run is under way.
+        # The tenants' passes take turns (messages, events, memories, profiles of each), so the
+        # first batch of each tenant's messages, events and memories is through, and the
+        # profiles' first batches are with the model.
+        llm.hold_embeddings(after=6)
         run = await reembed.start(rt.db, settings, target, batch_size=2)
         assert (run.previous_model, run.previous_dimensions) == ("multilingual-e5-small", 384)
 
@@ -235,8 +238,7 @@ async def test_a_run_remakes_every_vector_and_switches_with_writes_in_between(
         )
         assert before.status_code == 200 and before.json(), before.text
 
-        # The first tenant's passes were queued first: its events and messages got their two
-        # batches through; the first batches of its memories and profiles are with the model.
+        # Events of both tenants got their first batch through.
         [shadowed] = await sql(
             db_url, "SELECT tenant_id, id FROM events WHERE embedding_next IS NOT NULL LIMIT 1"
         )
