@@ -117,34 +117,58 @@ async def expire_overdue(session: AsyncSession, tenant_id: uuid.UUID, before: da
 
 
 # Due todos of tenants with a webhook, not yet delivered (runs as the owner, across tenants),
-# each with the dedupe key of its delivery: one job per version of the todo, its updated_at.
-# A todo delivered and then rescheduled or reopened is a new version, delivered again: keyed
-# by the todo alone, its new time found the first delivery's job (kept for a day) and made
-# none. A todo whose version has a job already (queued, retrying, or failed: a webhook that
-# is down) is passed over, by the jobs' dedupe key index: taken again at each pass, 500 such
-# todos filled every pass's :limit, and no other todo of any tenant got a job.
-_UNDELIVERED = text(
+# a page at a time after a (tenant_id, id).
+_DUE = text(
     """
-    SELECT t.tenant_id, t.id, t.updated_at, d.dedupe_key
-    FROM todos AS t JOIN tenants AS n ON n.id = t.tenant_id
-    CROSS JOIN LATERAL (
-        SELECT 'deliver:' || t.id || '@'
-               || to_char(t.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US')
-               AS dedupe_key
-    ) AS d
+    SELECT t.tenant_id, t.id, t.updated_at FROM todos AS t JOIN tenants AS n ON n.id = t.tenant_id
     WHERE t.status = 'PENDING' AND t.trigger_time <= now() AND t.delivered_at IS NULL
       AND COALESCE(n.settings ->> 'webhook_url', '') <> ''
-      AND NOT EXISTS (
-          SELECT FROM jobs AS j WHERE j.tenant_id = t.tenant_id AND j.dedupe_key = d.dedupe_key)
+      AND (t.tenant_id, t.id) > (CAST(:tenant_id AS uuid), CAST(:id AS bigint))
+    ORDER BY t.tenant_id, t.id
     LIMIT :limit
     """
 )
 
+# The first (tenant_id, id) of the due todos' order comes after this.
+BEFORE_ALL = (uuid.UUID(int=0), 0)
 
-async def undelivered(session: AsyncSession, limit: int) -> list[Any]:
-    """Due todos waiting for their webhook delivery: ``tenant_id``, ``id``, ``updated_at`` (the
-    version to deliver) and ``dedupe_key`` (of its delivery job)."""
-    return list(await session.execute(_UNDELIVERED, {"limit": limit}))
+
+async def due(
+    session: AsyncSession, after: tuple[uuid.UUID, int], limit: int
+) -> list[tuple[uuid.UUID, int, datetime]]:
+    """Up to ``limit`` due todos waiting for their webhook delivery after ``after`` in
+    (tenant_id, id) order: their tenant, id and version (``updated_at``)."""
+    params = {"tenant_id": after[0], "id": after[1], "limit": limit}
+    return [(r.tenant_id, r.id, r.updated_at) for r in await session.execute(_DUE, params)]
+
+
+def delivery_key(todo_id: int, version: datetime) -> str:
+    """The dedupe key of a todo's delivery: one job per version of the todo. A todo delivered
+    and then rescheduled or reopened is a new version, delivered again: keyed by the todo
+    alone, its new time found the first delivery's job (kept for a day) and made none."""
+    return f"deliver:{todo_id}@{version.astimezone(UTC):%Y-%m-%dT%H:%M:%S.%f}"
+
+
+# Which of these (tenant, dedupe key) have a job already. Read apart from the todos: under
+# Citus the jobs stay on the coordinator, and a distributed table's statement cannot join them.
+_QUEUED = text(
+    """
+    SELECT k.tenant_id, k.dedupe_key
+    FROM unnest(CAST(:tenants AS uuid[]), CAST(:keys AS text[])) AS k(tenant_id, dedupe_key)
+    WHERE EXISTS (
+        SELECT FROM jobs AS j WHERE j.tenant_id = k.tenant_id AND j.dedupe_key = k.dedupe_key)
+    """
+)
+
+
+async def queued(
+    session: AsyncSession, keys: list[tuple[uuid.UUID, str]]
+) -> set[tuple[uuid.UUID, str]]:
+    """Those of ``keys`` (tenant, dedupe key) that have a job."""
+    if not keys:
+        return set()
+    params = {"tenants": [t for t, _ in keys], "keys": [k for _, k in keys]}
+    return {(r.tenant_id, r.dedupe_key) for r in await session.execute(_QUEUED, params)}
 
 
 _DELIVERED = text(

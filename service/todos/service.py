@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any
 
@@ -77,27 +77,49 @@ async def pending(
     )
 
 
+# The due scan reads due todos a page at a time and gives a job to those without one, until a
+# page's worth has one or the pages of a pass are read. A todo whose job exists (queued,
+# retrying, or failed: a webhook that is down) is passed over; read from the same start at
+# every pass, a page of such todos took every pass, and no other todo of any tenant got a job.
+# Each pass goes on where the last stopped, and starts over after the last due todo.
+DUE_PAGE = 500
+DUE_PAGES = 20
+
+
 @dataclass
 class Courier:
     """Delivers due todos to a tenant's webhook, through the jobs queue (with its retries)."""
 
     db: Database
     settings: Settings
+    _after: tuple[uuid.UUID, int] = field(default=repository.BEFORE_ALL, init=False)
 
     async def enqueue_due(self) -> int:
-        """Periodic: one delivery job per due, undelivered todo of a tenant with a webhook."""
+        """Periodic: one delivery job per due, undelivered todo (version) of a tenant with a
+        webhook; returns how many were queued."""
+        made = 0
         async with self.db.system() as session:
-            rows = await repository.undelivered(session, limit=500)
-            for row in rows:
-                await jobs.enqueue(
-                    session,
-                    row.tenant_id,
-                    DELIVER_JOB,
-                    DeliverPayload(todo_id=row.id, version=row.updated_at),
-                    max_attempts=self.settings.cognitive.queue.max_attempts,
-                    dedupe_key=row.dedupe_key,
-                )
-        return len(rows)
+            for _ in range(DUE_PAGES):
+                page = await repository.due(session, self._after, DUE_PAGE)
+                full = len(page) == DUE_PAGE
+                self._after = page[-1][:2] if full else repository.BEFORE_ALL
+                keys = {todo: repository.delivery_key(todo, version) for _, todo, version in page}
+                have = await repository.queued(session, [(t, keys[todo]) for t, todo, _ in page])
+                for tenant, todo, version in page:
+                    if (tenant, keys[todo]) in have:
+                        continue
+                    await jobs.enqueue(
+                        session,
+                        tenant,
+                        DELIVER_JOB,
+                        DeliverPayload(todo_id=todo, version=version),
+                        max_attempts=self.settings.cognitive.queue.max_attempts,
+                        dedupe_key=keys[todo],
+                    )
+                    made += 1
+                if not full or made >= DUE_PAGE:
+                    break
+        return made
 
     async def run_deliver(self, job: JobContext) -> dict[str, Any]:
         """POST the todo to the webhook; a non-2xx answer fails the attempt (retried)."""
