@@ -202,7 +202,15 @@ class ConversationContext(BaseModel):
             return datetime.now(UTC).astimezone(zone)
         if self.timestamp.tzinfo is None:
             return self.timestamp.replace(tzinfo=zone)
-        return self.timestamp.astimezone(zone)
+        try:
+            return self.timestamp.astimezone(zone)
+        except OverflowError:
+            # In range as given, off the calendar on the call's clocks (0001-01-02T00:00+23:59
+            # is still year 1 in UTC, year 0 in New York).
+            raise Invalid(
+                "a time must lie between 0001-01-02 and 9999-12-30 on the call's clocks",
+                field="timestamp",
+            ) from None
 
 
 def conversation_key(request_type: str, group_id: str | None, user_id: str | None) -> str:

@@ -461,6 +461,9 @@ async def test_numbers_and_times_out_of_range_are_refused_by_name(
     # historian reads it: refused now rather than failing the job later.
     end = {**end, "timestamp": "9999-12-30T00:00:00+00:00"}
     assert_refused(await client.post("/v1/end", json=end, headers=tenant.headers), "timestamp")
+    # Off the calendar on the call's own clocks (New York's were 4:56 behind in year 1).
+    end = {**end, "timestamp": "0001-01-02T00:00:00+23:59", "timezone": "America/New_York"}
+    assert_refused(await client.post("/v1/end", json=end, headers=tenant.headers), "timestamp")
     assert (await client.get("/v1/jobs", headers=tenant.headers)).json()["jobs"] == []
     messages = {
         "request_type": "group",
