@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
 import pytest
+from sqlalchemy import text
 
 from service.app import create_app
+from service.db.engine import Database
+from service.messages import repository as messages_repository
+from service.messages.schemas import MessageBatch
+from service.messages.service import ingest
+from service.settings import Settings
+from service.tenants.service import create_tenant, tenant_context
 from tests.conftest import (
     FAST_QUEUE,
     AppClient,
@@ -252,3 +260,67 @@ async def test_messages_are_embedded_in_the_background_and_searchable(
         "/v1/messages/search", json={"query": "西湖", "group_id": "g1"}, headers=stranger.headers
     )
     assert empty.json()["messages"] == []
+
+
+async def test_a_message_inserted_before_a_later_batch_commits_is_still_extracted(
+    db_url: str,
+) -> None:
+    # A batch of two conversations inserts its messages, then waits on the first one (another
+    # writer holds it), while a later batch of the second commits and is extracted: the
+    # waiting batch's message of the second conversation has the smaller seq, and an
+    # extraction that read past it before it was committed would never read it.
+    db = Database(db_url, pool_size=6)
+    settings = Settings()
+    try:
+        async with db.system() as session:
+            tenant, _ = await create_tenant(session, "race", {}, settings)
+            context = await tenant_context(session, tenant.id, settings)
+
+        def batch(*messages: tuple[str, str]) -> MessageBatch:
+            return MessageBatch.model_validate(
+                {
+                    "request_type": "group",
+                    "messages": [
+                        {"group_id": group, "message_id": ident, "sender_id": "u1", "text": ident}
+                        for group, ident in messages
+                    ],
+                }
+            )
+
+        async def post(messages: MessageBatch, until: asyncio.Event | None = None) -> None:
+            async with db.tenant(tenant.id) as session:
+                await ingest(session, context, messages, settings)
+                if until is not None:
+                    await until.wait()  # the transaction stays open
+
+        async def extract(key: str) -> list[str]:
+            """What an extraction job of the conversation, queued now, reads and marks."""
+            async with db.tenant(tenant.id) as session:
+                upto = (
+                    await session.execute(
+                        text("SELECT last_seq FROM conversations WHERE conversation_key = :k"),
+                        {"k": key},
+                    )
+                ).scalar_one()
+                _, rows = await messages_repository.unread_messages(
+                    session, tenant.id, key, upto, 1000
+                )
+                if rows:
+                    await messages_repository.advance_extracted(
+                        session, tenant.id, key, rows[-1].seq
+                    )
+            return [row.message_id for row in rows]
+
+        release = asyncio.Event()
+        holder = asyncio.create_task(post(batch(("x", "x1")), release))
+        await asyncio.sleep(0.3)
+        waiting = asyncio.create_task(post(batch(("x", "x2"), ("y", "y1"))))
+        await asyncio.sleep(0.3)
+        await post(batch(("y", "y2")))
+        read = await extract("g:y")
+        release.set()
+        await asyncio.gather(holder, waiting)
+        read += await extract("g:y")
+        assert sorted(read) == ["y1", "y2"]
+    finally:
+        await db.dispose()

@@ -38,6 +38,25 @@ _INSERT = text(
 )
 
 
+# Writers of a conversation's messages, one at a time from before their insert to their commit,
+# in the order of the keys (two batches of the same conversations never wait on each other
+# in a circle). A message's seq is given at its insert, and the extraction reads a
+# conversation's messages up to the newest seq it was told of: without this, a batch that
+# inserted seq 100 and then waited (on another conversation's row, say) while a later batch
+# inserted 101 and committed, had 100 read past, before it existed, and never extracted.
+_LOCK_CONVERSATIONS = text(
+    """
+    SELECT pg_advisory_xact_lock(hashtextextended(CAST(:tenant_id AS text) || '/' || k, 0))
+    FROM (SELECT DISTINCT k FROM unnest(CAST(:keys AS text[])) AS k ORDER BY k) AS keys
+    """
+)
+
+
+async def lock_conversations(session: AsyncSession, tenant_id: uuid.UUID, keys: list[str]) -> None:
+    """Take the conversations' write locks, held to the end of the transaction."""
+    await session.execute(_LOCK_CONVERSATIONS, {"tenant_id": str(tenant_id), "keys": keys})
+
+
 async def insert_messages(
     session: AsyncSession, tenant_id: uuid.UUID, rows: list[dict[str, Any]]
 ) -> list[Any]:

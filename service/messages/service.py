@@ -89,6 +89,9 @@ async def ingest(
         ]
     else:
         warnings = []
+    if rows:
+        keys = [r["conversation_key"] for r in rows]
+        await repository.lock_conversations(session, tenant.tenant_id, keys)
     await copies(session, tenant.tenant_id, rows)
     inserted = await repository.insert_messages(session, tenant.tenant_id, rows) if rows else []
     per_conversation: dict[str, list[Any]] = defaultdict(list)
