@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import json
+import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -14,6 +16,7 @@ import pytest
 from service.app import create_app
 from service.audit import service as audit
 from service.client import MemoriaClient, SyncMemoriaClient
+from service.db.engine import Database
 from service.exports import service as exports
 from service.runtime import Runtime
 from tests.conftest import (
@@ -172,3 +175,46 @@ def test_the_blocking_client_waits_for_a_large_export(db_url: str) -> None:
         assert written == len(out.getvalue())
         assert json.loads(out.getvalue())["manifest"]["counts"]["messages"] == 1
         assert api.list_jobs().jobs[0].kind == exports.EXPORT_JOB  # it did go through a job
+
+
+async def test_a_download_paused_after_its_first_bytes_holds_no_database_connection(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Sent as it was read, a document held its transaction, and a pooled connection, for as
+    # long as its client took to read it: thirty slow readers held the whole pool.
+    monkeypatch.setattr(exports, "CHUNK_CHARS", 300)  # a job's document in many chunks
+    # A document made now, sent in many blocks.
+    monkeypatch.setattr(exports, "SEND_BYTES", 100, raising=False)
+    settings = make_settings(db_url, cognitive={"queue": FAST_QUEUE})
+    streams = Database(db_url, pool_size=2, max_overflow=0)  # the downloads' alone
+    try:
+        async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
+            tenant = await new_tenant(client)
+            await populate(client, tenant)
+            rt = _runtime(client)
+            tenant_id = uuid.UUID(tenant.id)
+            answer = await client.get(f"/v1/users/{VICTIM}/export", headers=tenant.headers)
+            expected = _without_time(json.loads(answer.content))
+
+            async def paused(document: AsyncIterator[bytes]) -> dict[str, Any]:
+                first = await anext(document)
+                assert streams.engine.pool.checkedout() == 0  # none held while the client waits
+                rest = b"".join([block async for block in document])
+                return _without_time(json.loads(first + rest))
+
+            async with streams.tenant(tenant_id) as session:
+                now = await exports.export_now_or_later(
+                    session, streams, tenant_id, "user", VICTIM, rt.settings, requested_by=None
+                )
+            assert not isinstance(now, exports.ExportJob)
+            assert await paused(now) == expected
+
+            rt.settings.export_sync_limit = 0
+            later = await client.get(f"/v1/users/{VICTIM}/export", headers=tenant.headers)
+            assert later.status_code == 202, later.text
+            job = await until_finished(client, tenant, later.json()["job_id"])
+            assert job["status"] == "done", job
+            written = exports.content(streams, tenant_id, later.json()["export_id"])
+            assert await paused(written) == expected
+    finally:
+        await streams.dispose()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 from sqlalchemy import text
@@ -128,16 +127,18 @@ async def get(session: AsyncSession, tenant_id: uuid.UUID, export_id: int) -> di
     return dict(row._mapping) if row is not None else None
 
 
-async def chunks(session: AsyncSession, tenant_id: uuid.UUID, export_id: int) -> AsyncIterator[str]:
-    """The document's pieces in order, from a server-side cursor."""
-    result = await session.stream(
+async def chunk_page(
+    session: AsyncSession, tenant_id: uuid.UUID, export_id: int, after: int, limit: int
+) -> list[tuple[int, str]]:
+    """The document's next ``limit`` pieces after piece ``after``, in order, with their seq."""
+    rows = await session.execute(
         text(
-            "SELECT data FROM export_chunks WHERE tenant_id = :t AND export_id = :id ORDER BY seq"
+            "SELECT seq, data FROM export_chunks WHERE tenant_id = :t AND export_id = :id"
+            " AND seq > :after ORDER BY seq LIMIT :limit"
         ),
-        {"t": tenant_id, "id": export_id},
+        {"t": tenant_id, "id": export_id, "after": after, "limit": limit},
     )
-    async for row in result:
-        yield str(row.data)
+    return [(int(row.seq), str(row.data)) for row in rows]
 
 
 # Across tenants (the owning role): every export past its expiry, content included (cascade).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -166,11 +167,40 @@ async def ready(
     return row
 
 
+# A document sent as it is read holds its transaction, and a pooled connection, for as long
+# as the client takes to read it: thirty clients reading slowly (pool 20 + overflow 10) held
+# the whole pool, and every tenant's requests waited. So no transaction is open while the
+# client reads: a ready export's chunks are read a few at a time, each read a transaction of
+# its own (an export is written once; one erased meanwhile ends early), and a small export
+# made now is read whole first, into a file kept in memory up to SPOOL_MEMORY_BYTES.
+CHUNKS_PER_READ = 4
+SPOOL_MEMORY_BYTES = 8 * 2**20
+SEND_BYTES = 2**16
+
+
 async def content(db: Database, tenant_id: uuid.UUID, export_id: int) -> AsyncIterator[bytes]:
-    """A ready export's document, streamed chunk by chunk from one tenant transaction."""
-    async with db.tenant(tenant_id) as session:
-        async for piece in repository.chunks(session, tenant_id, export_id):
+    """A ready export's document, chunk by chunk (see CHUNKS_PER_READ)."""
+    after = -1
+    while True:
+        async with db.tenant(tenant_id, read_only=True) as session:
+            page = await repository.chunk_page(
+                session, tenant_id, export_id, after, CHUNKS_PER_READ
+            )
+        for _, piece in page:
             yield piece.encode()
+        if len(page) < CHUNKS_PER_READ:
+            return
+        after = page[-1][0]
+
+
+async def spooled(parts: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """``parts`` read to their end (their transaction closed) before the first is sent."""
+    with tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY_BYTES) as spool:
+        async for part in parts:
+            spool.write(part)
+        spool.seek(0)
+        while block := spool.read(SEND_BYTES):
+            yield block
 
 
 async def prune(db: Database) -> int:
@@ -197,5 +227,5 @@ async def export_now_or_later(
     if later is not None:
         return later
     if kind == "tenant":
-        return privacy.export_tenant(db, tenant_id)
-    return privacy.export_stream(db, tenant_id, kind, subject)
+        return spooled(privacy.export_tenant(db, tenant_id))
+    return spooled(privacy.export_stream(db, tenant_id, kind, subject))
