@@ -913,40 +913,10 @@ async def test_a_flood_of_tool_calls_is_cut_at_the_cap_and_the_job_still_lands(
 async def test_a_todo_is_assigned_only_to_someone_of_the_conversation(
     online: tuple[AppClient, TenantHandle], llm: FakeLLM
 ) -> None:
-    # The model chooses assignee_id; one of another group (10009), or a made-up id, would put
-    # the todo into that person's export and /v1/todos, and take it away with their erasure.
-    client, tenant = online
-    todo = {"description": "2026-02-22 提醒用户A(10001)提交周报"}
-    llm.script(
-        tool(
-            "submit_rewrite",
-            {"rewrites": [{"index": 0, "text": "用户A(10001) 要在 2026-02-22 被提醒交周报"}]},
-        ),
-        Reply(content="no profile change"),
-        Reply(
-            tool_calls=[
-                ("add_todo", {**todo, "assignee_id": "10009"}),
-                ("add_todo", {**todo, "assignee_id": "../../x"}),
-                ("add_todo", {**todo, "assignee_id": "10001:evil"}),
-                ("add_todo", {**todo, "assignee_id": "10001"}),
-            ]
-        ),
-    )
-    job = await hand_over(client, tenant, request_id="assign", observations=["明天提醒我交周报"])
-    assert job["status"] == "done", job
-    assert job["result"]["memory"] == {"todos_added": 1}
-    refused = [note for note in job["result"]["notes"] if "add_todo: refused" in note]
-    assert len(refused) == 3
-    assert all("is not part of this conversation" in note for note in refused)
-    listed = (await client.get("/v1/todos", headers=tenant.headers)).json()
-    assert [t["assignee_id"] for t in listed] == ["10001"]
-
-
-async def test_a_todo_goes_to_a_member_who_spoke_in_the_turns_reference_messages(
-    online: tuple[AppClient, TenantHandle], llm: FakeLLM
-) -> None:
-    # "提醒李四交周报": 李四 sent one of the messages the bot hands over with the turn, so the
-    # todo is theirs; the bot is no assignee, and an id only written in a text is none either.
+    # The model chooses assignee_id; one of another group (10009), a made-up id, the bot, or
+    # someone only named in a text (10003) would put the todo into that person's export and
+    # /v1/todos, and take it away with their erasure. The speaker, and 李四, who sent one of
+    # the messages the bot hands over with the turn ("提醒李四交周报"), may have it.
     client, tenant = online
     todo = {"description": "2026-02-22 提醒李四(10002)提交周报"}
     llm.script(
@@ -957,9 +927,15 @@ async def test_a_todo_goes_to_a_member_who_spoke_in_the_turns_reference_messages
         Reply(content="no profile change"),
         Reply(
             tool_calls=[
+                ("add_todo", {**todo, "assignee_id": assignee})
+                for assignee in ("10009", "../../x", "10001:evil", "20002", "10003")
+            ]
+            + [
                 ("add_todo", {**todo, "assignee_id": "10002"}),
-                ("add_todo", {**todo, "assignee_id": "20002"}),
-                ("add_todo", {**todo, "assignee_id": "10003"}),
+                (
+                    "add_todo",
+                    {"description": "2026-02-22 提醒用户A(10001)提交周报", "assignee_id": "10001"},
+                ),
             ]
         ),
     )
@@ -975,13 +951,14 @@ async def test_a_todo_goes_to_a_member_who_spoke_in_the_turns_reference_messages
     job = await hand_over(
         client,
         tenant,
-        request_id="assign-member",
+        request_id="assign",
         observations=["明天提醒李四(10002)交周报"],
         recent_messages=recent,
     )
     assert job["status"] == "done", job
-    assert job["result"]["memory"] == {"todos_added": 1}
+    assert job["result"]["memory"] == {"todos_added": 2}
     refused = [note for note in job["result"]["notes"] if "add_todo: refused" in note]
-    assert len(refused) == 2, job["result"]["notes"]
+    assert len(refused) == 5, job["result"]["notes"]
+    assert all("is not part of this conversation" in note for note in refused)
     listed = (await client.get("/v1/todos", headers=tenant.headers)).json()
-    assert [t["assignee_id"] for t in listed] == ["10002"]
+    assert sorted(t["assignee_id"] for t in listed) == ["10001", "10002"]
