@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -34,7 +34,7 @@ from service.privacy.erasure import (
 from service.privacy.keys import subject_hash
 from service.privacy.people import find_person
 from service.queue import repository as jobs
-from service.queue.payloads import EraseGroupPayload, EraseUserPayload
+from service.queue.payloads import EraseGroupPayload, EraseUserPayload, JobPayload
 from service.settings import Settings
 
 __all__ = [
@@ -81,24 +81,22 @@ async def erase_user_now_or_later(
 ) -> Erasure:
     """Erase a person in the caller's transaction, or, past ``privacy_sync_limit`` rows,
     enqueue the erasure as a job in it."""
-    if await count_user_rows(session, tenant_id, user_id) > settings.privacy_sync_limit:
-        job_id, _ = await jobs.enqueue(
-            session,
-            tenant_id,
-            ERASE_USER_JOB,
-            EraseUserPayload(user_id=user_id, requested_by=requested_by),
-            max_attempts=settings.cognitive.queue.max_attempts,
-        )
-        return Erasure(job_id=job_id)
-    counts = await erase_user(
+    return await _now_or_later(
         session,
         tenant_id,
-        user_id,
-        embedder,
-        requested_by=requested_by,
-        keep=settings.cognitive.profile.revision_keep,
+        settings,
+        await count_user_rows(session, tenant_id, user_id),
+        ERASE_USER_JOB,
+        EraseUserPayload(user_id=user_id, requested_by=requested_by),
+        lambda: erase_user(
+            session,
+            tenant_id,
+            user_id,
+            embedder,
+            requested_by=requested_by,
+            keep=settings.cognitive.profile.revision_keep,
+        ),
     )
-    return Erasure(counts=counts)
 
 
 async def erase_group_now_or_later(
@@ -111,17 +109,32 @@ async def erase_group_now_or_later(
 ) -> Erasure:
     """Erase a group in the caller's transaction, or, past ``privacy_sync_limit`` rows,
     enqueue the erasure as a job in it."""
-    if await count_group_rows(session, tenant_id, group_id) > settings.privacy_sync_limit:
+    return await _now_or_later(
+        session,
+        tenant_id,
+        settings,
+        await count_group_rows(session, tenant_id, group_id),
+        ERASE_GROUP_JOB,
+        EraseGroupPayload(group_id=group_id, requested_by=requested_by),
+        lambda: erase_group(session, tenant_id, group_id, requested_by=requested_by),
+    )
+
+
+async def _now_or_later(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    settings: Settings,
+    rows: int,
+    kind: str,
+    payload: JobPayload,
+    erase: Callable[[], Awaitable[dict[str, int]]],
+) -> Erasure:
+    if rows > settings.privacy_sync_limit:
         job_id, _ = await jobs.enqueue(
-            session,
-            tenant_id,
-            ERASE_GROUP_JOB,
-            EraseGroupPayload(group_id=group_id, requested_by=requested_by),
-            max_attempts=settings.cognitive.queue.max_attempts,
+            session, tenant_id, kind, payload, max_attempts=settings.cognitive.queue.max_attempts
         )
         return Erasure(job_id=job_id)
-    counts = await erase_group(session, tenant_id, group_id, requested_by=requested_by)
-    return Erasure(counts=counts)
+    return Erasure(counts=await erase())
 
 
 # ---------------------------------------------------------------- export
