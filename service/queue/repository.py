@@ -152,6 +152,29 @@ LEFT JOIN job_receipts AS existing
 """
 
 
+# Which of these (tenant, dedupe key) have a job. Asked apart from the rows they are keys of:
+# under Citus the jobs stay on the coordinator, where a distributed table's statement cannot
+# join them.
+_KEYED = text(
+    """
+    SELECT k.tenant_id, k.dedupe_key
+    FROM unnest(CAST(:tenants AS uuid[]), CAST(:keys AS text[])) AS k(tenant_id, dedupe_key)
+    WHERE EXISTS (
+        SELECT FROM jobs AS j WHERE j.tenant_id = k.tenant_id AND j.dedupe_key = k.dedupe_key)
+    """
+)
+
+
+async def keyed(
+    session: AsyncSession, keys: list[tuple[uuid.UUID, str]]
+) -> set[tuple[uuid.UUID, str]]:
+    """Those of ``keys`` (tenant, dedupe key) that have a job, whatever its state."""
+    if not keys:
+        return set()
+    params = {"tenants": [t for t, _ in keys], "keys": [k for _, k in keys]}
+    return {(r.tenant_id, r.dedupe_key) for r in await session.execute(_KEYED, params)}
+
+
 # Claim up to :limit due jobs for this worker.
 # - FOR UPDATE SKIP LOCKED: concurrent workers take disjoint jobs without waiting on each other.
 # - ORDER BY matches ix_jobs_claimable, whose WHERE matches this one, so it is an index scan

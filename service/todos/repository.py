@@ -149,28 +149,6 @@ def delivery_key(todo_id: int, version: datetime) -> str:
     return f"deliver:{todo_id}@{version.astimezone(UTC):%Y-%m-%dT%H:%M:%S.%f}"
 
 
-# Which of these (tenant, dedupe key) have a job already. Read apart from the todos: under
-# Citus the jobs stay on the coordinator, and a distributed table's statement cannot join them.
-_QUEUED = text(
-    """
-    SELECT k.tenant_id, k.dedupe_key
-    FROM unnest(CAST(:tenants AS uuid[]), CAST(:keys AS text[])) AS k(tenant_id, dedupe_key)
-    WHERE EXISTS (
-        SELECT FROM jobs AS j WHERE j.tenant_id = k.tenant_id AND j.dedupe_key = k.dedupe_key)
-    """
-)
-
-
-async def queued(
-    session: AsyncSession, keys: list[tuple[uuid.UUID, str]]
-) -> set[tuple[uuid.UUID, str]]:
-    """Those of ``keys`` (tenant, dedupe key) that have a job."""
-    if not keys:
-        return set()
-    params = {"tenants": [t for t, _ in keys], "keys": [k for _, k in keys]}
-    return {(r.tenant_id, r.dedupe_key) for r in await session.execute(_QUEUED, params)}
-
-
 _DELIVERED = text(
     """
     UPDATE todos SET delivered_at = now(), updated_at = now()

@@ -104,7 +104,7 @@ class Courier:
                 full = len(page) == DUE_PAGE
                 self._after = page[-1][:2] if full else repository.BEFORE_ALL
                 keys = {todo: repository.delivery_key(todo, version) for _, todo, version in page}
-                have = await repository.queued(session, [(t, keys[todo]) for t, todo, _ in page])
+                have = await jobs.keyed(session, [(t, keys[todo]) for t, todo, _ in page])
                 for tenant, todo, version in page:
                     if (tenant, keys[todo]) in have:
                         continue
