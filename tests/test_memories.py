@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -596,37 +598,63 @@ async def test_consolidation_merges_near_duplicates(db_url: str) -> None:
         assert last["action"] == "consolidate" and last["cause"]["merged_into"] == newer["id"]
 
 
-async def test_due_todos_are_delivered_to_the_webhook(db_url: str) -> None:
-    received: list[dict[str, Any]] = []
-    attempts = 0
+@dataclass
+class Hook:
+    """A loopback webhook: what it was sent, and how often it was called."""
 
-    class Hook(BaseHTTPRequestHandler):
+    url: str
+    received: list[dict[str, Any]]
+    calls: int = 0
+
+
+@contextmanager
+def webhook(status: Callable[[int], int] = lambda call: 200) -> Iterator[Hook]:
+    """A loopback webhook answering its ``call``-th POST (from 1) with ``status(call)``; what
+    it accepted (2xx) is ``received``."""
+    hook = Hook("", [])
+
+    class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args: Any) -> None:
             pass
 
         def do_POST(self) -> None:
-            nonlocal attempts
-            attempts += 1
+            hook.calls += 1
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            status = 503 if attempts == 1 else 200  # the first delivery fails and is retried
-            if status == 200:
-                received.append(body)
-            self.send_response(status)
+            answer = status(hook.calls)
+            if answer < 300:
+                hook.received.append(body)
+            self.send_response(answer)
             self.send_header("Content-Length", "0")
             self.end_headers()
 
-    hook = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
-    threading.Thread(target=hook.serve_forever, daemon=True).start()
-    settings = make_settings(
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    hook.url = f"http://127.0.0.1:{server.server_address[1]}/todos"
+    try:
+        yield hook
+    finally:
+        server.shutdown()
+
+
+def delivering(db_url: str) -> Settings:
+    """A service with a worker, whose operator lets the tests' loopback webhooks in."""
+    return make_settings(
         db_url,
         cognitive={"queue": FAST_QUEUE, "extraction": {"check_interval_seconds": 0.2}},
-        webhook_allow_private=True,  # the operator lets the test's loopback hook in
+        webhook_allow_private=True,
     )
-    try:
-        async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
+
+
+async def test_due_todos_are_delivered_to_the_webhook(db_url: str) -> None:
+    # The first delivery fails (503) and is retried.
+    with webhook(lambda call: 503 if call == 1 else 200) as hook:
+        async with serve_app(
+            create_app(delivering(db_url), migrate=False, run_worker=True)
+        ) as client:
             tenant = await new_tenant(client)
-            url = f"http://127.0.0.1:{hook.server_address[1]}/todos"
-            await client.patch("/v1/settings", json={"webhook_url": url}, headers=tenant.headers)
+            await client.patch(
+                "/v1/settings", json={"webhook_url": hook.url}, headers=tenant.headers
+            )
             await hand_over(client, tenant, request_id="w1", observations=["明天提醒大家交周报"])
 
             async def delivered() -> bool:
@@ -634,9 +662,8 @@ async def test_due_todos_are_delivered_to_the_webhook(db_url: str) -> None:
                 return bool(todos and todos[0]["delivered_at"])
 
             await wait_for(delivered, timeout=30)
-    finally:
-        hook.shutdown()
-    assert attempts == 2
+    received = hook.received
+    assert hook.calls == 2
     assert len(received) == 1 and received[0]["event"] == "todo.due"
     assert "周报" in received[0]["todo"]["description"]
 
@@ -646,30 +673,15 @@ async def test_a_todo_rescheduled_after_its_delivery_is_delivered_at_its_new_tim
 ) -> None:
     """Asked to "remind me again in a moment": a delivered todo given a new trigger_time is POSTed
     again once that time comes (its first delivery job, kept a day, held its place)."""
-    received: list[dict[str, Any]] = []
-
-    class Hook(BaseHTTPRequestHandler):
-        def log_message(self, *args: Any) -> None:
-            pass
-
-        def do_POST(self) -> None:
-            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-    hook = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
-    threading.Thread(target=hook.serve_forever, daemon=True).start()
-    settings = make_settings(
-        db_url,
-        cognitive={"queue": FAST_QUEUE, "extraction": {"check_interval_seconds": 0.2}},
-        webhook_allow_private=True,
-    )
-    try:
-        async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
+    with webhook() as hook:
+        async with serve_app(
+            create_app(delivering(db_url), migrate=False, run_worker=True)
+        ) as client:
+            received = hook.received
             tenant = await new_tenant(client)
-            url = f"http://127.0.0.1:{hook.server_address[1]}/todos"
-            await client.patch("/v1/settings", json={"webhook_url": url}, headers=tenant.headers)
+            await client.patch(
+                "/v1/settings", json={"webhook_url": hook.url}, headers=tenant.headers
+            )
             await hand_over(client, tenant, request_id="w2", observations=["明天提醒大家交周报"])
 
             async def delivered() -> dict[str, Any] | None:
@@ -688,8 +700,6 @@ async def test_a_todo_rescheduled_after_its_delivery_is_delivered_at_its_new_tim
 
             await wait_for(twice, timeout=15)
             assert (await delivered()) is not None
-    finally:
-        hook.shutdown()
     assert [datetime.fromisoformat(r["todo"]["trigger_time"]) for r in received][1] == (
         datetime.fromisoformat(again)
     )
