@@ -8,6 +8,7 @@ over its rate gets 429 with ``Retry-After``.
 from __future__ import annotations
 
 import contextlib
+import heapq
 import json
 import time
 from collections.abc import Callable
@@ -23,10 +24,12 @@ from service.observability import SHED
 
 @dataclass
 class RateLimiter:
-    """Token buckets per API key: ``rate`` per second, bursts up to ``burst``."""
+    """Token buckets per key (an API key, a client address): ``rate`` per second, bursts up
+    to ``burst``, for at most ``max_keys`` keys at once."""
 
     rate: float
     burst: int
+    max_keys: int = 100_000
     _buckets: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def wait(self, key: str) -> float:
@@ -56,8 +59,20 @@ class RateLimiter:
                 retry_after=(1 - tokens) / self.rate,
             )
         self._buckets[key] = (tokens - 1, now)
-        if len(self._buckets) > 100_000:  # forget idle keys rather than grow without bound
-            self._buckets.clear()
+        if len(self._buckets) > self.max_keys:
+            self._make_room(now)
+
+    def _make_room(self, now: float) -> None:
+        # Forget the buckets that have refilled (a new one would be the same), then those
+        # with the most tokens left, down to 90% of the cap: a key being held back is the
+        # last forgotten. Forgetting every bucket at once would let anyone who can send from
+        # enough addresses (or keys) reset the limit of the one being held back.
+        level = {
+            key: min(float(self.burst), tokens + (now - last) * self.rate)
+            for key, (tokens, last) in self._buckets.items()
+        }
+        kept = heapq.nsmallest(self.max_keys * 9 // 10, level, key=level.__getitem__)
+        self._buckets = {k: self._buckets[k] for k in kept if level[k] < self.burst}
 
 
 def shedding_middleware(limit: int) -> Callable[[ASGIApp], ASGIApp]:

@@ -21,7 +21,8 @@ import pytest
 from service.app import create_app
 from service.db.engine import normalize_url
 from service.db.migrate import upgrade_to_head
-from service.guard import shedding_middleware
+from service.errors import TooManyRequests
+from service.guard import RateLimiter, shedding_middleware
 from service.observability import JsonFormatter, job_id_var, request_id_var
 from service.settings import Settings
 from tests.conftest import (
@@ -199,6 +200,22 @@ async def test_rate_limit_per_key(db_url: str) -> None:
         limited = await client.get("/v1/tenant", headers=a.headers)
         assert limited.status_code == 429 and int(limited.headers["retry-after"]) >= 1
         assert (await client.get("/v1/tenant", headers=b.headers)).status_code == 200  # per key
+
+
+def test_a_flood_of_new_keys_does_not_reset_a_held_back_key() -> None:
+    # Anyone sending from many addresses (or with many keys) fills the buckets past their
+    # cap; the key being held back must stay held back, and the buckets stay bounded.
+    limiter = RateLimiter(rate=0.001, burst=3, max_keys=100)
+    for _ in range(3):
+        limiter.check("brute-forcer")
+    with pytest.raises(TooManyRequests):
+        limiter.check("brute-forcer")
+    for n in range(1_000):
+        limiter.check(f"2001:db8::{n:x}")
+        assert len(limiter._buckets) <= 100
+    with pytest.raises(TooManyRequests):
+        limiter.check("brute-forcer")
+    assert limiter.wait("brute-forcer") > 0
 
 
 async def test_overload_is_shed_with_503_not_queued() -> None:
