@@ -193,6 +193,13 @@ class EmbeddingModelSettings(_Section):
     max_retries: int = Field(3, ge=0, le=10)
     batch_size: int = Field(64, ge=1, le=2048)
     query_cache_size: int = Field(2048, ge=0)
+    query_max_tokens: int = Field(
+        256,
+        ge=16,
+        le=510,
+        description="local model: a question is read to its last this many tokens (its CPU"
+        " time grows with them, about 0.2 ms each)",
+    )
     threads: int = Field(
         0,
         ge=0,

