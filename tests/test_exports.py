@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import io
 import json
+import random
+import tempfile
+import threading
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import IO, Any
 
 import asyncpg
 import httpx
@@ -218,3 +221,48 @@ async def test_a_download_paused_after_its_first_bytes_holds_no_database_connect
             assert await paused(written) == expected
     finally:
         await streams.dispose()
+
+
+class _Disk:
+    """A spool's file on disk that notes which thread each of its writes, reads and seeks
+    ran on."""
+
+    def __init__(self, file: IO[bytes], threads: list[int]) -> None:
+        self.file, self.threads = file, threads
+
+    def write(self, data: bytes) -> int:
+        self.threads.append(threading.get_ident())
+        return self.file.write(data)
+
+    def read(self, size: int = -1) -> bytes:
+        self.threads.append(threading.get_ident())
+        return self.file.read(size)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.threads.append(threading.get_ident())
+        return self.file.seek(offset, whence)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.file, name)
+
+
+async def test_a_document_spooled_past_memory_goes_to_disk_off_the_event_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # On the event loop, each write and read of the spool's file stalled every other request
+    # of the process while the disk worked.
+    monkeypatch.setattr(exports, "SPOOL_MEMORY_BYTES", 2**20)
+    threads: list[int] = []
+    make_file = tempfile.TemporaryFile
+    monkeypatch.setattr(tempfile, "TemporaryFile", lambda **kw: _Disk(make_file(**kw), threads))
+    rows = random.Random(7)
+    parts = [rows.randbytes(rows.randint(1, 100_000)) for _ in range(100)]  # about 5 MiB
+
+    async def document() -> AsyncIterator[bytes]:
+        for part in parts:
+            yield part
+
+    sent = b"".join([block async for block in exports.spooled(document())])
+    assert sent == b"".join(parts)
+    assert threads  # it did go to disk
+    assert threading.get_ident() not in threads

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -15,6 +16,7 @@ from service.db.engine import Database
 from service.messages import repository as messages_repository
 from service.messages.schemas import MessageBatch
 from service.messages.service import ingest
+from service.retrieval import floods
 from service.settings import Settings
 from service.tenants.service import create_tenant, tenant_context
 from tests.conftest import (
@@ -323,4 +325,63 @@ async def test_a_message_inserted_before_a_later_batch_commits_is_still_extracte
         read += await extract("g:y")
         assert sorted(read) == ["y1", "y2"]
     finally:
+        await db.dispose()
+
+
+async def test_copies_of_a_flood_in_batches_sent_at_once_leave_one_indexed(db_url: str) -> None:
+    # A batch's flood look-up (``copies``) must see the copies of the conversation's batch
+    # before it: had two batches sent at once, each with a copy of a flood, both looked before
+    # either committed, both copies would stay indexed.
+    db = Database(db_url, pool_size=6)
+    settings = Settings()
+    conn = await asyncpg.connect(plain_dsn(db_url))
+    ad = "买车优惠 王芳 电话 12345"
+    start = datetime(2026, 3, 2, 1, tzinfo=UTC)
+    stored = asyncio.Event()
+
+    def batch(*copies: tuple[str, int]) -> MessageBatch:
+        messages = [
+            {
+                "message_id": ident,
+                "sender_id": "spam",
+                "text": ad,
+                "sent_at": start + timedelta(seconds=n),
+            }
+            for ident, n in copies
+        ]
+        return MessageBatch.model_validate(
+            {"request_type": "group", "group_id": "g1", "messages": messages}
+        )
+
+    async def post(messages: MessageBatch, until: asyncio.Event | None = None) -> None:
+        async with db.tenant(tenant.id) as session:
+            await ingest(session, context, messages, settings)
+            stored.set()
+            if until is not None:
+                await until.wait()  # the transaction stays open
+
+    async def a_batch_waits() -> bool:
+        waiting = "SELECT count(*) FROM pg_locks WHERE NOT granted"
+        return bool(await conn.fetchval(waiting))
+
+    try:
+        async with db.system() as session:
+            tenant, _ = await create_tenant(session, "flood", {}, settings)
+            context = await tenant_context(session, tenant.id, settings)
+        await post(batch(*[(f"s{n}", n) for n in range(floods.FLOOD_COPIES + 1)]))
+        stored.clear()
+        release = asyncio.Event()
+        first = asyncio.create_task(post(batch(("a", 60)), release))
+        await stored.wait()
+        second = asyncio.create_task(post(batch(("b", 120))))
+        await wait_for(a_batch_waits)
+        release.set()
+        await asyncio.gather(first, second)
+        indexed = await conn.fetch(
+            "SELECT message_id FROM messages WHERE tenant_id = $1 AND length(lexical) > 0",
+            tenant.id,
+        )
+        assert [row["message_id"] for row in indexed] == ["b"]
+    finally:
+        await conn.close()
         await db.dispose()

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -176,6 +177,10 @@ async def ready(
 CHUNKS_PER_READ = 4
 SPOOL_MEMORY_BYTES = 8 * 2**20
 SEND_BYTES = 2**16
+# Past SPOOL_MEMORY_BYTES the spool is a file on disk, and a write or read of it on the event
+# loop would stall every other request of the process while the disk works: those leave the
+# loop, in pieces of about this many bytes (not a thread hop per row, nor per block sent).
+DISK_BYTES = 2**20
 
 
 async def content(db: Database, tenant_id: uuid.UUID, export_id: int) -> AsyncIterator[bytes]:
@@ -196,11 +201,32 @@ async def content(db: Database, tenant_id: uuid.UUID, export_id: int) -> AsyncIt
 async def spooled(parts: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     """``parts`` read to their end (their transaction closed) before the first is sent."""
     with tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY_BYTES) as spool:
+        size = written = 0
+        pending: list[bytes] = []
         async for part in parts:
-            spool.write(part)
-        spool.seek(0)
-        while block := spool.read(SEND_BYTES):
-            yield block
+            size += len(part)
+            if size <= SPOOL_MEMORY_BYTES:  # the spool stays in memory
+                spool.write(part)
+                written = size
+                continue
+            pending.append(part)
+            if size - written >= DISK_BYTES:
+                await asyncio.to_thread(spool.write, b"".join(pending))
+                pending, written = [], size
+        if size <= SPOOL_MEMORY_BYTES:
+            spool.seek(0)
+            while block := spool.read(SEND_BYTES):
+                yield block
+            return
+        await asyncio.to_thread(_rewind, spool, b"".join(pending))
+        while data := await asyncio.to_thread(spool.read, DISK_BYTES):
+            for start in range(0, len(data), SEND_BYTES):
+                yield data[start : start + SEND_BYTES]
+
+
+def _rewind(spool: IO[bytes], rest: bytes) -> None:
+    spool.write(rest)
+    spool.seek(0)  # flushes what the file still buffers
 
 
 async def prune(db: Database) -> int:

@@ -44,6 +44,11 @@ _INSERT = text(
 # conversation's messages up to the newest seq it was told of: without this, a batch that
 # inserted seq 100 and then waited (on another conversation's row, say) while a later batch
 # inserted 101 and committed, had 100 read past, before it existed, and never extracted.
+# The locks are a statement of their own, sent before the batch's flood look-up
+# (``said_lately``), which must see the copies of the batch it waited for: a statement reads
+# what was committed when it began, so a look-up (or the insert after it) that took the locks
+# itself would not, and two batches sent at once, each with a copy of a flood, would leave
+# both copies indexed.
 _LOCK_CONVERSATIONS = text(
     """
     SELECT pg_advisory_xact_lock(hashtextextended(CAST(:tenant_id AS text) || '/' || k, 0))
