@@ -183,8 +183,11 @@ async def keyed(
 # - FOR UPDATE SKIP LOCKED: concurrent workers take disjoint jobs without waiting on each other.
 # - ORDER BY matches ix_jobs_claimable, whose WHERE matches this one, so it is an index scan
 #   that stops at :limit, however many tenants have jobs queued. By turn (see _next_turn):
-#   the tenants' jobs in turns within a priority. A job whose run_after is later than its
-#   turn (a retry's backoff) is passed over until due.
+#   the tenants' jobs in turns within a priority. A job waiting to run (a retry's backoff, a
+#   later run_after) has a turn no earlier than its run_after, but may still come before
+#   due jobs: at a higher priority, or before the turns of a backlogged tenant, which run
+#   ahead of the clock. It is passed over on its index entry (ix_jobs_claimable carries
+#   run_after after the id), without a read of its row.
 # - The attempt is counted here, at claim time, so a job that keeps killing its worker still
 #   runs out of attempts.
 # - :kinds (only these kinds) and :skip (not these) split the queue between batched kinds,
