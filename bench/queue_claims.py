@@ -1,12 +1,14 @@
 """What a claim costs with many tenants' jobs queued: the claim is one scan of the claimable
 index by (priority, turn), whatever the number of tenants, and an enqueue finds its tenant's
-latest turn by one probe.
+pace by one probe, however many of its jobs are not yet due.
 
 Queues ``--jobs`` jobs for each of ``--tenants`` tenants (turns as a burst of each would get
 them), then times claims of ``--limit`` jobs, each in its own committed transaction, and
-enqueues of one tenant's jobs; prints their percentiles and the claim's plan.
+enqueues of one tenant's jobs (each rolled back), beside its due jobs, then also beside
+``--waiting`` newer ones waiting out a backoff; prints their percentiles and the claim's plan.
 
 Run: python bench/queue_claims.py [--tenants 2000] [--jobs 100] [--claims 500] [--limit 8]
+     [--waiting 3000]
      [--url postgresql+asyncpg://…  (a database migrated here; default: an embedded one)]
 """
 
@@ -46,6 +48,15 @@ _JOBS = text(
          generate_series(0, :jobs - 1) AS k
     """
 )
+# A tenant's jobs waiting out a backoff (a model's outage), newer than its due ones.
+_WAITING = text(
+    """
+    INSERT INTO jobs (tenant_id, kind, payload, run_after, turn, last_error)
+    SELECT :t, 'bench.job', jsonb_build_object('n', k), now() + interval '1 hour',
+           now() + interval '1 hour' + make_interval(secs => k), 'model down'
+    FROM generate_series(1, :n) AS k
+    """
+)
 _PLAN = text(
     """
     EXPLAIN (ANALYZE, BUFFERS, COSTS OFF)
@@ -54,6 +65,19 @@ _PLAN = text(
     ORDER BY priority DESC, turn, id LIMIT 8 FOR UPDATE SKIP LOCKED
     """
 )
+
+
+async def enqueues(db: Database, tenant: uuid.UUID) -> str:
+    """Percentiles of 200 enqueues of ``tenant``'s, each rolled back: all find the same queue."""
+    times: list[float] = []
+    for n in range(200):
+        async with db.tenant(tenant) as session:
+            trial = await session.begin_nested()
+            started = time.perf_counter()
+            await repository.enqueue(session, tenant, "bench.job", {"n": n})
+            times.append(time.perf_counter() - started)
+            await trial.rollback()
+    return percentiles(times)
 
 
 async def measure(db: Database, args: argparse.Namespace) -> None:
@@ -73,14 +97,11 @@ async def measure(db: Database, args: argparse.Namespace) -> None:
         assert len(taken) == args.limit
     print(f"claim of {args.limit}:  {percentiles(claims)}")
 
-    enqueues: list[float] = []
     tenant: uuid.UUID = tenants[len(tenants) // 2]
-    for n in range(200):
-        async with db.tenant(tenant) as session:
-            started = time.perf_counter()
-            await repository.enqueue(session, tenant, "bench.job", {"n": n})
-            enqueues.append(time.perf_counter() - started)
-    print(f"enqueue beside {args.jobs}+ queued of its tenant:  {percentiles(enqueues)}")
+    print(f"enqueue beside {args.jobs} queued of its tenant:  {await enqueues(db, tenant)}")
+    async with db.system() as session:
+        await session.execute(_WAITING, {"t": tenant, "n": args.waiting})
+    print(f"  and {args.waiting} of its jobs not yet due:  {await enqueues(db, tenant)}")
 
     async with db.system() as session:
         plan = [r[0] for r in await session.execute(_PLAN)]
@@ -93,6 +114,7 @@ async def main() -> None:
     parser.add_argument("--jobs", type=int, default=100)
     parser.add_argument("--claims", type=int, default=500)
     parser.add_argument("--limit", type=int, default=8)
+    parser.add_argument("--waiting", type=int, default=3000)
     parser.add_argument("--url")
     args = parser.parse_args()
     data_dir = Path(tempfile.mkdtemp(prefix="bench-queue-"))

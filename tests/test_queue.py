@@ -432,3 +432,51 @@ async def test_a_claim_passes_over_no_job_waiting_out_its_backoff(
         return own + sum(passed_over(child) for child in node.get("Plans", []))
 
     assert passed_over(plan[0]["Plan"]) == 0
+
+
+async def test_an_enqueue_reads_past_none_of_its_tenants_jobs_not_yet_due(
+    db: Database, tenant_id: uuid.UUID
+) -> None:
+    # Thousands of a tenant's jobs wait out a retry's backoff during a model's outage, or were
+    # queued to run later; the enqueue's turn was found past each of them, by its row.
+    [due] = await enqueue_many(db, tenant_id, "test.flood", 1)
+    async with db.system() as session:
+        await session.execute(
+            text(
+                "INSERT INTO jobs (tenant_id, kind, run_after, turn, last_error)"
+                " SELECT :t, 'test.flood', now() + interval '1 hour',"
+                " now() + interval '1 hour' + make_interval(secs => n), 'model down'"
+                " FROM generate_series(1, 3000) AS n"
+            ),
+            {"t": tenant_id},
+        )
+    params = {
+        "tenant_id": tenant_id,
+        "kind": "test.flood",
+        "payload": "{}",
+        "priority": 0,
+        "run_after": None,
+        "max_attempts": 4,
+        "dedupe_key": None,
+    }
+    async with db.tenant(tenant_id) as session:
+        trial = await session.begin_nested()
+        plan = (
+            await session.execute(
+                text("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + repository._ENQUEUE.text), params
+            )
+        ).scalar_one()
+        await trial.rollback()
+        after, _ = await repository.enqueue(session, tenant_id, "test.flood", {})
+    async with db.system() as session:
+        rows = await session.execute(
+            text("SELECT id, turn FROM jobs WHERE id IN (:a, :b)"), {"a": due, "b": after}
+        )
+        turns = {r.id: r.turn for r in rows}
+    # A step after the due job, not after the jobs waiting: they do not set the pace.
+    assert turns[after] - turns[due] == timedelta(seconds=repository.TURN_STEP_SECONDS)
+    # About a dozen: the row, its indexes' entries and the probe for the pace; the probe
+    # alone read some ninety, past each of the jobs waiting.
+    top = plan[0]["Plan"]
+    touched = top["Shared Hit Blocks"] + top["Shared Read Blocks"]
+    assert touched < 50, touched

@@ -47,6 +47,14 @@ class Job(Base):
             "run_after",
             postgresql_where=text("status = 'queued'"),
         ),
+        # A tenant's pace (see service.queue.repository): its jobs queued to run at once,
+        # newest first; none of its jobs not yet due has an entry to pass over.
+        Index(
+            "ix_jobs_pace",
+            "tenant_id",
+            text("id DESC"),
+            postgresql_where=text("status = 'queued' AND run_after <= created_at"),
+        ),
         # Reclaiming jobs whose worker died: running jobs by lease expiry.
         Index("ix_jobs_leases", "lease_expires_at", postgresql_where=text("status = 'running'")),
         # GET /v1/jobs?status=…: a tenant's jobs newest first.

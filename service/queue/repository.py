@@ -39,15 +39,19 @@ class ClaimedJob:
 
 
 # A job's turn, the claim's order after priority: a virtual time, its run_after or one step
-# after the turn of its tenant's latest queued job, whichever is later. A burst of a tenant's
-# jobs takes turns a step apart, so a job another tenant queues after the burst's first
-# comes before most of it; a tenant with nothing queued starts at now, and the claim does
-# not wait for a turn, so a lone tenant's burst runs at once. The step only has to outlast
-# the time a backlogged tenant waits for its next job to be claimed (seconds, with the
-# historian's jobs); a longer one keeps the turns fair under a slower queue, and costs a
-# lone tenant nothing. A job queued to run later does not set its tenant's pace (run_after
-# <= now()). The latest queued job is one probe of ix_jobs_tenant_status; under row-level
-# security the enqueue sees its own tenant's jobs only, which are all it needs.
+# after the turn of its tenant's latest job queued to run at once, whichever is later. A burst
+# of a tenant's jobs takes turns a step apart, so a job another tenant queues after the
+# burst's first comes before most of it; a tenant with no such job queued starts at now, and
+# the claim does not wait for a turn, so a lone tenant's burst runs at once. The step only has
+# to outlast the time a backlogged tenant waits for its next job to be claimed (seconds, with
+# the historian's jobs); a longer one keeps the turns fair under a slower queue, and costs a
+# lone tenant nothing. A job queued to run later does not set its tenant's pace, nor does one
+# put back in the queue (failed, reclaimed, released, retried), even once due: only a job
+# whose run_after is not after its created_at does. Those jobs alone are in ix_jobs_pace, so
+# the pace is one probe, however many of the tenant's jobs wait out a backoff (thousands, in a
+# model's outage) or a later run_after; the latest *due* job was found past each of them, by
+# reading its row. Under row-level security the enqueue sees its own tenant's jobs only,
+# which are all it needs.
 TURN_STEP_SECONDS = 10
 
 
@@ -56,7 +60,7 @@ def _next_turn(tenant: str, start: str) -> str:
     return f"""GREATEST({start}, (
         SELECT latest.turn FROM jobs AS latest
         WHERE latest.tenant_id = {tenant} AND latest.status = 'queued'
-          AND latest.run_after <= now()
+          AND latest.run_after <= latest.created_at
         ORDER BY latest.id DESC LIMIT 1) + make_interval(secs => {TURN_STEP_SECONDS}))"""
 
 
@@ -179,8 +183,11 @@ async def keyed(
 # - FOR UPDATE SKIP LOCKED: concurrent workers take disjoint jobs without waiting on each other.
 # - ORDER BY matches ix_jobs_claimable, whose WHERE matches this one, so it is an index scan
 #   that stops at :limit, however many tenants have jobs queued. By turn (see _next_turn):
-#   the tenants' jobs in turns within a priority. A job whose run_after is later than its
-#   turn (a retry's backoff) is passed over until due.
+#   the tenants' jobs in turns within a priority. A job waiting to run (a retry's backoff, a
+#   later run_after) has a turn no earlier than its run_after, but may still come before
+#   due jobs: at a higher priority, or before the turns of a backlogged tenant, which run
+#   ahead of the clock. It is passed over on its index entry (ix_jobs_claimable carries
+#   run_after after the id), without a read of its row.
 # - The attempt is counted here, at claim time, so a job that keeps killing its worker still
 #   runs out of attempts.
 # - :kinds (only these kinds) and :skip (not these) split the queue between batched kinds,
