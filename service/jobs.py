@@ -19,7 +19,7 @@ from service.historian.service import Historian
 from service.memories.upkeep import CONSOLIDATE_JOB, MAINTAIN_JOB, Upkeep
 from service.messages.service import EMBED_JOB, EXTRACT_JOB, Archivist
 from service.privacy.jobs import Eraser
-from service.privacy.service import ERASE_GROUP_JOB, ERASE_USER_JOB
+from service.privacy.service import ERASE_GROUP_JOB, ERASE_TENANT_JOB, ERASE_USER_JOB
 from service.queue.worker import BatchHandler, JobHandler, Periodic
 from service.reembed.service import BATCH_JOB, SWITCH_JOB, Reembedder
 from service.runtime import JobKinds, Runtime
@@ -63,6 +63,7 @@ def handlers(runtime: Runtime, historian: Historian) -> dict[str, JobHandler]:
         DELIVER_JOB: courier.run_deliver,
         ERASE_USER_JOB: eraser.run_erase,
         ERASE_GROUP_JOB: eraser.run_erase_group,
+        ERASE_TENANT_JOB: eraser.run_erase_tenant,
         exports.EXPORT_JOB: exports.ExportWriter(runtime.settings).run,
         BATCH_JOB: reembedder.run_batch,
         SWITCH_JOB: reembedder.run_switch,

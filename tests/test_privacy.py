@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -12,6 +13,8 @@ import pytest
 
 from service.app import create_app
 from service.audit import service as audit
+from service.privacy import erasure
+from service.privacy import jobs as privacy_jobs
 from tests.conftest import (
     ADMIN,
     FAST_QUEUE,
@@ -419,6 +422,64 @@ async def test_erasing_a_group_and_a_tenant(
         assert await conn.fetchval("SELECT count(*) FROM erasures WHERE kind = 'tenant'") == 1
     finally:
         await conn.close()
+
+
+async def test_a_large_tenant_is_erased_by_a_job_a_batch_at_a_time(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One transaction held a million events' tenant locked for 20 s, and a larger one would
+    # outlast any HTTP client's patience: a large tenant goes by a job, a few rows at a time.
+    batches: list[tuple[str, int]] = []
+    erase_rows = erasure.erase_tenant_rows
+
+    async def counted(session: Any, tenant_id: Any, table: Any, limit: int) -> int:
+        deleted = await erase_rows(session, tenant_id, table, limit)
+        batches.append((table.table, deleted))
+        return deleted
+
+    monkeypatch.setattr(erasure, "erase_tenant_rows", counted)
+    monkeypatch.setattr(privacy_jobs, "TENANT_BATCH_ROWS", 2)
+    settings = make_settings(db_url, privacy_sync_limit=0, cognitive={"queue": FAST_QUEUE})
+    async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
+        tenant = await new_tenant(client)
+        await populate(client, tenant)
+        other = await new_tenant(client, "keeps its data")
+        kept = {"scope": "GROUP", "group_id": "g7", "content": "留下"}
+        await client.post("/v1/memories", json=kept, headers=other.headers)
+        conn = await asyncpg.connect(plain_dsn(db_url))
+        try:
+            messages = await conn.fetchval(
+                "SELECT count(*) FROM messages WHERE tenant_id = $1", tenant.id
+            )
+        finally:
+            await conn.close()
+        response = await client.delete(f"/admin/tenants/{tenant.id}", headers=ADMIN)
+        assert response.status_code == 202, response.text
+        assert response.json()["status_url"] == f"/admin/tenants/{tenant.id}"
+        # Its keys are refused at once, erased or not yet: nothing new arrives meanwhile.
+        assert (await client.get("/v1/tenant", headers=tenant.headers)).status_code == 401
+        for _ in range(400):
+            shown = await client.get(f"/admin/tenants/{tenant.id}", headers=ADMIN)
+            if shown.status_code == 404:
+                break
+            await asyncio.sleep(0.05)
+        assert shown.status_code == 404, "the tenant was not erased"
+        found = await client.get("/v1/memories?group_id=g7", headers=other.headers)
+        assert [m["content"] for m in found.json()] == ["留下"]
+    assert ("messages", 2) in batches and len(batches) > len(erasure.tenant_rows())
+    conn = await asyncpg.connect(plain_dsn(db_url))
+    try:
+        for table in [t.table for t in erasure.tenant_rows()] + ["event_vectors"]:
+            left = await conn.fetchval(
+                f"SELECT count(*) FROM {table} WHERE tenant_id = $1", tenant.id
+            )
+            assert left == 0, table
+        counts = await conn.fetchval(
+            "SELECT counts FROM erasures WHERE kind = 'tenant' AND tenant_id = $1", tenant.id
+        )
+    finally:
+        await conn.close()
+    assert json.loads(counts)["messages"] == messages >= 3
 
 
 async def test_personal_data_policy(running: tuple[AppClient, TenantHandle]) -> None:

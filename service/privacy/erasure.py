@@ -191,17 +191,42 @@ def tenant_tables() -> list[PersonalTable]:
     return [t for t in registry.tables() if t.tenant_key == "tenant_id" and t.tenant_export]
 
 
-async def erase_tenant(session: AsyncSession, tenant_id: uuid.UUID) -> dict[str, int] | None:
-    """Delete a tenant and all its data (keys included); a tombstone remains. None: no such
-    tenant."""
-    counts: dict[str, int] = {}
+def tenant_rows() -> list[PersonalTable]:
+    """The tables whose rows a tenant's erasure deletes by its id, in the order it does (a
+    row's children go with it by cascade)."""
+    return [t for t in registry.tables() if t.tenant_erase and t.tenant_key == "tenant_id"]
+
+
+async def erase_tenant_rows(
+    session: AsyncSession, tenant_id: uuid.UUID, table: PersonalTable, limit: int
+) -> int:
+    """Delete up to ``limit`` of the tenant's rows of ``table``; returns how many."""
+    from service.models import metadata  # every table's model, imported once it is needed
+
+    key = ", ".join(c.name for c in metadata.tables[table.table].primary_key.columns)
+    result = await session.execute(
+        text(
+            f"DELETE FROM {table.table} WHERE tenant_id = :t AND ({key}) IN"
+            f" (SELECT {key} FROM {table.table} WHERE tenant_id = :t LIMIT :limit)"
+        ),
+        {"t": tenant_id, "limit": limit},
+    )
+    return _rowcount(result)
+
+
+async def erase_tenant(
+    session: AsyncSession, tenant_id: uuid.UUID, erased: dict[str, int] | None = None
+) -> dict[str, int] | None:
+    """Delete a tenant and all its data (keys included); a tombstone remains, with the rows
+    counted here added to ``erased`` (those a job deleted before, see ``erase_tenant_rows``).
+    None: no such tenant."""
+    counts = dict(erased or {})
+    for table in tenant_rows():
+        result = await session.execute(
+            text(f"DELETE FROM {table.table} WHERE tenant_id = :t"), {"t": tenant_id}
+        )
+        counts[table.table] = counts.get(table.table, 0) + _rowcount(result)
     tables = [t for t in registry.tables() if t.tenant_erase]
-    for table in tables:
-        if table.tenant_key == "tenant_id":  # its children go with it (cascade)
-            result = await session.execute(
-                text(f"DELETE FROM {table.table} WHERE tenant_id = :t"), {"t": tenant_id}
-            )
-            counts[table.table] = _rowcount(result)
     for table in tables:
         if table.tenant_key != "tenant_id":  # the tenant's own row, last
             gone = await session.execute(

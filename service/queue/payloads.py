@@ -61,6 +61,12 @@ class EraseGroupPayload(JobPayload):
     requested_by: str | None = None
 
 
+class EraseTenantPayload(JobPayload):
+    """``privacy.erase_tenant``: a tenant's erasure too large to run in the request."""
+
+    requested_by: str | None = None
+
+
 class ErasedPayload(JobPayload):
     """What an erasure job keeps once done: the erased id's keyed hash, never the id."""
 

@@ -294,6 +294,23 @@ async def complete(
     return _rowcount(await session.execute(_COMPLETE, params)) == 1
 
 
+# A held job's row locked, for a last transaction that deletes it with the rest of its
+# tenant (see JobContext.vanishing): no row, no lease.
+_HOLD = text(
+    """
+    SELECT 1 FROM jobs
+    WHERE tenant_id = :tenant_id AND id = :id AND status = 'running' AND lease_owner = :worker
+    FOR UPDATE
+    """
+)
+
+
+async def hold(session: AsyncSession, job: ClaimedJob, worker: str) -> bool:
+    """Lock a held job's row to the end of the transaction; False when the lease was lost."""
+    params = {"tenant_id": job.tenant_id, "id": job.id, "worker": worker}
+    return (await session.execute(_HOLD, params)).first() is not None
+
+
 # A batch's jobs done in one statement, each only if we still hold its lease; the ids
 # returned are those completed. Runs in the batch's tenant transaction, like _COMPLETE.
 _COMPLETE_MANY = text(

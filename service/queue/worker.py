@@ -79,6 +79,17 @@ class JobContext:
             yield session
             await self.complete_in(session)
 
+    @asynccontextmanager
+    async def vanishing(self) -> AsyncIterator[AsyncSession]:
+        """The last transaction of a job whose writes delete its own row (its tenant's
+        erasure), as the owning role: the lease is checked and the row locked first, and
+        there is nothing left to mark done. ``LeaseLost`` if another worker took it over."""
+        async with self.db.system() as session:
+            if not await repository.hold(session, self.job, self.worker_id):
+                raise LeaseLost(f"job {self.job.id}: lease lost before its last transaction")
+            yield session
+        self.finished = True
+
     async def complete_in(self, session: AsyncSession) -> None:
         """Mark the job done in the caller's transaction, so it commits with the job's writes."""
         if not await repository.complete(session, self.job, self.worker_id, self.result):

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.tenants.models import ApiKey, Tenant
@@ -56,6 +56,15 @@ async def list_keys(session: AsyncSession, tenant_id: uuid.UUID) -> Sequence[Api
         select(ApiKey).where(ApiKey.tenant_id == tenant_id).order_by(ApiKey.created_at.desc())
     )
     return result.scalars().all()
+
+
+async def revoke_keys(session: AsyncSession, tenant_id: uuid.UUID) -> None:
+    """Mark every key of the tenant revoked."""
+    await session.execute(
+        update(ApiKey)
+        .where(ApiKey.tenant_id == tenant_id, ApiKey.revoked_at.is_(None))
+        .values(revoked_at=datetime.now(UTC))
+    )
 
 
 async def revoke_key(

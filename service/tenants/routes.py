@@ -5,8 +5,9 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from litestar import Controller, delete, get, patch, post
+from litestar import Controller, Response, delete, get, patch, post
 from litestar.di import Provide
+from litestar.openapi import ResponseSpec
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.http import errors, provide_admin, provide_system_session
@@ -75,12 +76,32 @@ class AdminController(Controller):
         """Rename a tenant or replace its settings overrides (in force at once)."""
         return await service.update(session, auth, tenant_id, data.name, data.settings, settings)
 
-    @delete("/{tenant_id:uuid}", status_code=200, responses=errors(404))
+    @delete(
+        "/{tenant_id:uuid}",
+        status_code=200,
+        responses={
+            **errors(404),
+            202: ResponseSpec(
+                dict[str, Any], description="large: erased by a job", generate_examples=False
+            ),
+        },
+    )
     async def erase_tenant(
-        self, admin: None, session: AsyncSession, auth: Authenticator, tenant_id: uuid.UUID
-    ) -> dict[str, Any]:
-        """Erase a tenant and all its data, keys included (a tombstone remains)."""
-        return {"erased": "tenant", "counts": await service.erase(session, auth, tenant_id)}
+        self,
+        admin: None,
+        session: AsyncSession,
+        auth: Authenticator,
+        settings: Settings,
+        tenant_id: uuid.UUID,
+    ) -> Response[dict[str, Any]]:
+        """Erase a tenant and all its data, keys included (a tombstone remains): 200 with a
+        receipt of counts, or, when large, 202 with the job that erases it (its keys are
+        refused at once; the tenant answers 404 here once it is gone)."""
+        erasure = await service.erase(session, auth, tenant_id, settings)
+        if erasure.job_id is not None:
+            body = {"job_id": erasure.job_id, "status_url": f"/admin/tenants/{tenant_id}"}
+            return Response(body, status_code=202)
+        return Response({"erased": "tenant", "counts": erasure.counts})
 
     @post("/{tenant_id:uuid}/keys", status_code=201, responses=errors(404))
     async def create_key(

@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from service.context import DEFAULT_TIMEZONE
 from service.db.engine import Database
 from service.errors import Invalid, NotFound, Unauthorized, field_of
-from service.privacy.service import erase_tenant
+from service.privacy.service import Erasure, erase_tenant_now_or_later
 from service.settings import QuerySettings, Settings
 from service.tenants import repository
 from service.tenants.models import ApiKey, Tenant
@@ -413,13 +413,17 @@ async def update(
     return tenant_info(tenant)
 
 
-async def erase(session: AsyncSession, auth: Authenticator, tenant_id: uuid.UUID) -> dict[str, int]:
-    """Erase a tenant and all its data, keys included (a tombstone remains)."""
-    counts = await erase_tenant(session, tenant_id)
-    if counts is None:
-        raise NotFound("no such tenant")
+async def erase(
+    session: AsyncSession, auth: Authenticator, tenant_id: uuid.UUID, settings: Settings
+) -> Erasure:
+    """Erase a tenant and all its data, keys included (a tombstone remains); a large tenant
+    by a job, its keys revoked at once so that nothing new arrives while it runs."""
+    await get(session, tenant_id)
+    erasure = await erase_tenant_now_or_later(session, tenant_id, settings)
+    if erasure.job_id is not None:
+        await repository.revoke_keys(session, tenant_id)
     auth.forget(tenant_id, at=session)
-    return counts
+    return erasure
 
 
 async def list_keys(session: AsyncSession, tenant_id: uuid.UUID) -> list[KeyInfo]:
