@@ -24,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from service.db import registry
 from service.db.registry import PERSON_FIELDS, Erasing, PersonalTable, Redaction
 from service.embedding import Embedder
+from service.models import metadata
 from service.privacy import keys
 from service.privacy.people import find_person
 
@@ -201,8 +202,6 @@ async def erase_tenant_rows(
     session: AsyncSession, tenant_id: uuid.UUID, table: PersonalTable, limit: int
 ) -> int:
     """Delete up to ``limit`` of the tenant's rows of ``table``; returns how many."""
-    from service.models import metadata  # every table's model, imported once it is needed
-
     key = ", ".join(c.name for c in metadata.tables[table.table].primary_key.columns)
     result = await session.execute(
         text(
