@@ -28,15 +28,19 @@ _LATER = {
     )
 }
 
-_ERASED_LATER = {
+ERASED_LATER = {
     202: ResponseSpec(dict[str, Any], description="large: erased by a job", generate_examples=False)
 }
 
 
-def _erased(kind: str, erasure: service.Erasure) -> Response[dict[str, Any]]:
-    """The receipt of counts (200), or the job that erases (202 with where to look)."""
+def erased(
+    kind: str, erasure: service.Erasure, status_url: str | None = None
+) -> Response[dict[str, Any]]:
+    """The receipt of counts (200), or the job that erases (202 with where to look: by
+    default the job's own status)."""
     if erasure.job_id is not None:
-        body = {"job_id": erasure.job_id, "status_url": f"/v1/jobs/{erasure.job_id}"}
+        status_url = status_url or f"/v1/jobs/{erasure.job_id}"
+        body = {"job_id": erasure.job_id, "status_url": status_url}
         return Response(body, status_code=202)
     return Response({"erased": kind, "counts": erasure.counts}, status_code=200)
 
@@ -77,7 +81,7 @@ class PrivacyController(Controller):
             session, db, settings, tenant.tenant_id, "group", subject, tenant.key_prefix
         )
 
-    @delete(f"/users/{_ID}", status_code=200, responses=_ERASED_LATER)
+    @delete(f"/users/{_ID}", status_code=200, responses=ERASED_LATER)
     async def erase_user(
         self,
         tenant: TenantContext,
@@ -90,9 +94,9 @@ class PrivacyController(Controller):
         erasure = await service.erase_user_now_or_later(
             session, tenant.tenant_id, subject, embedder, settings, requested_by=tenant.key_prefix
         )
-        return _erased("user", erasure)
+        return erased("user", erasure)
 
-    @delete(f"/groups/{_ID}", status_code=200, responses=_ERASED_LATER)
+    @delete(f"/groups/{_ID}", status_code=200, responses=ERASED_LATER)
     async def erase_group(
         self, tenant: TenantContext, session: AsyncSession, settings: Settings, subject: str
     ) -> Response[dict[str, Any]]:
@@ -101,7 +105,7 @@ class PrivacyController(Controller):
         erasure = await service.erase_group_now_or_later(
             session, tenant.tenant_id, subject, settings, requested_by=tenant.key_prefix
         )
-        return _erased("group", erasure)
+        return erased("group", erasure)
 
 
 class TenantPrivacyController(Controller):

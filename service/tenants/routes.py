@@ -7,10 +7,10 @@ from typing import Any
 
 from litestar import Controller, Response, delete, get, patch, post
 from litestar.di import Provide
-from litestar.openapi import ResponseSpec
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.http import errors, provide_admin, provide_system_session
+from service.privacy.routes import ERASED_LATER, erased
 from service.settings import Settings
 from service.tenants import service
 from service.tenants.schemas import (
@@ -76,16 +76,7 @@ class AdminController(Controller):
         """Rename a tenant or replace its settings overrides (in force at once)."""
         return await service.update(session, auth, tenant_id, data.name, data.settings, settings)
 
-    @delete(
-        "/{tenant_id:uuid}",
-        status_code=200,
-        responses={
-            **errors(404),
-            202: ResponseSpec(
-                dict[str, Any], description="large: erased by a job", generate_examples=False
-            ),
-        },
-    )
+    @delete("/{tenant_id:uuid}", status_code=200, responses={**errors(404), **ERASED_LATER})
     async def erase_tenant(
         self,
         admin: None,
@@ -98,10 +89,7 @@ class AdminController(Controller):
         receipt of counts, or, when large, 202 with the job that erases it (its keys are
         refused at once; the tenant answers 404 here once it is gone)."""
         erasure = await service.erase(session, auth, tenant_id, settings)
-        if erasure.job_id is not None:
-            body = {"job_id": erasure.job_id, "status_url": f"/admin/tenants/{tenant_id}"}
-            return Response(body, status_code=202)
-        return Response({"erased": "tenant", "counts": erasure.counts})
+        return erased("tenant", erasure, f"/admin/tenants/{tenant_id}")
 
     @post("/{tenant_id:uuid}/keys", status_code=201, responses=errors(404))
     async def create_key(
