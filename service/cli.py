@@ -466,7 +466,7 @@ async def _keys_create(db: Database, settings: Settings, args: argparse.Namespac
     except ValueError:
         raise MemoriaError(f"not a tenant id: {args.tenant}") from None
     async with db.system() as session:
-        key = await create_key(session, tenant_id, args.name)
+        key = await create_key(session, tenant_id, args.name, settings)
     print(f"api_key: {key.key}")
     print(f"prefix:  {key.prefix}")
 

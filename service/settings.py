@@ -299,6 +299,11 @@ class Settings(BaseSettings):
         1000, ge=1, description="waiting last-used ids that trigger a write before the timer"
     )
     auth_cache_seconds: float = Field(2.0, ge=0)
+    max_keys_per_tenant: int = Field(
+        100,
+        ge=1,
+        description="keys a tenant may hold unrevoked: each has a rate limit of its own",
+    )
     privacy_sync_limit: int = Field(5000, ge=0)
     privacy_secret: SecretStr | None = Field(
         None,

@@ -9,7 +9,8 @@ import asyncpg
 import pytest
 
 from service.app import create_app
-from service.errors import Unauthorized
+from service.db.engine import Database
+from service.errors import Conflict, Unauthorized
 from service.tenants import service as tenants
 from tests.conftest import ADMIN, AppClient, make_settings, new_tenant, plain_dsn, serve_app
 
@@ -116,7 +117,7 @@ async def test_admin_revocation_takes_effect(client: AppClient) -> None:
 async def test_keys_used_once_are_not_held_past_their_cache_time(db_url: str) -> None:
     # A tenant minting keys and using each once: a process kept every checked key, with its
     # tenant's settings (a persona of up to 20,000 characters), until it stopped.
-    settings = make_settings(db_url, auth_cache_seconds=0.5)
+    settings = make_settings(db_url, auth_cache_seconds=0.5, max_keys_per_tenant=300)
     async with serve_app(create_app(settings, migrate=False)) as client:
         tenant = await new_tenant(client)
         await client.put("/v1/persona", json={"text": "人设" * 10_000}, headers=tenant.headers)
@@ -128,6 +129,49 @@ async def test_keys_used_once_are_not_held_past_their_cache_time(db_url: str) ->
         await asyncio.sleep(0.6)
         assert (await client.get("/v1/tenant", headers=tenant.headers)).status_code == 200
         assert len(auth._cache) == 1  # the key in use, not the 200 used once before
+
+
+async def test_a_tenant_holds_a_bounded_number_of_keys(db_url: str) -> None:
+    # Each key has a rate limit of its own: a tenant minting keys without end had a rate
+    # without end, and a table of keys that only grew.
+    settings = make_settings(db_url, max_keys_per_tenant=3)
+    async with serve_app(create_app(settings, migrate=False)) as client:
+        tenant = await new_tenant(client)  # its first key
+        made = [await client.post("/v1/keys", headers=tenant.headers) for _ in range(2)]
+        assert [m.status_code for m in made] == [201, 201]
+        refused = await client.post("/v1/keys", headers=tenant.headers)
+        assert refused.status_code == 409 and "at most 3" in refused.json()["message"]
+        by_admin = await client.post(f"/admin/tenants/{tenant.id}/keys", headers=ADMIN)
+        assert by_admin.status_code == 409
+        await client.delete(f"/v1/keys/{made[0].json()['id']}", headers=tenant.headers)
+        # One place is free again: the next key takes it.
+        again = await client.post("/v1/keys", headers=tenant.headers)
+        assert again.status_code == 201
+        keys = (await client.get("/v1/keys", headers=tenant.headers)).json()
+        assert sum(k["revoked_at"] is None for k in keys) == 3
+
+
+async def test_keys_made_at_once_take_turns_at_the_cap(db_url: str) -> None:
+    # Two keys made at once both counted the keys before either was stored.
+    settings = make_settings(db_url, max_keys_per_tenant=2)
+    db = Database(db_url, pool_size=2)
+    try:
+        async with db.system() as session:
+            tenant, _ = await tenants.create_tenant(session, "keys at once", {}, settings)
+
+        async def make() -> None:
+            async with db.system() as session:
+                await tenants.create_key(session, tenant.id, "second", settings)
+
+        async with db.system() as session:
+            await tenants.create_key(session, tenant.id, "first", settings)  # 2 of 2
+            other = asyncio.create_task(make())
+            await asyncio.sleep(0.3)
+            assert not other.done()  # it waits for this transaction's end
+        with pytest.raises(Conflict):
+            await other
+    finally:
+        await db.dispose()
 
 
 async def test_key_last_used_time_is_recorded(client: AppClient, db_url: str) -> None:

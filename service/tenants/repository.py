@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.tenants.models import ApiKey, Tenant
@@ -22,9 +22,22 @@ async def insert_tenant(session: AsyncSession, name: str, settings: dict[str, An
     return tenant
 
 
-async def get_tenant(session: AsyncSession, tenant_id: uuid.UUID) -> Tenant | None:
-    """One tenant by id."""
-    return await session.get(Tenant, tenant_id)
+async def get_tenant(
+    session: AsyncSession, tenant_id: uuid.UUID, *, lock: bool = False
+) -> Tenant | None:
+    """One tenant by id; ``lock``: its row locked to the end of the transaction (writes that
+    count the tenant's rows first take turns)."""
+    return await session.get(Tenant, tenant_id, with_for_update=lock)
+
+
+async def count_active_keys(session: AsyncSession, tenant_id: uuid.UUID) -> int:
+    """How many unrevoked keys the tenant has."""
+    result = await session.execute(
+        select(func.count())
+        .select_from(ApiKey)
+        .where(ApiKey.tenant_id == tenant_id, ApiKey.revoked_at.is_(None))
+    )
+    return int(result.scalar_one())
 
 
 async def list_tenants(session: AsyncSession) -> Sequence[Tenant]:

@@ -91,16 +91,17 @@ class AdminController(Controller):
         erasure = await service.erase(session, auth, tenant_id, settings)
         return erased("tenant", erasure, f"/admin/tenants/{tenant_id}")
 
-    @post("/{tenant_id:uuid}/keys", status_code=201, responses=errors(404))
+    @post("/{tenant_id:uuid}/keys", status_code=201, responses=errors(404, 409))
     async def create_key(
         self,
         admin: None,
         session: AsyncSession,
+        settings: Settings,
         tenant_id: uuid.UUID,
         data: KeyCreate | None = None,
     ) -> CreatedKey:
         """A new key for the tenant (shown once)."""
-        return await service.create_key(session, tenant_id, data.name if data else "")
+        return await service.create_key(session, tenant_id, data.name if data else "", settings)
 
     @get("/{tenant_id:uuid}/keys", responses=errors(404))
     async def list_keys(
@@ -142,12 +143,17 @@ class TenantController(Controller):
         """This tenant's keys, without secrets."""
         return await service.list_keys(session, tenant.tenant_id)
 
-    @post("/keys", status_code=201)
+    @post("/keys", status_code=201, responses=errors(409))
     async def create_key(
-        self, tenant: TenantContext, session: AsyncSession, data: KeyCreate | None = None
+        self,
+        tenant: TenantContext,
+        session: AsyncSession,
+        settings: Settings,
+        data: KeyCreate | None = None,
     ) -> CreatedKey:
         """Another key for this tenant (shown once)."""
-        return await service.create_key(session, tenant.tenant_id, data.name if data else "")
+        name = data.name if data else ""
+        return await service.create_key(session, tenant.tenant_id, name, settings)
 
     @delete("/keys/{key_id:uuid}", status_code=200, responses=errors(404))
     async def revoke_key(

@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.context import DEFAULT_TIMEZONE
 from service.db.engine import Database
-from service.errors import Invalid, NotFound, Unauthorized, field_of
+from service.errors import Conflict, Invalid, NotFound, Unauthorized, field_of
 from service.privacy.service import Erasure, erase_tenant_now_or_later
 from service.settings import QuerySettings, Settings
 from service.tenants import repository
@@ -347,13 +347,22 @@ async def create_tenant(
 ) -> tuple[Tenant, CreatedKey]:
     """A new tenant and its first API key."""
     tenant = await repository.insert_tenant(session, name, validate_overrides(overrides, settings))
-    return tenant, await create_key(session, tenant.id, "first key")
+    return tenant, await create_key(session, tenant.id, "first key", settings)
 
 
-async def create_key(session: AsyncSession, tenant_id: uuid.UUID, name: str) -> CreatedKey:
-    """A new key for a tenant; the secret appears only in this answer."""
-    if await repository.get_tenant(session, tenant_id) is None:
+async def create_key(
+    session: AsyncSession, tenant_id: uuid.UUID, name: str, settings: Settings
+) -> CreatedKey:
+    """A new key for a tenant; the secret appears only in this answer. ``Conflict`` past
+    ``max_keys_per_tenant`` unrevoked keys: each key has a rate limit of its own, so keys
+    without end would be a rate without end (and a table that only grows)."""
+    if await repository.get_tenant(session, tenant_id, lock=True) is None:
         raise NotFound("no such tenant")
+    if await repository.count_active_keys(session, tenant_id) >= settings.max_keys_per_tenant:
+        raise Conflict(
+            f"a tenant holds at most {settings.max_keys_per_tenant} unrevoked keys;"
+            " revoke one first"
+        )
     key, prefix, digest = new_key()
     row = await repository.insert_key(session, tenant_id, name, prefix, digest)
     return CreatedKey(key=key, **key_info(row).model_dump())
