@@ -305,6 +305,12 @@ class Settings(BaseSettings):
         description="keys a tenant may hold unrevoked: each has a rate limit of its own",
     )
     privacy_sync_limit: int = Field(5000, ge=0)
+    privacy_sync_embeddings: int = Field(
+        200,
+        ge=0,
+        description="texts a person's erasure in the request may embed again once redacted;"
+        " past it, the erasure runs as a job",
+    )
     privacy_secret: SecretStr | None = Field(
         None,
         description="key of the hashes that name erased people and audited subjects; unset:"

@@ -368,6 +368,47 @@ async def test_a_large_erasure_runs_as_a_job(db_url: str) -> None:
     assert await leftovers(db_url, [VICTIM, NAME]) == []
 
 
+async def test_a_person_named_in_many_messages_is_erased_by_a_job(db_url: str) -> None:
+    # One message of their own, their name in thousands of others': each of those is
+    # embedded again once redacted, which held a request for 40 s at 2,000. The erasure
+    # begun in the request is undone and handed to a job once it finds more than
+    # privacy_sync_embeddings texts to embed.
+    settings = make_settings(
+        db_url, privacy_sync_embeddings=5, cognitive={"queue": FAST_QUEUE, "enabled": False}
+    )
+    named = [
+        {
+            "message_id": f"n{n}",
+            "sender_id": OTHER,
+            "sender_name": OTHER_NAME,
+            "text": f"{NAME}第{n}次说要来",
+        }
+        for n in range(12)
+    ]
+    own = {"message_id": "own", "sender_id": VICTIM, "sender_name": NAME, "text": "我来了"}
+    async with serve_app(create_app(settings, migrate=False, run_worker=False)) as client:
+        tenant = await new_tenant(client)
+        sent = await client.post(
+            "/v1/messages", json={**GROUP, "messages": [own, *named]}, headers=tenant.headers
+        )
+        assert sent.status_code == 202, sent.text
+        response = await client.delete(f"/v1/users/{VICTIM}", headers=tenant.headers)
+        assert response.status_code == 202, response.text
+        # Nothing half done in the request: every message is as it was until the job runs.
+        conn = await asyncpg.connect(plain_dsn(db_url))
+        try:
+            texts = await conn.fetch(
+                "SELECT message_id, text FROM messages WHERE tenant_id = $1", tenant.id
+            )
+        finally:
+            await conn.close()
+        assert len(texts) == 13 and sum(NAME in r["text"] for r in texts) == 12
+    async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
+        job = await until_finished(client, tenant, response.json()["job_id"])
+        assert job["status"] == "done" and job["result"]["counts"]["messages_redacted"] == 12
+    assert await leftovers(db_url, [VICTIM, NAME]) == []
+
+
 async def test_a_large_group_erasure_runs_as_a_job(db_url: str) -> None:
     settings = make_settings(db_url, privacy_sync_limit=0, cognitive={"queue": FAST_QUEUE})
     async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:

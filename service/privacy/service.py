@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from service.db import registry
 from service.db.engine import Database
 from service.embedding import Embedder
+from service.embedding.base import Vector
 from service.errors import NotFound
 from service.privacy.erasure import (
     count_group_rows,
@@ -101,7 +102,7 @@ async def erase_user_now_or_later(
             session,
             tenant_id,
             user_id,
-            embedder,
+            Budgeted(embedder, settings.privacy_sync_embeddings),
             requested_by=requested_by,
             keep=settings.cognitive.profile.revision_keep,
         ),
@@ -161,12 +162,47 @@ async def _now_or_later(
     payload: JobPayload,
     erase: Callable[[], Awaitable[dict[str, int]]],
 ) -> Erasure:
-    if rows > settings.privacy_sync_limit:
-        job_id, _ = await jobs.enqueue(
-            session, tenant_id, kind, payload, max_attempts=settings.cognitive.queue.max_attempts
-        )
-        return Erasure(job_id=job_id)
-    return Erasure(counts=await erase())
+    if rows <= settings.privacy_sync_limit:
+        try:
+            async with session.begin_nested():
+                return Erasure(counts=await erase())
+        except TooLargeNow:
+            pass  # what it did is undone; the job does it all
+    job_id, _ = await jobs.enqueue(
+        session, tenant_id, kind, payload, max_attempts=settings.cognitive.queue.max_attempts
+    )
+    return Erasure(job_id=job_id)
+
+
+class TooLargeNow(Exception):
+    """An erasure run in the request found more to re-embed than a request should."""
+
+
+class Budgeted:
+    """The embedder of an erasure run in the request: ``TooLargeNow`` once it would embed
+    more than ``budget`` passages. A person with one message of their own can be named in
+    thousands of others' messages, each embedded again once redacted: 2,000 of them held a
+    request for 40 s. The rows an erasure deletes are counted before it begins; these are
+    found only as it goes."""
+
+    def __init__(self, inner: Embedder, budget: int) -> None:
+        self.inner, self.budget = inner, budget
+        self.name, self.dimension = inner.name, inner.dimension
+        self.calibration = inner.calibration
+
+    async def passages(self, texts: Sequence[str]) -> list[Vector]:
+        """Vectors of texts to be stored, or ``TooLargeNow`` past the budget."""
+        self.budget -= len(texts)
+        if self.budget < 0:
+            raise TooLargeNow(f"{len(texts)} more texts to embed again, past the budget")
+        return await self.inner.passages(texts)
+
+    async def query(self, text: str) -> Vector:
+        """The vector of a search query."""
+        return await self.inner.query(text)
+
+    async def close(self) -> None:
+        """Nothing of its own to release."""
 
 
 # ---------------------------------------------------------------- export
