@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from sqlalchemy.ext.asyncio import AsyncSession
+
 from service.audit import service as audit
 from service.db.engine import Database
 from service.ends.service import END_JOB
@@ -24,6 +26,7 @@ from service.queue.worker import BatchHandler, JobHandler, Periodic
 from service.reembed.service import BATCH_JOB, SWITCH_JOB, Reembedder
 from service.runtime import JobKinds, Runtime
 from service.settings import Settings
+from service.tenants import repository as tenants
 from service.todos.service import DELIVER_JOB, Courier
 
 
@@ -81,21 +84,33 @@ def periodic(runtime: Runtime) -> list[Periodic]:
     extractor = Extractor(runtime.db, runtime.embedder, runtime.settings)
     upkeep = Upkeep(runtime.db, runtime.settings)
     courier = Courier(runtime.db, runtime.settings)
-    check = runtime.settings.cognitive.extraction.check_interval_seconds
+    settings = runtime.settings
+    check = settings.cognitive.extraction.check_interval_seconds
     maintenance = runtime.settings.cognitive.memory.maintenance_interval_minutes * 60
     return [
         Periodic("pause-trigger", check, extractor.trigger_quiet_conversations),
         Periodic("todo-delivery", check, courier.enqueue_due),
         Periodic("maintenance", min(maintenance, 300.0), upkeep.schedule_maintenance),
-        Periodic("audit-prune", 3600.0, _audit_pruner(runtime)),
+        Periodic(
+            "audit-prune", 3600.0, _pruner(runtime, audit.prune, settings.audit_retention_days)
+        ),
+        Periodic(
+            "key-prune",
+            3600.0,
+            _pruner(runtime, tenants.prune_revoked_keys, settings.revoked_key_retention_days),
+        ),
         # Every few minutes, so an export outlives its retention by little.
         Periodic("export-prune", 300.0, lambda: exports.prune(runtime.db)),
     ]
 
 
-def _audit_pruner(runtime: Runtime) -> Callable[[], Awaitable[int]]:
-    async def prune() -> int:
-        async with runtime.db.system() as session:
-            return await audit.prune(session, runtime.settings.audit_retention_days)
+def _pruner(
+    runtime: Runtime, prune: Callable[[AsyncSession, float], Awaitable[int]], days: float
+) -> Callable[[], Awaitable[int]]:
+    """``prune`` of what is older than ``days``, as the owning role (every tenant's rows)."""
 
-    return prune
+    async def run() -> int:
+        async with runtime.db.system() as session:
+            return await prune(session, days)
+
+    return run

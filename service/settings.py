@@ -323,6 +323,9 @@ class Settings(BaseSettings):
         24.0, gt=0, description="how long a job's export can be fetched before it is pruned"
     )
     audit_retention_days: float = Field(365.0, gt=0)
+    revoked_key_retention_days: float = Field(
+        30.0, gt=0, description="revoked keys older than this are forgotten"
+    )
     webhook_allow_private: bool = Field(
         False,
         description="tenants' webhooks may point at loopback, private and link-local addresses"

@@ -11,6 +11,7 @@ import pytest
 from service.app import create_app
 from service.db.engine import Database
 from service.errors import Conflict, Unauthorized
+from service.jobs import periodic
 from service.tenants import service as tenants
 from tests.conftest import ADMIN, AppClient, make_settings, new_tenant, plain_dsn, serve_app
 
@@ -149,6 +150,29 @@ async def test_a_tenant_holds_a_bounded_number_of_keys(db_url: str) -> None:
         assert again.status_code == 201
         keys = (await client.get("/v1/keys", headers=tenant.headers)).json()
         assert sum(k["revoked_at"] is None for k in keys) == 3
+
+
+async def test_revoked_keys_are_forgotten_after_their_retention(db_url: str) -> None:
+    # Made and revoked in a loop, keys stay under the cap and the table grew without end.
+    settings = make_settings(db_url, revoked_key_retention_days=30)
+    async with serve_app(create_app(settings, migrate=False, run_worker=False)) as client:
+        tenant = await new_tenant(client)
+        made = [(await client.post("/v1/keys", headers=tenant.headers)).json() for _ in range(3)]
+        for key in made[:2]:
+            await client.delete(f"/v1/keys/{key['id']}", headers=tenant.headers)
+        conn = await asyncpg.connect(plain_dsn(db_url))
+        try:
+            await conn.execute(
+                "UPDATE api_keys SET revoked_at = now() - interval '31 days' WHERE id = $1",
+                uuid.UUID(made[0]["id"]),
+            )
+        finally:
+            await conn.close()
+        (prune,) = [p for p in periodic(client.app.state.runtime) if p.name == "key-prune"]
+        assert await prune.run() == 1
+        kept = {k["id"] for k in (await client.get("/v1/keys", headers=tenant.headers)).json()}
+        assert made[0]["id"] not in kept and {made[1]["id"], made[2]["id"]} <= kept
+        assert (await client.get("/v1/tenant", headers=tenant.headers)).status_code == 200
 
 
 async def test_keys_made_at_once_take_turns_at_the_cap(db_url: str) -> None:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.tenants.models import ApiKey, Tenant
@@ -78,6 +78,14 @@ async def revoke_keys(session: AsyncSession, tenant_id: uuid.UUID) -> None:
         .where(ApiKey.tenant_id == tenant_id, ApiKey.revoked_at.is_(None))
         .values(revoked_at=datetime.now(UTC))
     )
+
+
+async def prune_revoked_keys(session: AsyncSession, retention_days: float) -> int:
+    """Forget every tenant's keys revoked more than ``retention_days`` ago; returns how many
+    (a tenant making and revoking keys in a loop would grow the table without end)."""
+    cutoff = datetime.now(UTC) - timedelta(days=retention_days)
+    result = await session.execute(delete(ApiKey).where(ApiKey.revoked_at < cutoff))
+    return int(getattr(result, "rowcount", 0) or 0)
 
 
 async def revoke_key(
