@@ -319,6 +319,12 @@ class Settings(BaseSettings):
     export_sync_limit: int = Field(
         5000, ge=0, description="rows above which an export is written by a job, not streamed"
     )
+    export_sync_bytes: int = Field(
+        32 * 2**20,
+        ge=0,
+        description="an export begun in the request that comes to more bytes is written by a"
+        " job instead (a person's rows are counted first; others' rows naming them are not)",
+    )
     export_retention_hours: float = Field(
         24.0, gt=0, description="how long a job's export can be fetched before it is pruned"
     )

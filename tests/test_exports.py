@@ -134,6 +134,45 @@ async def test_a_large_export_is_written_by_a_job_and_fetched_by_its_tenant_only
     assert await leftovers(db_url, [VICTIM, NAME]) == []
 
 
+async def test_an_export_that_grows_past_its_bytes_in_the_request_is_written_by_a_job(
+    db_url: str,
+) -> None:
+    # The size check counts a person's own rows; others' messages naming them are found as
+    # the document is read, and there can be thousands: a document of any size was read in
+    # the request. Past export_sync_bytes, the reading stops and a job writes it.
+    settings = make_settings(
+        db_url, export_sync_bytes=4000, cognitive={"queue": FAST_QUEUE, "enabled": False}
+    )
+    named = [
+        {
+            "message_id": f"n{n}",
+            "sender_id": "55502",
+            "sender_name": "贾雨村",
+            "text": f"{NAME}第{n}次说要来",
+        }
+        for n in range(60)
+    ]
+    own = {"message_id": "own", "sender_id": VICTIM, "sender_name": NAME, "text": "我来了"}
+    group = {"request_type": "group", "group_id": "g7", "group_name": "红楼群"}
+    async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
+        tenant = await new_tenant(client)
+        sent = await client.post(
+            "/v1/messages", json={**group, "messages": [own, *named]}, headers=tenant.headers
+        )
+        assert sent.status_code == 202, sent.text
+        response = await client.get(f"/v1/users/{VICTIM}/export", headers=tenant.headers)
+        assert response.status_code == 202, response.text
+        job = await until_finished(client, tenant, response.json()["job_id"])
+        assert job["status"] == "done", job
+        fetched = await client.get(response.json()["export_url"], headers=tenant.headers)
+        written = json.loads(fetched.content)
+        _runtime(client).settings.export_sync_bytes = 10**9
+        now = await client.get(f"/v1/users/{VICTIM}/export", headers=tenant.headers)
+        assert now.status_code == 200 and len(now.content) > 4000
+        assert _without_time(written) == _without_time(json.loads(now.content))
+        assert all(f"第{n}次" in fetched.text for n in range(60))
+
+
 async def test_exports_expire_and_are_pruned(db_url: str) -> None:
     settings = make_settings(db_url, export_sync_limit=0, cognitive={"queue": FAST_QUEUE})
     async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
@@ -262,7 +301,9 @@ async def test_a_document_spooled_past_memory_goes_to_disk_off_the_event_loop(
         for part in parts:
             yield part
 
-    sent = b"".join([block async for block in exports.spooled(document())])
+    spool = exports.Spool()
+    assert await spool.fill(document())
+    sent = b"".join([block async for block in spool.blocks()])
     assert sent == b"".join(parts)
     assert threads  # it did go to disk
     assert threading.get_ident() not in threads

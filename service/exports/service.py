@@ -57,10 +57,12 @@ async def export_later(
     settings: Settings,
     *,
     requested_by: str | None,
+    now: bool = False,
 ) -> ExportJob | None:
-    """None when the export is small enough to stream now; else a pending export and its job,
-    enqueued in the caller's transaction. Only ``requested_by`` may fetch it."""
-    if await privacy.count_export_rows(session, tenant_id, kind, subject) <= (
+    """None when the export is small enough to stream now; else (or ``now``, whatever its
+    size) a pending export and its job, enqueued in the caller's transaction. Only
+    ``requested_by`` may fetch it."""
+    if not now and await privacy.count_export_rows(session, tenant_id, kind, subject) <= (
         settings.export_sync_limit
     ):
         return None
@@ -198,30 +200,59 @@ async def content(db: Database, tenant_id: uuid.UUID, export_id: int) -> AsyncIt
         after = page[-1][0]
 
 
-async def spooled(parts: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """``parts`` read to their end (their transaction closed) before the first is sent."""
-    with tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY_BYTES) as spool:
-        size = written = 0
+class Spool:
+    """A document read whole before its first byte is sent (its transaction closed then):
+    in memory up to SPOOL_MEMORY_BYTES, then in a file written and read off the loop."""
+
+    def __init__(self) -> None:
+        # Closed at the end of blocks(), or by fill() when it gives up.
+        self._file: IO[bytes] = tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY_BYTES)  # noqa: SIM115
+        self.size = 0
+
+    async def fill(self, parts: AsyncIterator[bytes], limit: int | None = None) -> bool:
+        """Read ``parts`` to their end; False, the spool closed and ``parts`` too, once
+        they come to more than ``limit`` bytes."""
+        written = 0
         pending: list[bytes] = []
-        async for part in parts:
-            size += len(part)
-            if size <= SPOOL_MEMORY_BYTES:  # the spool stays in memory
-                spool.write(part)
-                written = size
-                continue
-            pending.append(part)
-            if size - written >= DISK_BYTES:
-                await asyncio.to_thread(spool.write, b"".join(pending))
-                pending, written = [], size
-        if size <= SPOOL_MEMORY_BYTES:
-            spool.seek(0)
-            while block := spool.read(SEND_BYTES):
-                yield block
-            return
-        await asyncio.to_thread(_rewind, spool, b"".join(pending))
-        while data := await asyncio.to_thread(spool.read, DISK_BYTES):
-            for start in range(0, len(data), SEND_BYTES):
-                yield data[start : start + SEND_BYTES]
+        try:
+            async for part in parts:
+                self.size += len(part)
+                if limit is not None and self.size > limit:
+                    await asyncio.to_thread(self._file.close)
+                    return False
+                if self.size <= SPOOL_MEMORY_BYTES:  # the spool stays in memory
+                    self._file.write(part)
+                    written = self.size
+                    continue
+                pending.append(part)
+                if self.size - written >= DISK_BYTES:
+                    await asyncio.to_thread(self._file.write, b"".join(pending))
+                    pending, written = [], self.size
+        except BaseException:
+            await asyncio.to_thread(self._file.close)
+            raise
+        finally:
+            close = getattr(parts, "aclose", None)  # its transaction ends now, not when collected
+            if close is not None:
+                await close()
+        if self.size <= SPOOL_MEMORY_BYTES:
+            self._file.seek(0)
+        else:
+            await asyncio.to_thread(_rewind, self._file, b"".join(pending))
+        return True
+
+    async def blocks(self) -> AsyncIterator[bytes]:
+        """The document, SEND_BYTES at a time; the spool is closed after."""
+        try:
+            if self.size <= SPOOL_MEMORY_BYTES:
+                while block := self._file.read(SEND_BYTES):
+                    yield block
+                return
+            while data := await asyncio.to_thread(self._file.read, DISK_BYTES):
+                for start in range(0, len(data), SEND_BYTES):
+                    yield data[start : start + SEND_BYTES]
+        finally:
+            await asyncio.to_thread(self._file.close)
 
 
 def _rewind(spool: IO[bytes], rest: bytes) -> None:
@@ -253,5 +284,16 @@ async def export_now_or_later(
     if later is not None:
         return later
     if kind == "tenant":
-        return spooled(privacy.export_tenant(db, tenant_id))
-    return spooled(privacy.export_stream(db, tenant_id, kind, subject))
+        parts = privacy.export_tenant(db, tenant_id)
+    else:
+        parts = privacy.export_stream(db, tenant_id, kind, subject)
+    # The count reads a person's own rows; others' messages naming them are found only as
+    # the document is read, and can be thousands: past export_sync_bytes, a job writes it.
+    spool = Spool()
+    if await spool.fill(parts, settings.export_sync_bytes):
+        return spool.blocks()
+    made = await export_later(
+        session, tenant_id, kind, subject, settings, requested_by=requested_by, now=True
+    )
+    assert made is not None
+    return made
