@@ -34,7 +34,7 @@ from tests.conftest import (
     wait_for,
 )
 from tests.served import create_tenant, served
-from tests.test_privacy import NAME, VICTIM, leftovers, populate
+from tests.test_privacy import GROUP, NAME, VICTIM, leftovers, named_in, populate
 
 
 def _runtime(client: AppClient) -> Runtime:
@@ -143,21 +143,10 @@ async def test_an_export_that_grows_past_its_bytes_in_the_request_is_written_by_
     settings = make_settings(
         db_url, export_sync_bytes=4000, cognitive={"queue": FAST_QUEUE, "enabled": False}
     )
-    named = [
-        {
-            "message_id": f"n{n}",
-            "sender_id": "55502",
-            "sender_name": "贾雨村",
-            "text": f"{NAME}第{n}次说要来",
-        }
-        for n in range(60)
-    ]
-    own = {"message_id": "own", "sender_id": VICTIM, "sender_name": NAME, "text": "我来了"}
-    group = {"request_type": "group", "group_id": "g7", "group_name": "红楼群"}
     async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
         tenant = await new_tenant(client)
         sent = await client.post(
-            "/v1/messages", json={**group, "messages": [own, *named]}, headers=tenant.headers
+            "/v1/messages", json={**GROUP, "messages": named_in(60)}, headers=tenant.headers
         )
         assert sent.status_code == 202, sent.text
         response = await client.get(f"/v1/users/{VICTIM}/export", headers=tenant.headers)

@@ -129,6 +129,21 @@ async def populate(client: AppClient, tenant: TenantHandle) -> None:
     )
 
 
+def named_in(count: int) -> list[dict[str, Any]]:
+    """A message of the person's own, and ``count`` of another's that name them."""
+    own = {"message_id": "own", "sender_id": VICTIM, "sender_name": NAME, "text": "我来了"}
+    said = f"{NAME}第{{}}次说要来"
+    return [own] + [
+        {
+            "message_id": f"n{n}",
+            "sender_id": OTHER,
+            "sender_name": OTHER_NAME,
+            "text": said.format(n),
+        }
+        for n in range(count)
+    ]
+
+
 async def leftovers(db_url: str, needles: list[str]) -> list[str]:
     """Every text and JSON column of every table that still holds one of the needles."""
     conn = await asyncpg.connect(plain_dsn(db_url))
@@ -376,20 +391,10 @@ async def test_a_person_named_in_many_messages_is_erased_by_a_job(db_url: str) -
     settings = make_settings(
         db_url, privacy_sync_embeddings=5, cognitive={"queue": FAST_QUEUE, "enabled": False}
     )
-    named = [
-        {
-            "message_id": f"n{n}",
-            "sender_id": OTHER,
-            "sender_name": OTHER_NAME,
-            "text": f"{NAME}第{n}次说要来",
-        }
-        for n in range(12)
-    ]
-    own = {"message_id": "own", "sender_id": VICTIM, "sender_name": NAME, "text": "我来了"}
     async with serve_app(create_app(settings, migrate=False, run_worker=False)) as client:
         tenant = await new_tenant(client)
         sent = await client.post(
-            "/v1/messages", json={**GROUP, "messages": [own, *named]}, headers=tenant.headers
+            "/v1/messages", json={**GROUP, "messages": named_in(12)}, headers=tenant.headers
         )
         assert sent.status_code == 202, sent.text
         response = await client.delete(f"/v1/users/{VICTIM}", headers=tenant.headers)
