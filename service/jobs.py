@@ -26,7 +26,7 @@ from service.queue.worker import BatchHandler, JobHandler, Periodic
 from service.reembed.service import BATCH_JOB, SWITCH_JOB, Reembedder
 from service.runtime import JobKinds, Runtime
 from service.settings import Settings
-from service.tenants import repository as tenants
+from service.tenants import service as tenants
 from service.todos.service import DELIVER_JOB, Courier
 
 

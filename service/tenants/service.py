@@ -368,6 +368,11 @@ async def create_key(
     return CreatedKey(key=key, **key_info(row).model_dump())
 
 
+async def prune_revoked_keys(session: AsyncSession, retention_days: float) -> int:
+    """Forget every tenant's keys revoked more than ``retention_days`` ago; returns how many."""
+    return await repository.prune_revoked_keys(session, retention_days)
+
+
 async def revoke_by_prefix(session: AsyncSession, prefix: str) -> KeyInfo:
     """Revoke the one key with this visible prefix (the CLI's way of naming a key)."""
     if not KEY_PREFIX_RE.match(prefix):
