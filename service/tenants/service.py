@@ -432,7 +432,6 @@ async def erase(
 ) -> Erasure:
     """Erase a tenant and all its data, keys included (a tombstone remains); a large tenant
     by a job, its keys revoked at once so that nothing new arrives while it runs."""
-    await get(session, tenant_id)
     erasure = await erase_tenant_now_or_later(session, tenant_id, settings)
     if erasure.job_id is not None:
         await repository.revoke_keys(session, tenant_id)
