@@ -475,13 +475,20 @@ async def test_a_large_tenant_is_erased_by_a_job_a_batch_at_a_time(
 ) -> None:
     # One transaction held a million events' tenant locked for 20 s, and a larger one would
     # outlast any HTTP client's patience: a large tenant goes by a job, a few rows at a time.
+    # Its first attempt fails half way through the messages; the second goes on, and the
+    # tombstone still counts every message (the rows the failed attempt deleted included).
     batches: list[tuple[str, int]] = []
     erase_rows = erasure.erase_tenant_rows
 
     async def counted(session: Any, tenant_id: Any, table: Any, limit: int) -> int:
         deleted = await erase_rows(session, tenant_id, table, limit)
+        if table.table == "messages" and batches.count(("messages", 2)) == 1 and not failed:
+            failed.append(deleted)
+            raise RuntimeError("the database went away")
         batches.append((table.table, deleted))
         return deleted
+
+    failed: list[int] = []
 
     monkeypatch.setattr(erasure, "erase_tenant_rows", counted)
     monkeypatch.setattr(privacy_jobs, "TENANT_BATCH_ROWS", 2)
@@ -513,6 +520,7 @@ async def test_a_large_tenant_is_erased_by_a_job_a_batch_at_a_time(
         found = await client.get("/v1/memories?group_id=g7", headers=other.headers)
         assert [m["content"] for m in found.json()] == ["留下"]
     assert ("messages", 2) in batches and len(batches) > len(erasure.tenant_rows())
+    assert failed == [2]  # the first attempt stopped with 2 messages erased, 2 more undone
     conn = await asyncpg.connect(plain_dsn(db_url))
     try:
         for table in [t.table for t in erasure.tenant_rows()] + ["event_vectors"]:
@@ -526,6 +534,60 @@ async def test_a_large_tenant_is_erased_by_a_job_a_batch_at_a_time(
     finally:
         await conn.close()
     assert json.loads(counts)["messages"] == messages >= 3
+
+
+async def test_a_tenant_being_erased_gets_no_new_key_and_one_erasure(db_url: str) -> None:
+    # While a job erases a tenant, a key made for it would work until the job's end and what
+    # it wrote would vanish; a second DELETE made a second job erasing the same rows beside
+    # the first. Now: 409 for new keys and settings, the same job for a repeated DELETE, and
+    # a failed job run again (going on where it stopped) instead of a second one.
+    settings = make_settings(db_url, privacy_sync_limit=0)
+    async with serve_app(create_app(settings, migrate=False, run_worker=False)) as client:
+        tenant = await new_tenant(client)
+        said = [{"message_id": str(n), "sender_id": OTHER, "text": "早"} for n in range(3)]
+        stored = await client.post(
+            "/v1/messages", json={**GROUP, "messages": said}, headers=tenant.headers
+        )
+        assert stored.json()["stored"] == 3, stored.text
+        other = await new_tenant(client, "not erased")
+        first = await client.delete(f"/admin/tenants/{tenant.id}", headers=ADMIN)
+        assert first.status_code == 202, first.text
+        job_id = first.json()["job_id"]
+        key = await client.post(
+            f"/admin/tenants/{tenant.id}/keys", json={"name": "late"}, headers=ADMIN
+        )
+        assert key.status_code == 409 and f"job {job_id}" in key.text, key.text
+        renamed = await client.patch(
+            f"/admin/tenants/{tenant.id}", json={"name": "x"}, headers=ADMIN
+        )
+        assert renamed.status_code == 409, renamed.text
+        shown = (await client.get(f"/admin/tenants/{tenant.id}", headers=ADMIN)).json()
+        assert shown["erasure_job_id"] == job_id and shown["name"] != "x"
+        again = await client.delete(f"/admin/tenants/{tenant.id}", headers=ADMIN)
+        assert again.status_code == 202 and again.json()["job_id"] == job_id
+        conn = await asyncpg.connect(plain_dsn(db_url))
+        try:
+            await conn.execute(
+                "UPDATE jobs SET status = 'failed', attempts = max_attempts,"
+                " finished_at = now() WHERE id = $1",
+                job_id,
+            )
+            retried = await client.delete(f"/admin/tenants/{tenant.id}", headers=ADMIN)
+            assert retried.status_code == 202 and retried.json()["job_id"] == job_id
+            status, attempts, erasing = await conn.fetchrow(
+                "SELECT status, attempts, (SELECT count(*) FROM jobs WHERE tenant_id = $2"
+                " AND kind = 'privacy.erase_tenant') FROM jobs WHERE id = $1",
+                job_id,
+                tenant.id,
+            )
+        finally:
+            await conn.close()
+        assert (status, attempts, erasing) == ("queued", 0, 1)
+        # Another tenant is not held back.
+        made = await client.post(f"/admin/tenants/{other.id}/keys", json={}, headers=ADMIN)
+        assert made.status_code == 201, made.text
+        shown = (await client.get(f"/admin/tenants/{other.id}", headers=ADMIN)).json()
+        assert shown["erasure_job_id"] is None
 
 
 async def test_personal_data_policy(running: tuple[AppClient, TenantHandle]) -> None:

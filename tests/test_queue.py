@@ -253,6 +253,46 @@ async def test_writes_of_a_job_whose_lease_was_lost_roll_back(
     assert rows[job_id][0] == "running"  # and the thief still holds the job
 
 
+async def test_a_long_jobs_checkpoint_reaches_its_next_attempt_and_not_a_thief(
+    db: Database, tenant_id: uuid.UUID
+) -> None:
+    # A long job commits its progress with each step; its next attempt (after a failure)
+    # reads it back. A step run after the job was taken over commits neither its writes nor
+    # its progress.
+    [job_id] = await enqueue_many(db, tenant_id, "test.steps", 1)
+    seen: list[dict[str, Any] | None] = []
+
+    async def steps(ctx: JobContext) -> None:
+        seen.append(ctx.job.progress)
+        done = (ctx.job.progress or {}).get("steps", 0)
+        async with ctx.transaction() as session:
+            await ctx.checkpoint(session, {"steps": done + 1})
+        if len(seen) == 1:
+            raise RuntimeError("stopped after one step")
+        if len(seen) == 2:  # taken over: this step's writes must not commit
+            async with db.system() as session:
+                await session.execute(
+                    text("UPDATE jobs SET lease_owner = 'thief' WHERE id = :id"), {"id": job_id}
+                )
+            async with ctx.transaction() as session:
+                await repository.enqueue(session, tenant_id, "test.followup", {})
+                await ctx.checkpoint(session, {"steps": 99})
+
+    worker = Worker(db, {"test.steps": steps}, queue_settings(), poll_interval=0.05)
+
+    async def taken() -> bool:
+        return len(seen) == 2 and not worker._inflight
+
+    await run_until([worker], taken, timeout=10)
+    async with db.system() as session:
+        progress = (
+            await session.execute(text("SELECT result FROM jobs WHERE id = :id"), {"id": job_id})
+        ).scalar_one()
+    assert seen == [None, {"steps": 1}]
+    assert progress == {"steps": 2}  # the thief's run saw the second step, not the 99
+    assert list(await statuses(db)) == [job_id]
+
+
 async def test_notify_wakes_an_idle_worker_without_waiting_for_the_poll(
     db: Database, tenant_id: uuid.UUID
 ) -> None:

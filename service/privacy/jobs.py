@@ -67,10 +67,11 @@ class Eraser:
     async def run_erase_tenant(self, job: JobContext) -> dict[str, Any]:
         """Erase the tenant a batch of rows per transaction (one transaction held every row of
         a million events' tenant locked for 20 s), then what is left, its own row and this
-        job's with it, in the last. A run stopped half way goes on where it stopped; the
-        tombstone counts what the run that finishes deleted."""
+        job's with it, in the last. Each batch commits the rows counted so far with it, so a
+        run stopped half way (a failed attempt, a worker stopping or dying) goes on where it
+        stopped, and the tombstone counts every run's rows."""
         tenant_id = job.job.tenant_id
-        erased: dict[str, int] = {}
+        erased: dict[str, int] = dict((job.job.progress or {}).get("counts", {}))
         for table in erasure.tenant_rows():
             if table is JOBS:  # this job's row goes in the last transaction
                 continue
@@ -81,7 +82,9 @@ class Eraser:
                     deleted = await erasure.erase_tenant_rows(
                         session, tenant_id, table, TENANT_BATCH_ROWS
                     )
-                erased[table.table] = erased.get(table.table, 0) + deleted
+                    if deleted:
+                        erased[table.table] = erased.get(table.table, 0) + deleted
+                        await job.checkpoint(session, {"erased": "tenant", "counts": erased})
         async with job.vanishing() as session:
             counts = await service.erase_tenant(session, tenant_id, erased)
         job.result = {"erased": "tenant", "counts": counts if counts is not None else erased}

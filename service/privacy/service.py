@@ -61,6 +61,7 @@ __all__ = [
     "export_stream",
     "export_tenant",
     "subject_hash",
+    "tenant_erasure",
     "tenant_parts",
     "was_erased",
 ]
@@ -134,7 +135,14 @@ async def erase_tenant_now_or_later(
     session: AsyncSession, tenant_id: uuid.UUID, settings: Settings
 ) -> Erasure:
     """Erase a tenant in the caller's transaction, or, past ``privacy_sync_limit`` rows,
-    enqueue the erasure as a job in it (a million events took 20 s in one transaction)."""
+    enqueue the erasure as a job in it (a million events took 20 s in one transaction).
+    A tenant already being erased answers with its job, which runs again if it had failed
+    (going on where it stopped): one erasure per tenant at a time."""
+    begun = await tenant_erasure(session, tenant_id)
+    if begun is not None:
+        if begun[1] == "failed":
+            await jobs.retry(session, tenant_id, begun[0])
+        return Erasure(job_id=begun[0])
 
     async def now() -> dict[str, int]:
         counts = await erase_tenant(session, tenant_id)
@@ -151,6 +159,11 @@ async def erase_tenant_now_or_later(
         EraseTenantPayload(requested_by="admin"),
         now,
     )
+
+
+async def tenant_erasure(session: AsyncSession, tenant_id: uuid.UUID) -> tuple[int, str] | None:
+    """(id, status) of the job erasing the tenant while it is not done, else None."""
+    return await jobs.unfinished(session, tenant_id, ERASE_TENANT_JOB)
 
 
 async def _now_or_later(

@@ -36,6 +36,8 @@ class ClaimedJob:
     attempts: int
     max_attempts: int
     created_at: datetime
+    # What an earlier run of a long job recorded of its work (``checkpoint``), else None.
+    progress: dict[str, Any] | None = None
 
 
 # A job's turn, the claim's order after priority: a virtual time, its run_after or one step
@@ -212,7 +214,8 @@ _CLAIM = text(
         updated_at = now()
     FROM due
     WHERE j.tenant_id = due.tenant_id AND j.id = due.id
-    RETURNING j.tenant_id, j.id, j.kind, j.payload, j.attempts, j.max_attempts, j.created_at
+    RETURNING j.tenant_id, j.id, j.kind, j.payload, j.attempts, j.max_attempts, j.created_at,
+              j.result AS progress
     """
 )
 
@@ -245,6 +248,7 @@ async def claim_jobs(
             attempts=r.attempts,
             max_attempts=r.max_attempts,
             created_at=r.created_at,
+            progress=r.progress,
         )
         for r in rows
     ]
@@ -292,6 +296,30 @@ async def complete(
         "result": json.dumps(result, ensure_ascii=False) if result is not None else None,
     }
     return _rowcount(await session.execute(_COMPLETE, params)) == 1
+
+
+# What a long job has done so far, kept in its result (until it is done, nothing else writes
+# there) by each of its steps' transactions, only if we still hold the lease.
+_CHECKPOINT = text(
+    """
+    UPDATE jobs SET result = CAST(:progress AS jsonb), updated_at = now()
+    WHERE tenant_id = :tenant_id AND id = :id AND status = 'running' AND lease_owner = :worker
+    """
+)
+
+
+async def checkpoint(
+    session: AsyncSession, job: ClaimedJob, worker: str, progress: dict[str, Any]
+) -> bool:
+    """Record a held job's progress in the caller's transaction; False when the lease was
+    lost. A later run of the job reads it back as ``ClaimedJob.progress``."""
+    params = {
+        "tenant_id": job.tenant_id,
+        "id": job.id,
+        "worker": worker,
+        "progress": json.dumps(progress, ensure_ascii=False),
+    }
+    return _rowcount(await session.execute(_CHECKPOINT, params)) == 1
 
 
 # A held job's row locked, for a last transaction that deletes it with the rest of its
@@ -667,6 +695,25 @@ async def kind_queued(session: AsyncSession, tenant_id: uuid.UUID, kind: str) ->
 
 
 # The jobs' dedupe key index: a lookup per key, whatever the job's status.
+# A tenant's newest job of a kind not done (ix_jobs_tenant_status: its queued, running and
+# failed jobs only, newest first).
+_UNFINISHED = text(
+    """
+    SELECT id, status FROM jobs
+    WHERE tenant_id = :tenant_id AND status IN ('queued', 'running', 'failed') AND kind = :kind
+    ORDER BY id DESC LIMIT 1
+    """
+)
+
+
+async def unfinished(
+    session: AsyncSession, tenant_id: uuid.UUID, kind: str
+) -> tuple[int, str] | None:
+    """(id, status) of the tenant's newest job of ``kind`` that is not done, if any."""
+    row = (await session.execute(_UNFINISHED, {"tenant_id": tenant_id, "kind": kind})).first()
+    return (int(row.id), str(row.status)) if row is not None else None
+
+
 _PAYLOAD_FIELD_BY_DEDUPE = text(
     """
     SELECT payload ->> :field FROM jobs

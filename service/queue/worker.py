@@ -90,6 +90,13 @@ class JobContext:
             yield session
         self.finished = True
 
+    async def checkpoint(self, session: AsyncSession, progress: dict[str, Any]) -> None:
+        """Record what the job has done so far in the caller's transaction, so it commits
+        with that step's writes; a later run reads it as ``job.progress``. ``LeaseLost`` if
+        another worker took the job over."""
+        if not await repository.checkpoint(session, self.job, self.worker_id, progress):
+            raise LeaseLost(f"job {self.job.id}: lease lost before a checkpoint")
+
     async def complete_in(self, session: AsyncSession) -> None:
         """Mark the job done in the caller's transaction, so it commits with the job's writes."""
         if not await repository.complete(session, self.job, self.worker_id, self.result):

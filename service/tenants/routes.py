@@ -60,10 +60,10 @@ class AdminController(Controller):
     async def get_tenant(
         self, admin: None, session: AsyncSession, tenant_id: uuid.UUID
     ) -> TenantInfo:
-        """One tenant."""
-        return service.tenant_info(await service.get(session, tenant_id))
+        """One tenant, and the job erasing it while one does (``erasure_job_id``)."""
+        return await service.describe(session, tenant_id)
 
-    @patch("/{tenant_id:uuid}", responses=errors(404))
+    @patch("/{tenant_id:uuid}", responses=errors(404, 409))
     async def update_tenant(
         self,
         admin: None,
@@ -73,7 +73,8 @@ class AdminController(Controller):
         tenant_id: uuid.UUID,
         data: TenantUpdate,
     ) -> TenantInfo:
-        """Rename a tenant or replace its settings overrides (in force at once)."""
+        """Rename a tenant or replace its settings overrides (in force at once); 409 while
+        it is being erased."""
         return await service.update(session, auth, tenant_id, data.name, data.settings, settings)
 
     @delete("/{tenant_id:uuid}", status_code=200, responses={**errors(404), **ERASED_LATER})
@@ -87,7 +88,8 @@ class AdminController(Controller):
     ) -> Response[dict[str, Any]]:
         """Erase a tenant and all its data, keys included (a tombstone remains): 200 with a
         receipt of counts, or, when large, 202 with the job that erases it (its keys are
-        refused at once; the tenant answers 404 here once it is gone)."""
+        refused at once, no key can be made while it runs, and asking again answers with the
+        same job, run again if it failed; the tenant answers 404 here once it is gone)."""
         erasure = await service.erase(session, auth, tenant_id, settings)
         return erased("tenant", erasure, f"/admin/tenants/{tenant_id}")
 
@@ -100,7 +102,8 @@ class AdminController(Controller):
         tenant_id: uuid.UUID,
         data: KeyCreate | None = None,
     ) -> CreatedKey:
-        """A new key for the tenant (shown once)."""
+        """A new key for the tenant (shown once); 409 past the tenant's cap of keys, or
+        while it is being erased."""
         return await service.create_key(session, tenant_id, data.name if data else "", settings)
 
     @get("/{tenant_id:uuid}/keys", responses=errors(404))

@@ -60,6 +60,10 @@ class TenantInfo(BaseModel):
     name: str
     settings: dict[str, Any]
     created_at: datetime
+    erasure_job_id: int | None = Field(
+        None,
+        description="the job erasing the tenant, while it is not done (one tenant shown alone)",
+    )
 
 
 class CreatedTenant(TenantInfo):

@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from service.context import DEFAULT_TIMEZONE
 from service.db.engine import Database
 from service.errors import Conflict, Invalid, NotFound, Unauthorized, field_of
-from service.privacy.service import Erasure, erase_tenant_now_or_later
+from service.privacy.service import Erasure, erase_tenant_now_or_later, tenant_erasure
 from service.settings import QuerySettings, Settings
 from service.tenants import repository
 from service.tenants.models import ApiKey, Tenant
@@ -356,8 +356,7 @@ async def create_key(
     """A new key for a tenant; the secret appears only in this answer. ``Conflict`` past
     ``max_keys_per_tenant`` unrevoked keys: each key has a rate limit of its own, so keys
     without end would be a rate without end (and a table that only grows)."""
-    if await repository.get_tenant(session, tenant_id, lock=True) is None:
-        raise NotFound("no such tenant")
+    await _open_to_change(session, tenant_id)
     if await repository.count_active_keys(session, tenant_id) >= settings.max_keys_per_tenant:
         raise Conflict(
             f"a tenant holds at most {settings.max_keys_per_tenant} unrevoked keys;"
@@ -366,6 +365,19 @@ async def create_key(
     key, prefix, digest = new_key()
     row = await repository.insert_key(session, tenant_id, name, prefix, digest)
     return CreatedKey(key=key, **key_info(row).model_dump())
+
+
+async def _open_to_change(session: AsyncSession, tenant_id: uuid.UUID) -> Tenant:
+    """The tenant, its row locked to the end of the transaction (an erasure locks it first):
+    ``NotFound`` when there is none, ``Conflict`` while a job erases it (a key made then would
+    work until the job's end, and what it wrote would be erased with the rest)."""
+    tenant = await repository.get_tenant(session, tenant_id, lock=True)
+    if tenant is None:
+        raise NotFound("no such tenant")
+    erasing = await tenant_erasure(session, tenant_id)
+    if erasing is not None:
+        raise Conflict(f"the tenant is being erased (job {erasing[0]})")
+    return tenant
 
 
 async def prune_revoked_keys(session: AsyncSession, retention_days: float) -> int:
@@ -403,6 +415,14 @@ async def get(session: AsyncSession, tenant_id: uuid.UUID) -> Tenant:
     return tenant
 
 
+async def describe(session: AsyncSession, tenant_id: uuid.UUID) -> TenantInfo:
+    """One tenant with the job erasing it, if one is; ``NotFound`` when there is none."""
+    info = tenant_info(await get(session, tenant_id))
+    erasing = await tenant_erasure(session, tenant_id)
+    info.erasure_job_id = erasing[0] if erasing is not None else None
+    return info
+
+
 async def list_all(session: AsyncSession) -> list[TenantInfo]:
     """Every tenant."""
     return [tenant_info(t) for t in await repository.list_tenants(session)]
@@ -416,8 +436,9 @@ async def update(
     overrides: dict[str, Any] | None,
     settings: Settings,
 ) -> TenantInfo:
-    """Rename a tenant or replace its settings overrides, in force at once."""
-    tenant = await get(session, tenant_id)
+    """Rename a tenant or replace its settings overrides, in force at once; ``Conflict``
+    while it is being erased."""
+    tenant = await _open_to_change(session, tenant_id)
     if name is not None:
         tenant.name = name
     if overrides is not None:
@@ -431,7 +452,11 @@ async def erase(
     session: AsyncSession, auth: Authenticator, tenant_id: uuid.UUID, settings: Settings
 ) -> Erasure:
     """Erase a tenant and all its data, keys included (a tombstone remains); a large tenant
-    by a job, its keys revoked at once so that nothing new arrives while it runs."""
+    by a job, its keys revoked at once so that nothing new arrives while it runs (and no key
+    is made meanwhile: the tenant's row is locked first, as a new key locks it). Asked again
+    while the job runs, the answer is the same job."""
+    if await repository.get_tenant(session, tenant_id, lock=True) is None:
+        raise NotFound("no such tenant")
     erasure = await erase_tenant_now_or_later(session, tenant_id, settings)
     if erasure.job_id is not None:
         await repository.revoke_keys(session, tenant_id)
