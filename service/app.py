@@ -153,6 +153,7 @@ def _dependencies(rt: Runtime) -> dict[str, Provide]:
         "reranker": value(rt.reranker),
         "auth": value(rt.auth),
         "limiter": value(rt.limiter),
+        "tenant_limiter": value(rt.tenant_limiter),
         "failed_auth": value(rt.failed_auth),
         "readiness": value(rt.is_ready),
     }

@@ -30,6 +30,8 @@ class RateLimiter:
     rate: float
     burst: int
     max_keys: int = 100_000
+    # What a key names, for the refusal's message.
+    of: str = "key"
     _buckets: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def wait(self, key: str) -> float:
@@ -55,7 +57,7 @@ class RateLimiter:
         if tokens < 1:
             self._buckets[key] = (tokens, now)
             raise TooManyRequests(
-                f"rate limit of {self.rate:g} requests/s for this key",
+                f"rate limit of {self.rate:g} requests/s for this {self.of}",
                 retry_after=(1 - tokens) / self.rate,
             )
         self._buckets[key] = (tokens - 1, now)
@@ -73,6 +75,20 @@ class RateLimiter:
         }
         kept = heapq.nsmallest(self.max_keys * 9 // 10, level, key=level.__getitem__)
         self._buckets = {k: self._buckets[k] for k in kept if level[k] < self.burst}
+
+
+def admit(*limits: tuple[RateLimiter, str]) -> None:
+    """Spend one token of each (limiter, key), or none of them: ``TooManyRequests`` with the
+    longest wait when any has none (a request refused by one limit costs the others
+    nothing)."""
+    waits = [(limiter.wait(key), limiter) for limiter, key in limits]
+    wait, limiter = max(waits, key=lambda w: w[0])
+    if wait > 0:
+        raise TooManyRequests(
+            f"rate limit of {limiter.rate:g} requests/s for this {limiter.of}", retry_after=wait
+        )
+    for limiter, key in limits:
+        limiter.check(key)
 
 
 def shedding_middleware(limit: int) -> Callable[[ASGIApp], ASGIApp]:

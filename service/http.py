@@ -2,7 +2,8 @@
 
 What a route needs of the process (the database, settings, providers) comes in by Litestar's
 dependency injection under these names, provided by ``service.app``: ``db``, ``settings``,
-``embedder``, ``reranker``, ``auth``, ``limiter``, ``failed_auth``, ``readiness``.
+``embedder``, ``reranker``, ``auth``, ``limiter``, ``tenant_limiter``, ``failed_auth``,
+``readiness``.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from service.errors import (
     Unavailable,
     field_of,
 )
-from service.guard import RateLimiter
+from service.guard import RateLimiter, admit
 from service.llm.rerank import Reranker
 from service.settings import Settings
 from service.tenants.service import (
@@ -365,6 +366,7 @@ async def provide_tenant(
     request: Request[Any, Any, Any],
     auth: Authenticator,
     limiter: RateLimiter,
+    tenant_limiter: RateLimiter,
     failed_auth: FailedAuthentications,
 ) -> TenantContext:
     """The caller's tenant: ``Authorization: Bearer <key>``, or the admin token with the
@@ -384,7 +386,9 @@ async def provide_tenant(
     # The audit trail's actor: the identity that was checked, never a header's text.
     state["actor"] = ADMIN_ACTOR if acting is not None else context.key_prefix
     state["tenant_id"] = str(context.tenant_id)
-    limiter.check(context.key_prefix or str(context.tenant_id))
+    # Each key has its rate, and the tenant one for all its keys (up to max_keys_per_tenant).
+    tenant = str(context.tenant_id)
+    admit((limiter, context.key_prefix or tenant), (tenant_limiter, tenant))
     return context
 
 

@@ -75,6 +75,7 @@ class Runtime:
     read_db: Database | None = None
     known_revisions: frozenset[str] = frozenset()
     limiter: RateLimiter = field(default_factory=lambda: RateLimiter(0, 1))
+    tenant_limiter: RateLimiter = field(default_factory=lambda: RateLimiter(0, 1, of="tenant"))
     failed_auth: FailedAuthentications = field(
         default_factory=lambda: FailedAuthentications(Settings())
     )
@@ -116,6 +117,11 @@ class Runtime:
             read_db=Database.for_reads(settings, db),
             known_revisions=known,
             limiter=RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst),
+            tenant_limiter=RateLimiter(
+                settings.tenant_rate_limit_per_second,
+                settings.tenant_rate_limit_burst,
+                of="tenant",
+            ),
             failed_auth=FailedAuthentications(settings),
             config=config,
             wiring=wiring,

@@ -339,6 +339,12 @@ class Settings(BaseSettings):
     )
     rate_limit_per_second: float = Field(0.0, ge=0, description="per API key; 0 = off")
     rate_limit_burst: int = Field(100, ge=1)
+    tenant_rate_limit_per_second: float = Field(
+        0.0,
+        ge=0,
+        description="per tenant, all its keys together (each key also has its own); 0 = off",
+    )
+    tenant_rate_limit_burst: int = Field(400, ge=1)
     auth_failure_rate_per_second: float = Field(
         0.5, ge=0, description="failed authentications allowed per client address; 0 = off"
     )

@@ -22,10 +22,11 @@ from service.app import create_app
 from service.db.engine import normalize_url
 from service.db.migrate import upgrade_to_head
 from service.errors import TooManyRequests
-from service.guard import RateLimiter, shedding_middleware
+from service.guard import RateLimiter, admit, shedding_middleware
 from service.observability import JsonFormatter, job_id_var, request_id_var
 from service.settings import Settings
 from tests.conftest import (
+    ADMIN,
     FAST_QUEUE,
     job_status,
     make_settings,
@@ -200,6 +201,48 @@ async def test_rate_limit_per_key(db_url: str) -> None:
         limited = await client.get("/v1/tenant", headers=a.headers)
         assert limited.status_code == 429 and int(limited.headers["retry-after"]) >= 1
         assert (await client.get("/v1/tenant", headers=b.headers)).status_code == 200  # per key
+
+
+async def test_a_tenants_keys_share_the_tenants_rate(db_url: str) -> None:
+    # A tenant may hold 100 keys, each with its own rate: without a rate of the tenant's own,
+    # a tenant that wants more simply makes more keys.
+    settings = make_settings(
+        db_url,
+        rate_limit_per_second=0.01,
+        rate_limit_burst=3,
+        tenant_rate_limit_per_second=0.01,
+        tenant_rate_limit_burst=7,
+    )
+    async with serve_app(create_app(settings, migrate=False, run_worker=False)) as client:
+        a = await new_tenant(client, "a")
+        b = await new_tenant(client, "b")
+        keys = [a.headers["Authorization"]]
+        for n in range(3):
+            made = await client.post(
+                f"/admin/tenants/{a.id}/keys", json={"name": f"k{n}"}, headers=ADMIN
+            )
+            keys.append(f"Bearer {made.json()['key']}")
+        answers = [
+            await client.get("/v1/tenant", headers={"Authorization": key})
+            for key in keys
+            for _ in range(3)
+        ]
+        assert [r.status_code for r in answers] == [200] * 7 + [429] * 5
+        assert all("for this tenant" in r.text for r in answers[7:])
+        assert (await client.get("/v1/tenant", headers=b.headers)).status_code == 200
+
+
+def test_a_request_refused_by_one_limit_spends_nothing_of_the_other() -> None:
+    keys, tenants = RateLimiter(0.001, 2), RateLimiter(0.001, 3, of="tenant")
+    admit((keys, "a"), (tenants, "t"))
+    admit((keys, "a"), (tenants, "t"))
+    with pytest.raises(TooManyRequests, match="for this key"):
+        admit((keys, "a"), (tenants, "t"))
+    admit((keys, "b"), (tenants, "t"))  # the refusal of key a cost the tenant nothing
+    with pytest.raises(TooManyRequests, match="for this tenant") as refused:
+        admit((keys, "c"), (tenants, "t"))
+    assert refused.value.retry_after > 100
+    assert "c" not in keys._buckets  # nor key c anything
 
 
 def test_a_flood_of_new_keys_does_not_reset_a_held_back_key() -> None:
