@@ -20,6 +20,7 @@ from service.historian.extraction import Extractor
 from service.historian.service import Historian
 from service.memories.upkeep import CONSOLIDATE_JOB, MAINTAIN_JOB, Upkeep
 from service.messages.service import EMBED_JOB, EXTRACT_JOB, Archivist
+from service.privacy import service as privacy
 from service.privacy.jobs import Eraser
 from service.privacy.service import ERASE_GROUP_JOB, ERASE_TENANT_JOB, ERASE_USER_JOB
 from service.queue.worker import BatchHandler, JobHandler, Periodic
@@ -99,6 +100,9 @@ def periodic(runtime: Runtime) -> list[Periodic]:
             3600.0,
             _pruner(runtime, tenants.prune_revoked_keys, settings.revoked_key_retention_days),
         ),
+        # What a request or job step under way at a tenant's erasure wrote after it (seen
+        # within minutes of the erasure: a day's tombstones are looked at).
+        Periodic("tenant-sweep", 600.0, _pruner(runtime, privacy.sweep_after_tenants, 1.0)),
         # Every few minutes, so an export outlives its retention by little.
         Periodic("export-prune", 300.0, lambda: exports.prune(runtime.db)),
     ]

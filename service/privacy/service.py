@@ -9,6 +9,7 @@ name them are found in the conversations they took part in, by the names known t
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from service.privacy.erasure import (
     erase_group,
     erase_tenant,
     erase_user,
+    sweep_erased_tenants,
     tenant_tables,
     was_erased,
 )
@@ -61,10 +63,13 @@ __all__ = [
     "export_stream",
     "export_tenant",
     "subject_hash",
+    "sweep_after_tenants",
     "tenant_erasure",
     "tenant_parts",
     "was_erased",
 ]
+
+log = logging.getLogger("service.privacy")
 
 ERASE_USER_JOB = "privacy.erase_user"
 ERASE_GROUP_JOB = "privacy.erase_group"
@@ -164,6 +169,15 @@ async def erase_tenant_now_or_later(
 async def tenant_erasure(session: AsyncSession, tenant_id: uuid.UUID) -> tuple[int, str] | None:
     """(id, status) of the job erasing the tenant while it is not done, else None."""
     return await jobs.unfinished(session, tenant_id, ERASE_TENANT_JOB)
+
+
+async def sweep_after_tenants(session: AsyncSession, window_days: float) -> int:
+    """Delete what was written under tenants erased in the last ``window_days`` after their
+    erasure (see ``erasure.sweep_erased_tenants``), logged; returns how many rows."""
+    swept = await sweep_erased_tenants(session, window_days)
+    if swept:
+        log.warning("rows written after their tenant's erasure were deleted: %s", swept)
+    return sum(swept.values())
 
 
 async def _now_or_later(
