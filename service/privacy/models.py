@@ -19,7 +19,12 @@ class Erasure(Base):
     erasure outlives the tenant."""
 
     __tablename__ = "erasures"
-    __table_args__ = (Index("ix_erasures_subject", "tenant_id", "subject_hash"),)
+    __table_args__ = (
+        Index("ix_erasures_subject", "tenant_id", "subject_hash"),
+        # The worker's sweep after tenants' erasures: the latest tenant tombstones alone, not
+        # a scan of every person's over the years.
+        Index("ix_erasures_tenants", "created_at", postgresql_where=sql("kind = 'tenant'")),
+    )
 
     tenant_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
     id: Mapped[int] = mapped_column(BigInteger, Identity(always=True), primary_key=True)
