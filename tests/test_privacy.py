@@ -563,6 +563,10 @@ async def test_a_tenant_being_erased_gets_no_new_key_and_one_erasure(db_url: str
             f"/admin/tenants/{tenant.id}", json={"name": "x"}, headers=ADMIN
         )
         assert renamed.status_code == 409, renamed.text
+        acting = {**ADMIN, "X-Memoria-Tenant": tenant.id}
+        kept = {"scope": "GROUP", "group_id": "g1", "content": "后来的"}
+        written = await client.post("/v1/memories", json=kept, headers=acting)
+        assert written.status_code == 409, written.text
         shown = (await client.get(f"/admin/tenants/{tenant.id}", headers=ADMIN)).json()
         assert shown["erasure_job_id"] == job_id and shown["name"] != "x"
         again = await client.delete(f"/admin/tenants/{tenant.id}", headers=ADMIN)

@@ -271,6 +271,7 @@ class Authenticator:
 
         The admin can already mint a key for any tenant; this spares the operator's console
         from leaving such keys behind. Changes made this way are recorded as by ``admin``.
+        ``Conflict`` while a job erases the tenant, as for a new key: its keys are revoked.
         """
         check_admin_token(authorization, self._settings)
         try:
@@ -281,6 +282,9 @@ class Authenticator:
             row = await repository.get_tenant(session, tenant_id)
             if row is None:
                 raise NotFound("no such tenant", field=ACTING_TENANT_HEADER)
+            erasing = await tenant_erasure(session, tenant_id)
+            if erasing is not None:
+                raise Conflict(f"the tenant is being erased (job {erasing[0]})")
             return TenantContext.of(row, self._settings, actor=ADMIN_ACTOR)
 
     async def _lookup(self, prefix: str, digest: bytes) -> TenantContext:
