@@ -175,6 +175,30 @@ async def test_revoked_keys_are_forgotten_after_their_retention(db_url: str) -> 
         assert (await client.get("/v1/tenant", headers=tenant.headers)).status_code == 200
 
 
+async def test_keys_made_and_revoked_in_a_loop_keep_the_table_bounded(db_url: str) -> None:
+    # Under the cap of unrevoked keys, a tenant could still make and revoke keys in a loop:
+    # each revoked key stayed for its 30 days of retention, in the table and in every
+    # listing of the tenant's keys.
+    settings = make_settings(db_url, max_keys_per_tenant=4)
+    async with serve_app(create_app(settings, migrate=False, run_worker=False)) as client:
+        tenant = await new_tenant(client)
+        other = await new_tenant(client, "other")
+        theirs = (await client.post("/v1/keys", headers=other.headers)).json()
+        await client.delete(f"/v1/keys/{theirs['id']}", headers=other.headers)
+        revoked = []
+        for _ in range(40):
+            made = (await client.post("/v1/keys", headers=tenant.headers)).json()
+            await client.delete(f"/v1/keys/{made['id']}", headers=tenant.headers)
+            revoked.append(made["id"])
+        keys = (await client.get("/v1/keys", headers=tenant.headers)).json()
+        assert sum(k["revoked_at"] is None for k in keys) == 1  # the first key
+        # The last revoked are kept: the 36th to 39th when the 40th was made, and the 40th.
+        assert {k["id"] for k in keys if k["revoked_at"]} == set(revoked[-5:])
+        assert (await client.get("/v1/tenant", headers=tenant.headers)).status_code == 200
+        listed = (await client.get("/v1/keys", headers=other.headers)).json()
+        assert theirs["id"] in {k["id"] for k in listed}  # another tenant's are not touched
+
+
 async def test_keys_made_at_once_take_turns_at_the_cap(db_url: str) -> None:
     # Two keys made at once both counted the keys before either was stored.
     settings = make_settings(db_url, max_keys_per_tenant=2)

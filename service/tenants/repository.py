@@ -88,6 +88,24 @@ async def prune_revoked_keys(session: AsyncSession, retention_days: float) -> in
     return int(getattr(result, "rowcount", 0) or 0)
 
 
+async def forget_revoked_beyond(session: AsyncSession, tenant_id: uuid.UUID, keep: int) -> int:
+    """Forget the tenant's revoked keys but the ``keep`` revoked last; returns how many."""
+    kept = (
+        select(ApiKey.id)
+        .where(ApiKey.tenant_id == tenant_id, ApiKey.revoked_at.is_not(None))
+        .order_by(ApiKey.revoked_at.desc(), ApiKey.id)
+        .limit(keep)
+    )
+    result = await session.execute(
+        delete(ApiKey).where(
+            ApiKey.tenant_id == tenant_id,
+            ApiKey.revoked_at.is_not(None),
+            ApiKey.id.not_in(kept.scalar_subquery()),
+        )
+    )
+    return int(getattr(result, "rowcount", 0) or 0)
+
+
 async def revoke_key(
     session: AsyncSession, tenant_id: uuid.UUID, key_id: uuid.UUID
 ) -> ApiKey | None:

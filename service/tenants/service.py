@@ -359,13 +359,16 @@ async def create_key(
 ) -> CreatedKey:
     """A new key for a tenant; the secret appears only in this answer. ``Conflict`` past
     ``max_keys_per_tenant`` unrevoked keys: each key has a rate limit of its own, so keys
-    without end would be a rate without end (and a table that only grows)."""
+    without end would be a rate without end. Of its revoked keys, the tenant keeps as many,
+    the last revoked: made and revoked in a loop, keys filled the table (and the tenant's
+    list of keys) for the 30 days revoked keys are kept otherwise."""
     await _open_to_change(session, tenant_id)
     if await repository.count_active_keys(session, tenant_id) >= settings.max_keys_per_tenant:
         raise Conflict(
             f"a tenant holds at most {settings.max_keys_per_tenant} unrevoked keys;"
             " revoke one first"
         )
+    await repository.forget_revoked_beyond(session, tenant_id, settings.max_keys_per_tenant)
     key, prefix, digest = new_key()
     row = await repository.insert_key(session, tenant_id, name, prefix, digest)
     return CreatedKey(key=key, **key_info(row).model_dump())
