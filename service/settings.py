@@ -325,6 +325,12 @@ class Settings(BaseSettings):
         description="an export begun in the request that comes to more bytes is written by a"
         " job instead (a person's rows are counted first; others' rows naming them are not)",
     )
+    max_exports_per_tenant: int = Field(
+        20,
+        ge=1,
+        description="exports written by jobs a tenant keeps at once (being written or ready,"
+        " until they expire); past it, a large export is refused 429 until the first expires",
+    )
     export_retention_hours: float = Field(
         24.0, gt=0, description="how long a job's export can be fetched before it is pruned"
     )

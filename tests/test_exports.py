@@ -34,7 +34,16 @@ from tests.conftest import (
     wait_for,
 )
 from tests.served import create_tenant, served
-from tests.test_privacy import GROUP, NAME, VICTIM, leftovers, named_in, populate
+from tests.test_privacy import (
+    GROUP,
+    NAME,
+    OTHER,
+    OTHER_NAME,
+    VICTIM,
+    leftovers,
+    named_in,
+    populate,
+)
 
 
 def _runtime(client: AppClient) -> Runtime:
@@ -189,6 +198,54 @@ async def test_exports_expire_and_are_pruned(db_url: str) -> None:
             assert await conn.fetchval("SELECT count(*) FROM export_chunks") == 0
         finally:
             await conn.close()
+
+
+async def test_a_tenant_asking_for_exports_in_a_loop_stores_a_bounded_number(
+    db_url: str,
+) -> None:
+    # Each large export is stored for export_retention_hours: a tenant asking for its whole
+    # data in a loop stored it again each time, filling the shared disk. Asked again while
+    # written, the same export comes back; past the cap, 429 until the first expires.
+    settings = make_settings(db_url, export_sync_limit=0, max_exports_per_tenant=3)
+    async with serve_app(create_app(settings, migrate=False, run_worker=False)) as client:
+        tenant = await new_tenant(client)
+        said = [
+            {"message_id": str(n), "sender_id": who, "sender_name": name, "text": "早上好"}
+            for n, (who, name) in enumerate([(VICTIM, NAME), (OTHER, OTHER_NAME)] * 2)
+        ]
+        await client.post("/v1/messages", json={**GROUP, "messages": said}, headers=tenant.headers)
+        group = [await client.get("/v1/groups/g7/export", headers=tenant.headers) for _ in range(5)]
+        assert {r.status_code for r in group} == {202}
+        assert len({(r.json()["export_url"], r.json()["job_id"]) for r in group}) == 1
+        # Another key asks for its own (only the asker may fetch an export).
+        second = (await client.post("/v1/keys", headers=tenant.headers)).json()["key"]
+        theirs = await client.get(
+            "/v1/groups/g7/export", headers={"Authorization": f"Bearer {second}"}
+        )
+        assert theirs.status_code == 202 and theirs.json()["job_id"] != group[0].json()["job_id"]
+        person = await client.get(f"/v1/users/{VICTIM}/export", headers=tenant.headers)
+        assert person.status_code == 202
+        refused = await client.get(f"/v1/users/{OTHER}/export", headers=tenant.headers)
+        assert refused.status_code == 429 and "at most 3 exports" in refused.text
+        assert 23 * 3600 < int(refused.headers["retry-after"]) <= 24 * 3600
+        other = await new_tenant(client, "other")
+        await client.post("/v1/messages", json={**GROUP, "messages": said}, headers=other.headers)
+        assert (await client.get("/v1/groups/g7/export", headers=other.headers)).status_code == 202
+        conn = await asyncpg.connect(plain_dsn(db_url))
+        try:
+            await conn.execute(
+                "UPDATE exports SET expires_at = now() - interval '1 second' WHERE id = $1",
+                int(group[0].json()["export_url"].rsplit("/", 1)[1]),
+            )
+            stored = await conn.fetchval(
+                "SELECT count(*) FROM exports WHERE tenant_id = $1", tenant.id
+            )
+        finally:
+            await conn.close()
+        assert stored == 3
+        # One has expired: there is room for the next.
+        again = await client.get(f"/v1/users/{OTHER}/export", headers=tenant.headers)
+        assert again.status_code == 202, again.text
 
 
 def test_the_blocking_client_waits_for_a_large_export(db_url: str) -> None:

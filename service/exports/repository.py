@@ -44,6 +44,46 @@ async def create(
     return int((await session.execute(_CREATE, params)).scalar_one())
 
 
+# The same caller's export of the same subject still being written (its job has not finished).
+_PENDING_AGAIN = text(
+    """
+    SELECT id, job_id FROM exports
+    WHERE tenant_id = :t AND kind = :kind AND subject_hash = :hash
+      AND requested_by IS NOT DISTINCT FROM :by AND ready_at IS NULL AND job_id IS NOT NULL
+      AND expires_at > now()
+    ORDER BY id DESC LIMIT 1
+    """
+)
+
+
+async def pending_again(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    kind: str,
+    subject_hash: str,
+    requested_by: str | None,
+) -> tuple[int, int] | None:
+    """(export id, job id) of ``requested_by``'s export of this subject still being written."""
+    params = {"t": tenant_id, "kind": kind, "hash": subject_hash, "by": requested_by}
+    row = (await session.execute(_PENDING_AGAIN, params)).first()
+    return (int(row.id), int(row.job_id)) if row is not None else None
+
+
+# A tenant's exports kept (pending or ready, not expired), and when the first of them expires.
+_KEPT = text(
+    """
+    SELECT count(*) AS kept, EXTRACT(EPOCH FROM min(expires_at) - now()) AS first_expiry
+    FROM exports WHERE tenant_id = :t AND expires_at > now()
+    """
+)
+
+
+async def kept(session: AsyncSession, tenant_id: uuid.UUID) -> tuple[int, float]:
+    """How many exports the tenant keeps, and the seconds until the first of them expires."""
+    row = (await session.execute(_KEPT, {"t": tenant_id})).one()
+    return int(row.kept), float(row.first_expiry or 0.0)
+
+
 async def attach_job(
     session: AsyncSession, tenant_id: uuid.UUID, export_id: int, job_id: int
 ) -> None:

@@ -12,7 +12,7 @@ from typing import IO, Any
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db.engine import Database
-from service.errors import Conflict, NotFound
+from service.errors import Conflict, NotFound, TooManyRequests
 from service.exports import repository
 from service.privacy import service as privacy
 from service.queue import repository as jobs
@@ -61,13 +61,26 @@ async def export_later(
 ) -> ExportJob | None:
     """None when the export is small enough to stream now; else (or ``now``, whatever its
     size) a pending export and its job, enqueued in the caller's transaction. Only
-    ``requested_by`` may fetch it."""
+    ``requested_by`` may fetch it. Asked again while it is written, the same export; past
+    ``max_exports_per_tenant`` kept, ``TooManyRequests`` until the first expires (a tenant
+    asking for its whole export in a loop stored it again each time, for a day each)."""
     if not now and await privacy.count_export_rows(session, tenant_id, kind, subject) <= (
         settings.export_sync_limit
     ):
         return None
     keep = settings.export_retention_hours * 3600
     hashed = await privacy.subject_hash(session, tenant_id, kind, subject)
+    again = await repository.pending_again(session, tenant_id, kind, hashed, requested_by)
+    if again is not None:
+        return ExportJob(again[0], again[1], export_url(tenant_id, kind, again[0]))
+    kept, first_expiry = await repository.kept(session, tenant_id)
+    if kept >= settings.max_exports_per_tenant:
+        raise TooManyRequests(
+            f"a tenant keeps at most {settings.max_exports_per_tenant} exports written by"
+            " jobs; the first of them expires in"
+            f" {first_expiry / 3600:.1f} h (export_retention_hours)",
+            retry_after=max(first_expiry, 1.0),
+        )
     export_id = await repository.create(session, tenant_id, kind, hashed, keep, requested_by)
     job_id, _ = await jobs.enqueue(
         session,
