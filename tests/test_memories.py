@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -305,6 +306,56 @@ async def test_api_changes_are_all_in_the_history_and_delete_is_real(
     finally:
         await conn.close()
     assert leftovers == 0
+
+
+async def test_a_long_history_comes_a_page_at_a_time(client: AppClient, db_url: str) -> None:
+    # A group's day summary is rewritten at every quiet spell, a changing fact at each change:
+    # months of them gave thousands of entries, each with its old and new text, in one answer.
+    tenant = await new_tenant(client)
+    memory = await add(client, tenant, "用户A(10001) 每天跑步")
+    conn = await asyncpg.connect(plain_dsn(db_url))
+    try:
+        await conn.execute(
+            "INSERT INTO memory_history (tenant_id, memory_id, action, old_content,"
+            " new_content, reason, cause)"
+            " SELECT $1, $2, 'update', repeat('旧', 2000), repeat('新', 2000), 'x', '{}'"
+            " FROM generate_series(1, 1233)",
+            uuid.UUID(tenant.id),
+            memory["id"],
+        )
+    finally:
+        await conn.close()
+    url = f"/v1/memories/{memory['id']}/history"
+    first = (await client.get(url, headers=tenant.headers)).json()
+    assert len(first) == 100 and first[0]["action"] == "add"
+    walked: list[int] = []
+    after: int | None = None
+    while True:
+        query = f"?limit=500&after={after}" if after else "?limit=500"
+        page = (await client.get(url + query, headers=tenant.headers)).json()
+        walked += [h["id"] for h in page]
+        if len(page) < 500:
+            break
+        after = page[-1]["id"]
+    assert len(walked) == 1234 and walked == sorted(set(walked))
+    past_the_end = await client.get(f"{url}?after={walked[-1]}", headers=tenant.headers)
+    assert past_the_end.status_code == 200 and past_the_end.json() == []
+    for query, name in [
+        ("?limit=0", "limit"),
+        ("?limit=501", "limit"),
+        ("?limit=x", "limit"),
+        ("?after=-1", "after"),
+        (f"?after={2**63}", "after"),
+        ("?after=1%3A2", "after"),
+    ]:
+        refused = await client.get(url + query, headers=tenant.headers)
+        assert refused.status_code == 422, (query, refused.text)
+        assert name in refused.text, (query, refused.text)
+    for query in ("", f"?after={walked[0]}"):
+        missing = await client.get(f"/v1/memories/999999/history{query}", headers=tenant.headers)
+        assert missing.status_code == 404
+    other = await new_tenant(client, "other")
+    assert (await client.get(url, headers=other.headers)).status_code == 404
 
 
 async def test_api_add_suppresses_near_duplicates_within_a_scope(client: AppClient) -> None:

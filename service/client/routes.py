@@ -315,12 +315,16 @@ class Routes:
         return Call("DELETE", f"/v1/memories/{row_id(memory_id, 'memory_id')}", parse_nothing)
 
     @route
-    def memory_history(self, memory_id: int) -> Call[list[HistoryEntry]]:
-        """Every change of a memory, oldest first."""
+    def memory_history(
+        self, memory_id: int, *, limit: int | None = None, after: int | None = None
+    ) -> Call[list[HistoryEntry]]:
+        """A memory's changes, oldest first, a page at a time (``after``: the last entry's
+        id, for the next page)."""
         return Call(
             "GET",
             f"/v1/memories/{row_id(memory_id, 'memory_id')}/history",
             parse_many(HistoryEntry),
+            params=query_params(limit=limit, after=after),
         )
 
     @route

@@ -69,11 +69,15 @@ async def listing(
 
 
 async def history(
-    session: AsyncSession, tenant_id: uuid.UUID, memory_id: int
+    session: AsyncSession, tenant_id: uuid.UUID, memory_id: int, limit: int, after: int | None
 ) -> list[dict[str, Any]]:
-    """Every change of a memory, oldest first (also after a hard delete)."""
-    rows = await repository.history(session, tenant_id, memory_id)
-    if not rows:
+    """A page of a memory's changes, oldest first (also after a hard delete): ``limit`` of
+    them after the entry ``after``. A memory rewritten every day (a group's day summary, a
+    fact that keeps changing) gathers thousands, each with its old and new text."""
+    rows = await repository.history(session, tenant_id, memory_id, limit, after)
+    if not rows and (
+        after is None or not await repository.has_history(session, tenant_id, memory_id)
+    ):
         raise NotFound("no such memory")
     return rows
 

@@ -150,20 +150,34 @@ async def scrub_history(session: AsyncSession, tenant_id: uuid.UUID, memory_id: 
 
 
 async def history(
-    session: AsyncSession, tenant_id: uuid.UUID, memory_id: int
+    session: AsyncSession, tenant_id: uuid.UUID, memory_id: int, limit: int, after: int | None
 ) -> list[dict[str, Any]]:
-    """A memory's changes, oldest first."""
+    """A memory's changes, oldest first: ``limit`` of them after the entry ``after``."""
     rows = await session.execute(
         text(
             """
             SELECT id, memory_id, action, old_content, new_content, reason, cause, created_at
             FROM memory_history WHERE tenant_id = :tenant_id AND memory_id = :memory_id
+              AND (CAST(:after AS bigint) IS NULL OR id > :after)
             ORDER BY id
+            LIMIT :limit
             """
+        ),
+        {"tenant_id": tenant_id, "memory_id": memory_id, "limit": limit, "after": after},
+    )
+    return dicts(rows)
+
+
+async def has_history(session: AsyncSession, tenant_id: uuid.UUID, memory_id: int) -> bool:
+    """Whether the memory ever existed (its history outlives a hard delete)."""
+    found = await session.execute(
+        text(
+            "SELECT 1 FROM memory_history WHERE tenant_id = :tenant_id AND memory_id = :memory_id"
+            " LIMIT 1"
         ),
         {"tenant_id": tenant_id, "memory_id": memory_id},
     )
-    return dicts(rows)
+    return found.first() is not None
 
 
 async def listing(

@@ -120,10 +120,18 @@ class MemoryController(Controller):
 
     @get("/{memory_id:int}/history", responses=errors(404))
     async def history(
-        self, tenant: TenantContext, session: AsyncSession, memory_id: RowId
+        self,
+        tenant: TenantContext,
+        session: AsyncSession,
+        memory_id: RowId,
+        limit: int = Parameter(default=100, ge=1, le=500),
+        after: int | None = Parameter(
+            default=None, ge=1, le=BIGINT_MAX, description="an entry's id: the changes after it"
+        ),
     ) -> list[HistoryEntry]:
-        """Every change of a memory, oldest first (also after a hard delete)."""
-        rows = await curation.history(session, tenant.tenant_id, memory_id)
+        """A memory's changes, oldest first (also after a hard delete), a page at a time
+        (``after``: the last entry's id, for the next page)."""
+        rows = await curation.history(session, tenant.tenant_id, memory_id, limit, after)
         return [HistoryEntry(**r) for r in rows]
 
     @post("/search", status_code=200, dependencies=reads())
