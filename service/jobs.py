@@ -111,7 +111,8 @@ def periodic(runtime: Runtime) -> list[Periodic]:
 def _pruner(
     runtime: Runtime, prune: Callable[[AsyncSession, float], Awaitable[int]], days: float
 ) -> Callable[[], Awaitable[int]]:
-    """``prune`` of what is older than ``days``, as the owning role (every tenant's rows)."""
+    """``prune`` with its span of ``days`` (what is older goes, or for the sweep, which
+    erasures are looked at), as the owning role (every tenant's rows)."""
 
     async def run() -> int:
         async with runtime.db.system() as session:
