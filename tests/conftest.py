@@ -74,28 +74,32 @@ def plain_dsn(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
-async def _admin_execute(server_url: str, *statements: str) -> None:
-    conn = await asyncpg.connect(plain_dsn(server_url))
+@asynccontextmanager
+async def raw_connection(url: str) -> AsyncIterator[asyncpg.Connection]:
+    """A plain asyncpg connection to the database of ``url`` (a SQLAlchemy URL), closed on exit."""
+    conn = await asyncpg.connect(plain_dsn(url))
     try:
-        for statement in statements:
-            await conn.execute(statement)
+        yield conn
     finally:
         await conn.close()
+
+
+async def _admin_execute(server_url: str, *statements: str) -> None:
+    async with raw_connection(server_url) as conn:
+        for statement in statements:
+            await conn.execute(statement)
 
 
 async def citus_workers(server_url: str) -> list[str] | None:
     """The workers' URLs when the server is a Citus coordinator (workers registered in its
     ``postgres`` database, as ``deploy/citus/cluster.py`` does), else None."""
-    conn = await asyncpg.connect(plain_dsn(server_url))
-    try:
+    async with raw_connection(server_url) as conn:
         if not await conn.fetchval("SELECT count(*) FROM pg_extension WHERE extname = 'citus'"):
             return None
         rows = await conn.fetch(
             "SELECT nodename, nodeport FROM pg_dist_node"
             " WHERE groupid <> 0 AND noderole = 'primary' ORDER BY nodeid"
         )
-    finally:
-        await conn.close()
     url = make_url(server_url)
     return [
         url.set(host=r["nodename"], port=r["nodeport"]).render_as_string(hide_password=False)
@@ -122,8 +126,7 @@ class DatabaseFactory:
         return bool(self.workers)
 
     async def _copy_template(self, node_url: str, name: str) -> None:
-        conn = await asyncpg.connect(plain_dsn(node_url))
-        try:
+        async with raw_connection(node_url) as conn:
             for attempt in range(5):
                 # Citus' maintenance daemon connects to every database using it, the template
                 # too; a database being copied must have no other connection.
@@ -143,8 +146,6 @@ class DatabaseFactory:
                     if attempt == 4:
                         raise
                     await asyncio.sleep(0.2)
-        finally:
-            await conn.close()
 
     async def create(self) -> str:
         name = f"memoria_t_{uuid.uuid4().hex[:12]}"

@@ -20,7 +20,7 @@ from sqlalchemy.engine import make_url
 
 from service.db.migrate import upgrade_to_head
 from service.settings import Settings
-from tests.conftest import DatabaseFactory, database_url, plain_dsn
+from tests.conftest import DatabaseFactory, database_url, plain_dsn, raw_connection
 
 SQL_DIR = Path(__file__).resolve().parent.parent / "sql"
 SCRIPTS = (SQL_DIR / "analytics.sql", SQL_DIR / "analyst_role.sql")
@@ -769,11 +769,8 @@ async def test_the_scripts_work_for_a_database_owner_who_is_not_a_superuser(
     try:
         await admin.execute(f'CREATE DATABASE "{name}" OWNER "{owner_role}"')
         await admin.execute(f'GRANT memoria_app TO "{owner_role}"')
-        as_admin = await asyncpg.connect(plain_dsn(database_url(databases.server_url, name)))
-        try:
+        async with raw_connection(database_url(databases.server_url, name)) as as_admin:
             await as_admin.execute("CREATE EXTENSION IF NOT EXISTS vector")
-        finally:
-            await as_admin.close()
         url = (
             make_url(database_url(databases.server_url, name))
             .set(username=owner_role, password=password)
@@ -781,8 +778,7 @@ async def test_the_scripts_work_for_a_database_owner_who_is_not_a_superuser(
         )
         await asyncio.to_thread(upgrade_to_head, url, Settings())
 
-        owner = await asyncpg.connect(plain_dsn(url))
-        try:
+        async with raw_connection(url) as owner:
             assert not await owner.fetchval(
                 "SELECT rolsuper FROM pg_roles WHERE rolname = current_user"
             )
@@ -796,13 +792,10 @@ async def test_the_scripts_work_for_a_database_owner_who_is_not_a_superuser(
             await owner.execute("CREATE TEMP TABLE owner_scratch (i int)")
             await owner.execute("SET ROLE memoria_app")
             await owner.execute("CREATE TEMP TABLE app_scratch (i int)")
-        finally:
-            await owner.close()
 
         # Making analysts is for whoever holds ADMIN on memoria_analyst (here: the superuser).
         await admin.execute(f'GRANT memoria_analyst TO "{analyst_role}"')
-        analyst = await asyncpg.connect(plain_dsn(database_url(databases.server_url, name)))
-        try:
+        async with raw_connection(database_url(databases.server_url, name)) as analyst:
             await analyst.execute(f'SET ROLE "{analyst_role}"')
             seen = await analyst.fetch("SELECT tenant_id, tenant_name FROM analytics.tenants")
             assert _rows(seen) == [(tenant, "managed")]
@@ -810,8 +803,6 @@ async def test_the_scripts_work_for_a_database_owner_who_is_not_a_superuser(
                 await analyst.execute("CREATE TEMP TABLE scratch (i int)")
             with pytest.raises(asyncpg.InsufficientPrivilegeError):
                 await analyst.fetch("SELECT * FROM public.tenants")
-        finally:
-            await analyst.close()
     finally:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         await drop_role(admin, analyst_role)

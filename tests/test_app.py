@@ -15,7 +15,15 @@ from litestar.exceptions import (
 
 from service.app import create_app
 from service.errors import ConfigurationError
-from tests.conftest import ADMIN, AppClient, DatabaseFactory, make_settings, new_tenant, serve_app
+from tests.conftest import (
+    ADMIN,
+    AppClient,
+    DatabaseFactory,
+    make_settings,
+    new_tenant,
+    raw_connection,
+    serve_app,
+)
 
 
 async def test_health_and_readiness(client: AppClient) -> None:
@@ -170,12 +178,7 @@ async def test_start_refuses_an_embedder_of_another_dimension(db_url: str, llm) 
 async def test_a_database_migrated_by_a_newer_release_still_counts_as_ready(
     client: AppClient, db_url: str
 ) -> None:
-    import asyncpg
-
-    from tests.conftest import plain_dsn
-
-    conn = await asyncpg.connect(plain_dsn(db_url))
-    try:
+    async with raw_connection(db_url) as conn:
         await conn.execute("UPDATE alembic_version SET version_num = '9999_from_the_future'")
         ready = await client.get("/readyz")
         assert ready.status_code == 200
@@ -183,8 +186,6 @@ async def test_a_database_migrated_by_a_newer_release_still_counts_as_ready(
         # An older, known revision is not ready: this code needs the newer schema.
         await conn.execute("DELETE FROM alembic_version")
         assert (await client.get("/readyz")).status_code == 503
-    finally:
-        await conn.close()
 
 
 class _Node:

@@ -28,7 +28,7 @@ from tests.conftest import (
     database_url,
     make_settings,
     new_tenant,
-    plain_dsn,
+    raw_connection,
     serve_app,
     until_finished,
 )
@@ -67,11 +67,8 @@ def chat(tenant: int, n: int) -> dict[str, Any]:
 
 
 async def fetch(url: str, sql: str, *args: Any) -> list[asyncpg.Record]:
-    conn = await asyncpg.connect(plain_dsn(url))
-    try:
+    async with raw_connection(url) as conn:
         return list(await conn.fetch(sql, *args))
-    finally:
-        await conn.close()
 
 
 async def test_tenants_rows_live_in_their_shards_on_both_workers(

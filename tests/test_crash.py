@@ -8,11 +8,10 @@ import subprocess
 import sys
 from typing import IO
 
-import asyncpg
 import pytest
 
 from service.app import create_app
-from tests.conftest import make_settings, new_tenant, plain_dsn, serve_app, wait_for
+from tests.conftest import make_settings, new_tenant, raw_connection, serve_app, wait_for
 from tests.fake_llm import FakeLLM, Reply, tool
 
 
@@ -97,11 +96,8 @@ async def test_sigkilled_worker_job_is_reclaimed_and_written_once(
         assert finished["status"] == "done"
         assert finished["attempts"] == 2
 
-    conn = await asyncpg.connect(plain_dsn(db_url))
-    try:
+    async with raw_connection(db_url) as conn:
         rows = await conn.fetch("SELECT id, text FROM events WHERE request_id = 'crash-1'")
         running = await conn.fetchval("SELECT count(*) FROM jobs WHERE status = 'running'")
-    finally:
-        await conn.close()
     assert [(r["id"], r["text"]) for r in rows] == [("crash-1:1", "张三(10001) 2026-02-22 去北京")]
     assert running == 0

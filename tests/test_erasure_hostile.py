@@ -8,7 +8,6 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-import asyncpg
 import pytest
 
 from service.app import create_app
@@ -19,7 +18,7 @@ from tests.conftest import (
     TenantHandle,
     make_settings,
     new_tenant,
-    plain_dsn,
+    raw_connection,
     serve_app,
 )
 
@@ -43,11 +42,8 @@ async def say(client: AppClient, tenant: TenantHandle, *lines: tuple[str, str, s
 
 
 async def rows(db_url: str, sql: str, *args: Any) -> list[dict[str, Any]]:
-    conn = await asyncpg.connect(plain_dsn(db_url))
-    try:
+    async with raw_connection(db_url) as conn:
         return [dict(r) for r in await conn.fetch(sql, *args)]
-    finally:
-        await conn.close()
 
 
 async def others(db_url: str) -> str:

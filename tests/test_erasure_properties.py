@@ -27,7 +27,7 @@ from service.privacy.erasure import erase_user
 from service.privacy.redaction import ERASED, is_distinct_name
 from service.profiles.document import Profile, ProfileKey, render, split
 from service.runtime import Runtime
-from tests.conftest import AppClient, make_settings, plain_dsn, serve_app
+from tests.conftest import AppClient, make_settings, raw_connection, serve_app
 
 # Words that other people's texts are made of, and that names and ids are drawn from.
 COLLIDING = [
@@ -259,8 +259,7 @@ async def test_erasing_one_person_touches_only_what_is_about_them(
     app: AppClient, db_url: str, people: list[tuple[str, str]], texts: list[str]
 ) -> None:
     rt: Runtime = app.app.state.runtime
-    conn = await asyncpg.connect(plain_dsn(db_url))
-    try:
+    async with raw_connection(db_url) as conn:
         victim, victim_name = people[0]
         # Texts naming the victim and containing their id, in both groups.
         texts = [*texts, f"{victim_name} said {victim} twice"]
@@ -316,5 +315,3 @@ async def test_erasing_one_person_touches_only_what_is_about_them(
         stone = await conn.fetchrow("SELECT * FROM erasures WHERE tenant_id = $1", tenant)
         plain = hashlib.sha256(f"{tenant}:user:{victim}".encode()).hexdigest()
         assert stone["subject_hash"] != plain and stone["subject_hash"] != victim
-    finally:
-        await conn.close()

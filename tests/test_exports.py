@@ -12,7 +12,6 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import IO, Any
 
-import asyncpg
 import httpx
 import pytest
 
@@ -28,7 +27,7 @@ from tests.conftest import (
     AppClient,
     make_settings,
     new_tenant,
-    plain_dsn,
+    raw_connection,
     serve_app,
     until_finished,
     wait_for,
@@ -93,13 +92,10 @@ async def test_a_large_export_is_written_by_a_job_and_fetched_by_its_tenant_only
         document = json.loads(fetched.content)
         assert _without_time(document) == _without_time(expected)
         assert len(fetched.content) == job["result"]["bytes"]
-        conn = await asyncpg.connect(plain_dsn(db_url))
-        try:
+        async with raw_connection(db_url) as conn:
             chunks = await conn.fetchval(
                 "SELECT count(*) FROM export_chunks WHERE export_id = $1", body["export_id"]
             )
-        finally:
-            await conn.close()
         assert chunks > 3
 
         # Another tenant's key finds nothing there, nor does a wrong id.
@@ -188,16 +184,13 @@ async def test_exports_expire_and_are_pruned(db_url: str) -> None:
             written = await api.export_user(VICTIM, out)
         assert written == len(out.getvalue())
         assert json.loads(out.getvalue())["subject"] == {"kind": "user", "id": VICTIM}
-        conn = await asyncpg.connect(plain_dsn(db_url))
-        try:
+        async with raw_connection(db_url) as conn:
             await conn.execute("UPDATE exports SET expires_at = now() - interval '1 second'")
             # Past its retention it cannot be fetched, even before the prune runs.
             assert (await client.get(url, headers=tenant.headers)).status_code == 404
             assert await exports.prune(_runtime(client).db) == 2
             assert await conn.fetchval("SELECT count(*) FROM exports") == 0
             assert await conn.fetchval("SELECT count(*) FROM export_chunks") == 0
-        finally:
-            await conn.close()
 
 
 async def test_a_tenant_asking_for_exports_in_a_loop_stores_a_bounded_number(

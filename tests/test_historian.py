@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-import asyncpg
 import pytest
 
 from service.app import create_app
@@ -16,7 +15,7 @@ from tests.conftest import (
     llm_settings,
     make_settings,
     new_tenant,
-    plain_dsn,
+    raw_connection,
     serve_app,
     until_finished,
 )
@@ -161,11 +160,8 @@ async def test_only_what_passed_the_gate_reaches_profiles_and_memories(
 async def test_the_event_is_embedded(offline: tuple[AppClient, TenantHandle], db_url: str) -> None:
     client, tenant = offline
     await hand_over(client, tenant, request_id="r3", observations=["张三喜欢 Rust"])
-    conn = await asyncpg.connect(plain_dsn(db_url))
-    try:
+    async with raw_connection(db_url) as conn:
         dims = await conn.fetchval("SELECT vector_dims(embedding) FROM events WHERE id = 'r3:1'")
-    finally:
-        await conn.close()
     assert dims == 384
 
 
@@ -290,13 +286,10 @@ async def test_a_rerun_job_rewrites_the_same_rows(
 ) -> None:
     client, tenant = offline
     done = await hand_over(client, tenant, request_id="r9", observations=["a", "b"])
-    conn = await asyncpg.connect(plain_dsn(db_url))
-    try:
+    async with raw_connection(db_url) as conn:
         await conn.execute("UPDATE jobs SET status = 'queued' WHERE id = $1", done["job_id"])
         await until_finished(client, tenant, done["job_id"])
         count = await conn.fetchval("SELECT count(*) FROM events WHERE request_id = 'r9'")
-    finally:
-        await conn.close()
     assert count == 2
 
 

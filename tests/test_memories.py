@@ -13,7 +13,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from zoneinfo import ZoneInfo
 
-import asyncpg
 import pytest
 from sqlalchemy import text
 
@@ -32,7 +31,7 @@ from tests.conftest import (
     llm_settings,
     make_settings,
     new_tenant,
-    plain_dsn,
+    raw_connection,
     serve_app,
     until_finished,
     wait_for,
@@ -298,13 +297,10 @@ async def test_api_changes_are_all_in_the_history_and_delete_is_real(
     after = await history(client, tenant, memory["id"])
     assert [h["action"] for h in after] == [*actions, "delete"]
     assert all(h["old_content"] is None and h["new_content"] is None for h in after)
-    conn = await asyncpg.connect(plain_dsn(db_url))
-    try:
+    async with raw_connection(db_url) as conn:
         leftovers = await conn.fetchval(
             "SELECT count(*) FROM memory_history WHERE old_content LIKE '%杭州%' OR new_content LIKE '%上海%'"
         )
-    finally:
-        await conn.close()
     assert leftovers == 0
 
 
@@ -580,15 +576,12 @@ async def test_maintenance_expires_forgets_and_expires_todos(db_url: str) -> Non
         expired = await add(client, tenant, "用户A(10001) 本周在出差", valid_to=past)
         faded = await add(client, tenant, "用户A(10001) 随口提过喜欢蓝色", importance=0.05)
         kept = await add(client, tenant, "用户A(10001) 对花生过敏", importance=0.9)
-        conn = await asyncpg.connect(plain_dsn(db_url))
-        try:
+        async with raw_connection(db_url) as conn:
             await conn.execute("UPDATE memories SET created_at = now() - interval '10 days'")
             await conn.execute(
                 "INSERT INTO todos (tenant_id, conversation_key, group_id, description, trigger_time)"
                 f" VALUES ('{tenant.id}', 'g:g1', 'g1', '很久以前的提醒', now() - interval '30 days')"
             )
-        finally:
-            await conn.close()
         client.app.state.runtime.start_worker()
 
         async def maintained() -> dict[str, Any] | None:

@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import asyncpg
 import numpy as np
 import pytest
 from alembic import command
@@ -29,7 +28,7 @@ from tests.conftest import (
     TenantHandle,
     make_settings,
     new_tenant,
-    plain_dsn,
+    raw_connection,
     serve_app,
     wait_for,
 )
@@ -81,13 +80,10 @@ async def store(client: AppClient, tenant: TenantHandle, batch: dict[str, Any]) 
 
 
 async def all_embedded(db_url: str) -> bool:
-    conn = await asyncpg.connect(plain_dsn(db_url))
-    try:
+    async with raw_connection(db_url) as conn:
         return bool(
             await conn.fetchval("SELECT count(*) = 0 FROM messages WHERE embedding IS NULL")
         )
-    finally:
-        await conn.close()
 
 
 CHAT = [
@@ -451,14 +447,11 @@ async def test_a_text_rewritten_in_place_is_searched_as_rewritten(
     client, tenant = embedded
     await store(client, tenant, {**GROUP, "messages": messages(CHAT)})
     await wait_for(lambda: all_embedded(db_url))
-    conn = await asyncpg.connect(plain_dsn(db_url))
-    try:
+    async with raw_connection(db_url) as conn:
         await conn.execute(
             "UPDATE messages SET text = '我想去[已删除]划船', embedding = NULL,"
             " lexical = ''::tsvector WHERE message_id = 'm1'"
         )
-    finally:
-        await conn.close()
     # Still there as a neighbour of others, but no longer found by its old words.
     assert (await search(client, tenant, query="杭州西湖"))[0]["message_id"] != "m1"
     later = {**messages([("阿明", "好的")], "2026-03-02")[0], "message_id": "m99"}
@@ -473,8 +466,7 @@ async def test_the_migration_segments_existing_messages(databases: DatabaseFacto
     config = alembic_config(url, Settings())
     await asyncio.to_thread(command.upgrade, config, "0003")
     tenant = uuid.uuid4()
-    conn = await asyncpg.connect(plain_dsn(url))
-    try:
+    async with raw_connection(url) as conn:
         await conn.execute("INSERT INTO tenants (id, name) VALUES ($1, 'old')", tenant)
         await conn.execute(
             "INSERT INTO messages (tenant_id, conversation_key, message_id, request_type,"
@@ -497,8 +489,6 @@ async def test_the_migration_segments_existing_messages(databases: DatabaseFacto
         assert [r["message_id"] for r in found] == ["a", "b"]
         expected = len(set(terms("我想去杭州西湖划船"))) + len(set(terms("She painted sunsets")))
         assert await conn.fetchval("SELECT term_count FROM conversations") == expected
-    finally:
-        await conn.close()
 
 
 async def test_a_floods_stored_copies_leave_the_dense_search_on_upgrade(
@@ -522,8 +512,7 @@ async def test_a_floods_stored_copies_leave_the_dense_search_on_upgrade(
         ("b/%:1", "王芳 买车找我", ""),
         ("c", "👍", ""),
     ]
-    conn = await asyncpg.connect(plain_dsn(url))
-    try:
+    async with raw_connection(url) as conn:
         await conn.execute("INSERT INTO tenants (id, name) VALUES ($1, 'old')", tenant)
         for message_id, body, lexical in said:
             await conn.execute(
@@ -565,8 +554,6 @@ async def test_a_floods_stored_copies_leave_the_dense_search_on_upgrade(
             "SELECT 1 FROM information_schema.columns WHERE column_name = 'flood_copy'"
         )
         assert not columns
-    finally:
-        await conn.close()
 
 
 def test_the_ranking_reads_no_similarity_beyond_the_candidates_close_neighbours() -> None:

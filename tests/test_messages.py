@@ -26,6 +26,7 @@ from tests.conftest import (
     make_settings,
     new_tenant,
     plain_dsn,
+    raw_connection,
     serve_app,
     until_finished,
     wait_for,
@@ -76,13 +77,10 @@ def chat(n: int, start: int = 0, **extra: Any) -> list[dict[str, Any]]:
 
 
 async def all_embedded(db_url: str) -> bool:
-    conn = await asyncpg.connect(plain_dsn(db_url))
-    try:
+    async with raw_connection(db_url) as conn:
         return bool(
             await conn.fetchval("SELECT count(*) = 0 FROM messages WHERE embedding IS NULL")
         )
-    finally:
-        await conn.close()
 
 
 async def test_batches_are_stored_and_duplicates_ignored(
@@ -105,13 +103,10 @@ async def test_batches_are_stored_and_duplicates_ignored(
         headers=tenant.headers,
     )
     assert other.json()["stored"] == 1
-    conn = await asyncpg.connect(plain_dsn(db_url))
-    try:
+    async with raw_connection(db_url) as conn:
         rows = await conn.fetch(
             "SELECT conversation_key, count(*) FROM messages GROUP BY 1 ORDER BY 1"
         )
-    finally:
-        await conn.close()
     assert [(r[0], r[1]) for r in rows] == [("g:g1", 4), ("p:u0", 1)]
 
 
@@ -135,11 +130,8 @@ async def test_bad_messages_are_refused_naming_the_field(
         "/v1/messages", json={**GROUP, "messages": chat(501)}, headers=tenant.headers
     )
     assert too_many.status_code == 422
-    conn = await asyncpg.connect(plain_dsn(db_url))
-    try:
+    async with raw_connection(db_url) as conn:
         assert await conn.fetchval("SELECT count(*) FROM messages") == 0
-    finally:
-        await conn.close()
 
 
 async def test_a_time_off_the_calendar_on_the_tenants_clocks_is_refused(
@@ -180,13 +172,10 @@ async def test_every_n_messages_triggers_extraction(
     job = await until_finished(client, tenant, job_id)
     assert job["status"] == "done"
     assert job["result"]["messages"] == 6 and job["result"]["reason"] == "count"
-    conn = await asyncpg.connect(plain_dsn(db_url))
-    try:
+    async with raw_connection(db_url) as conn:
         row = await conn.fetchrow(
             "SELECT extracted_seq, last_seq, pending_count FROM conversations"
         )
-    finally:
-        await conn.close()
     assert row["extracted_seq"] == row["last_seq"] and row["pending_count"] == 0
 
 

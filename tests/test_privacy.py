@@ -7,7 +7,6 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-import asyncpg
 import pytest
 
 from service.app import create_app
@@ -23,7 +22,7 @@ from tests.conftest import (
     TenantHandle,
     make_settings,
     new_tenant,
-    plain_dsn,
+    raw_connection,
     serve_app,
     until_finished,
     wait_for,
@@ -148,9 +147,8 @@ def named_in(count: int) -> list[dict[str, Any]]:
 
 async def leftovers(db_url: str, needles: list[str]) -> list[str]:
     """Every text and JSON column of every table that still holds one of the needles."""
-    conn = await asyncpg.connect(plain_dsn(db_url))
     found = []
-    try:
+    async with raw_connection(db_url) as conn:
         columns = await conn.fetch(
             """
             SELECT table_name, column_name FROM information_schema.columns
@@ -175,8 +173,6 @@ async def leftovers(db_url: str, needles: list[str]) -> list[str]:
                 )
                 if hit:
                     found.append(f"{table}.{name} has {needle} ({hit})")
-    finally:
-        await conn.close()
     return found
 
 
@@ -224,14 +220,11 @@ async def test_erasure_leaves_nothing_a_query_can_reach(
     assert await leftovers(db_url, [VICTIM, NAME]) == []
     # The message that named them is found as it now reads, by its words and its meaning,
     # at once (no later message need come for its vector to be made again).
-    conn = await asyncpg.connect(plain_dsn(db_url))
-    try:
+    async with raw_connection(db_url) as conn:
         redacted = await conn.fetchrow(
             "SELECT length(lexical) AS terms, embedding IS NOT NULL AS embedded FROM messages"
             " WHERE text LIKE '%是个好人'"
         )
-    finally:
-        await conn.close()
     assert redacted["terms"] > 0 and redacted["embedded"]
     # The other person and the group's words stay.
     kept = (await client.get("/v1/profiles/group/g7", headers=tenant.headers)).json()
@@ -240,11 +233,8 @@ async def test_erasure_leaves_nothing_a_query_can_reach(
     again = (await client.delete(f"/v1/users/{VICTIM}", headers=tenant.headers)).json()
     assert all(n == 0 for n in again["counts"].values())
     # The tombstone says that it happened, and by which key, but not whom.
-    conn = await asyncpg.connect(plain_dsn(db_url))
-    try:
+    async with raw_connection(db_url) as conn:
         rows = await conn.fetch("SELECT kind, subject_hash, requested_by, counts FROM erasures")
-    finally:
-        await conn.close()
     assert {r["kind"] for r in rows} == {"user"} and len(rows) == 2
     assert rows[0]["requested_by"] == tenant.prefix and len(rows[0]["subject_hash"]) == 64
 
@@ -281,11 +271,8 @@ async def test_a_persons_label_goes_with_them_even_under_a_shared_name(
     receipt = await client.delete("/v1/users/10001", headers=h)
     assert receipt.status_code == 200, receipt.text
     assert await leftovers(db_url, ["10001"]) == []
-    conn = await asyncpg.connect(plain_dsn(db_url))
-    try:
+    async with raw_connection(db_url) as conn:
         texts = {r["text"] for r in await conn.fetch("SELECT text FROM messages")}
-    finally:
-        await conn.close()
     assert "[已删除用户]是群主，张三(10003)是新人" in texts and "我也叫张三" in texts
     profile = (await client.get("/v1/profiles/group/g7", headers=h)).json()
     assert profile["body"] == "- [已删除用户]和李四(10002)是同事\n"
@@ -339,8 +326,7 @@ async def test_erasure_keeps_a_floods_copies_one_statement(
         await db.dispose()
 
     async def copies() -> tuple[int, ...]:
-        conn = await asyncpg.connect(plain_dsn(db_url))
-        try:
+        async with raw_connection(db_url) as conn:
             found = await conn.fetchrow(
                 "SELECT (SELECT count(*) FILTER (WHERE length(lexical) > 0)"
                 "        || ',' || count(*) FILTER (WHERE NOT flood_copy)"
@@ -353,8 +339,6 @@ async def test_erasure_keeps_a_floods_copies_one_statement(
                 tenant_id,
                 NAME,
             )
-        finally:
-            await conn.close()
         return tuple(int(n) for part in found for n in part.split(","))
 
     assert await copies() == (2, 2, 12, 2, 2)
@@ -402,13 +386,10 @@ async def test_a_person_named_in_many_messages_is_erased_by_a_job(db_url: str) -
         response = await client.delete(f"/v1/users/{VICTIM}", headers=tenant.headers)
         assert response.status_code == 202, response.text
         # Nothing half done in the request: every message is as it was until the job runs.
-        conn = await asyncpg.connect(plain_dsn(db_url))
-        try:
+        async with raw_connection(db_url) as conn:
             texts = await conn.fetch(
                 "SELECT message_id, text FROM messages WHERE tenant_id = $1", tenant.id
             )
-        finally:
-            await conn.close()
         assert len(texts) == 13 and sum(NAME in r["text"] for r in texts) == 12
     async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
         job = await until_finished(client, tenant, response.json()["job_id"])
@@ -430,11 +411,8 @@ async def test_a_large_group_erasure_runs_as_a_job(db_url: str) -> None:
         events = await client.get("/v1/events?group_id=g7", headers=tenant.headers)
         assert events.json()["events"] == []
     assert await leftovers(db_url, ["g:g7", "红楼群"]) == []
-    conn = await asyncpg.connect(plain_dsn(db_url))
-    try:
+    async with raw_connection(db_url) as conn:
         payload = await conn.fetchval("SELECT payload FROM jobs WHERE id = $1", job["id"])
-    finally:
-        await conn.close()
     assert "g7" not in payload  # the job keeps the group's keyed hash, not its id
 
 
@@ -460,16 +438,13 @@ async def test_erasing_a_group_and_a_tenant(
     assert (await client.get("/v1/tenant", headers=tenant.headers)).status_code == 401
     assert (await client.delete(f"/admin/tenants/{tenant.id}", headers=ADMIN)).status_code == 404
     assert (await client.get("/v1/memories?group_id=g1", headers=other.headers)).json()
-    conn = await asyncpg.connect(plain_dsn(db_url))
-    try:
+    async with raw_connection(db_url) as conn:
         for table in ("messages", "events", "memories", "profiles", "jobs", "api_keys", "memos"):
             assert (
                 await conn.fetchval(f"SELECT count(*) FROM {table} WHERE tenant_id = $1", tenant.id)
                 == 0
             ), table
         assert await conn.fetchval("SELECT count(*) FROM erasures WHERE kind = 'tenant'") == 1
-    finally:
-        await conn.close()
 
 
 async def test_a_large_tenant_is_erased_by_a_job_a_batch_at_a_time(
@@ -501,13 +476,10 @@ async def test_a_large_tenant_is_erased_by_a_job_a_batch_at_a_time(
         other = await new_tenant(client, "keeps its data")
         kept = {"scope": "GROUP", "group_id": "g7", "content": "留下"}
         await client.post("/v1/memories", json=kept, headers=other.headers)
-        conn = await asyncpg.connect(plain_dsn(db_url))
-        try:
+        async with raw_connection(db_url) as conn:
             messages = await conn.fetchval(
                 "SELECT count(*) FROM messages WHERE tenant_id = $1", tenant.id
             )
-        finally:
-            await conn.close()
         response = await client.delete(f"/admin/tenants/{tenant.id}", headers=ADMIN)
         assert response.status_code == 202, response.text
         assert response.json()["status_url"] == f"/admin/tenants/{tenant.id}"
@@ -523,8 +495,7 @@ async def test_a_large_tenant_is_erased_by_a_job_a_batch_at_a_time(
         assert [m["content"] for m in found.json()] == ["留下"]
     assert ("messages", 2) in batches and len(batches) > len(erasure.tenant_rows())
     assert failed == [2]  # the first attempt stopped with 2 messages erased, 2 more undone
-    conn = await asyncpg.connect(plain_dsn(db_url))
-    try:
+    async with raw_connection(db_url) as conn:
         for table in [t.table for t in erasure.tenant_rows()] + ["event_vectors"]:
             left = await conn.fetchval(
                 f"SELECT count(*) FROM {table} WHERE tenant_id = $1", tenant.id
@@ -533,8 +504,6 @@ async def test_a_large_tenant_is_erased_by_a_job_a_batch_at_a_time(
         counts = await conn.fetchval(
             "SELECT counts FROM erasures WHERE kind = 'tenant' AND tenant_id = $1", tenant.id
         )
-    finally:
-        await conn.close()
     assert json.loads(counts)["messages"] == messages >= 3
 
 
@@ -571,8 +540,7 @@ async def test_a_tenant_being_erased_gets_no_new_key_and_one_erasure(db_url: str
         assert shown["erasure_job_id"] == job_id and shown["name"] != "x"
         again = await client.delete(f"/admin/tenants/{tenant.id}", headers=ADMIN)
         assert again.status_code == 202 and again.json()["job_id"] == job_id
-        conn = await asyncpg.connect(plain_dsn(db_url))
-        try:
+        async with raw_connection(db_url) as conn:
             await conn.execute(
                 "UPDATE jobs SET status = 'failed', attempts = max_attempts,"
                 " finished_at = now() WHERE id = $1",
@@ -586,8 +554,6 @@ async def test_a_tenant_being_erased_gets_no_new_key_and_one_erasure(db_url: str
                 job_id,
                 tenant.id,
             )
-        finally:
-            await conn.close()
         assert (status, attempts, erasing) == ("queued", 0, 1)
         # Another tenant is not held back.
         made = await client.post(f"/admin/tenants/{other.id}/keys", json={}, headers=ADMIN)
@@ -608,8 +574,7 @@ async def test_what_a_straggler_writes_after_a_tenants_erasure_is_swept(
     other = await new_tenant(client, "keeps its data")
     kept = {"scope": "GROUP", "group_id": "g7", "content": "留下"}
     assert (await client.post("/v1/memories", json=kept, headers=other.headers)).is_success
-    conn = await asyncpg.connect(plain_dsn(db_url))
-    try:
+    async with raw_connection(db_url) as conn:
         for table in ("events", "memories"):
             await conn.execute(
                 f"CREATE TABLE late_{table} AS SELECT * FROM {table} WHERE tenant_id = $1",
@@ -635,8 +600,6 @@ async def test_what_a_straggler_writes_after_a_tenants_erasure_is_swept(
             await conn.fetchval(f"SELECT count(*) FROM {t} WHERE tenant_id = $1", tenant.id)
             for t in ("events", "memories")
         ]
-    finally:
-        await conn.close()
     assert late >= 2 and swept == late and again == 0 and left == [0, 0]
     found = await client.get("/v1/memories?group_id=g7", headers=other.headers)
     assert [m["content"] for m in found.json()] == ["留下"]

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
-import asyncpg
 import pytest
 
 from service.app import create_app
@@ -30,7 +29,7 @@ from tests.conftest import (
     llm_settings,
     make_settings,
     new_tenant,
-    plain_dsn,
+    raw_connection,
     serve_app,
     until_finished,
 )
@@ -209,8 +208,7 @@ async def test_revisions_come_a_page_at_a_time(client: AppClient, db_url: str) -
     put = await client.put("/v1/profiles/user/10001", json={"document": doc("现在")}, headers=h)
     assert put.status_code in (200, 201), put.text
     # A profile changed 1,234 times over months, every text kept.
-    conn = await asyncpg.connect(plain_dsn(db_url))
-    try:
+    async with raw_connection(db_url) as conn:
         await conn.execute(
             "UPDATE profiles SET version = 1235 WHERE tenant_id = $1 AND profile_key = 'user:10001'",
             uuid.UUID(tenant.id),
@@ -220,8 +218,6 @@ async def test_revisions_come_a_page_at_a_time(client: AppClient, db_url: str) -
             " SELECT $1, 'user:10001', v, '第 ' || v || ' 版' FROM generate_series(1, 1234) AS v",
             uuid.UUID(tenant.id),
         )
-    finally:
-        await conn.close()
     url = "/v1/profiles/user/10001/revisions"
 
     first = (await client.get(url, headers=h)).json()

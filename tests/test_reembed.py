@@ -31,7 +31,7 @@ from tests.conftest import (
     TenantHandle,
     make_settings,
     new_tenant,
-    plain_dsn,
+    raw_connection,
     serve_app,
     wait_for,
 )
@@ -81,12 +81,9 @@ def runtime_of(client: AppClient) -> Runtime:
 
 
 async def sql(db_url: str, query: str, *args: Any) -> list[asyncpg.Record]:
-    conn = await asyncpg.connect(plain_dsn(db_url))
-    try:
+    async with raw_connection(db_url) as conn:
         await register_vector(conn)
         return list(await conn.fetch(query, *args))
-    finally:
-        await conn.close()
 
 
 def profile(user: str, body: str) -> str:

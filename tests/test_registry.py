@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from service.db import registry
 from service.db.rls import create_vector_index
 from service.events.vectors import EVENT_VECTORS_SCAN
-from tests.conftest import plain_dsn
+from tests.conftest import raw_connection
 
 # Every column of a table in the public schema whose type can hold what a person said or
 # is: text of any kind, JSON, and vectors made from text.
@@ -83,19 +83,15 @@ async def stale(conn: asyncpg.Connection) -> list[str]:
 
 
 async def test_every_text_json_and_vector_column_is_declared(db_url: str) -> None:
-    conn = await asyncpg.connect(plain_dsn(db_url))
-    try:
+    async with raw_connection(db_url) as conn:
         assert await undeclared(conn) == []
         assert await stale(conn) == []
-    finally:
-        await conn.close()
 
 
 async def test_a_new_column_or_table_is_reported(db_url: str) -> None:
     """A text column added without a declaration, a vector column nobody re-embeds and a
     new table are each caught; so is a declaration whose column was dropped."""
-    conn = await asyncpg.connect(plain_dsn(db_url))
-    try:
+    async with raw_connection(db_url) as conn:
         dim = int(await conn.fetchval("SELECT value FROM memoria_meta WHERE key = 'embedding_dim'"))
         await conn.execute("ALTER TABLE memos ADD COLUMN mood text")
         await conn.execute("ALTER TABLE todos ADD COLUMN notes jsonb")
@@ -110,8 +106,6 @@ async def test_a_new_column_or_table_is_reported(db_url: str) -> None:
         assert "table nicknames: declared by no aggregate" in problems
         assert len(problems.splitlines()) == 5
         assert await stale(conn) == ["profiles.source_event_id: declared, but not in the schema"]
-    finally:
-        await conn.close()
 
 
 def test_not_personal_columns_say_why() -> None:
@@ -134,8 +128,7 @@ def test_every_vector_made_from_text_is_personal_and_every_table_once() -> None:
 
 
 async def test_the_vector_index_is_the_one_defined_in_code(db_url: str) -> None:
-    conn = await asyncpg.connect(plain_dsn(db_url))
-    try:
+    async with raw_connection(db_url) as conn:
         dim = int(await conn.fetchval("SELECT value FROM memoria_meta WHERE key = 'embedding_dim'"))
         live = await conn.fetchval(
             "SELECT pg_get_indexdef(CAST($1 AS regclass))", EVENT_VECTORS_SCAN.name
@@ -146,8 +139,6 @@ async def test_the_vector_index_is_the_one_defined_in_code(db_url: str) -> None:
             EVENT_VECTORS_SCAN.table,
             EVENT_VECTORS_SCAN.vector_column,
         )
-    finally:
-        await conn.close()
     normalised = live.replace("public.", "").replace(" USING btree", "")
     assert normalised == EVENT_VECTORS_SCAN.create_sql(dim)
     # Kept in the rows exactly when the index cannot carry the vectors.
@@ -166,14 +157,11 @@ def test_the_index_definition_at_both_sides_of_the_covering_limit() -> None:
 
 async def test_the_migration_helper_creates_the_index_as_defined(db_url: str) -> None:
     """A future migration that rebuilds the index gets the same definition."""
-    conn = await asyncpg.connect(plain_dsn(db_url))
-    try:
+    async with raw_connection(db_url) as conn:
         before = await conn.fetchval(
             "SELECT pg_get_indexdef(CAST($1 AS regclass))", EVENT_VECTORS_SCAN.name
         )
         await conn.execute(EVENT_VECTORS_SCAN.drop_sql())
-    finally:
-        await conn.close()
     engine = create_async_engine(db_url)
     try:
         async with engine.begin() as connection:

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import httpx
 import pytest
 from sqlalchemy import text
@@ -36,7 +35,7 @@ from tests.conftest import (
     TenantHandle,
     make_settings,
     new_tenant,
-    plain_dsn,
+    raw_connection,
     serve_app,
     wait_for,
 )
@@ -162,11 +161,8 @@ def streaming_pair() -> Iterator[StreamingPair]:
 
 
 async def _fetchval(url: str, query: str, *args: Any) -> Any:
-    conn = await asyncpg.connect(plain_dsn(url))
-    try:
+    async with raw_connection(url) as conn:
         return await conn.fetchval(query, *args)
-    finally:
-        await conn.close()
 
 
 async def _caught_up(pair: StreamingPair, database: str) -> None:

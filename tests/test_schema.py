@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-import asyncpg
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -12,7 +11,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from service.db.base import GLOBAL_TABLES
 from service.db.types import compare_type
 from service.models import metadata
-from tests.conftest import DatabaseFactory, plain_dsn
+from tests.conftest import DatabaseFactory, raw_connection
 
 
 async def test_migrations_and_models_agree(db_url: str) -> None:
@@ -54,9 +53,8 @@ WHERE ix.indrelid = $1 AND ix.indisunique
 
 
 async def test_every_tenant_table_leads_its_keys_with_tenant_id_and_has_rls(db_url: str) -> None:
-    conn = await asyncpg.connect(plain_dsn(db_url))
     problems: list[str] = []
-    try:
+    async with raw_connection(db_url) as conn:
         tables = await conn.fetch(_TABLES)
         tenant_tables = [t for t in tables if t["relname"] not in GLOBAL_TABLES]
         assert tenant_tables, "no tenant tables found"
@@ -86,15 +84,12 @@ async def test_every_tenant_table_leads_its_keys_with_tenant_id_and_has_rls(db_u
             " WHERE schemaname = 'public' AND tableowner = 'memoria_app'"
         )
         problems += [f"{r['tablename']}: owned by memoria_app" for r in owners]
-    finally:
-        await conn.close()
     assert problems == []
 
 
 async def test_the_catalog_check_catches_a_bad_table(db_url: str) -> None:
     """The walk above must fail on a table that breaks the rule (so it can fail at all)."""
-    conn = await asyncpg.connect(plain_dsn(db_url))
-    try:
+    async with raw_connection(db_url) as conn:
         await conn.execute(
             "CREATE TABLE bad_notes (id bigint PRIMARY KEY, tenant_id uuid NOT NULL, body text)"
         )
@@ -103,8 +98,6 @@ async def test_the_catalog_check_catches_a_bad_table(db_url: str) -> None:
         assert keys
         assert all(k["columns"] == ["id"] for k in keys)  # the walk would report each one
         assert table["relrowsecurity"] is False
-    finally:
-        await conn.close()
 
 
 async def test_migrations_apply_to_an_empty_database_twice_without_error(
@@ -116,8 +109,7 @@ async def test_migrations_apply_to_an_empty_database_twice_without_error(
     url = await databases.create_empty()
     await asyncio.to_thread(upgrade_to_head, url, Settings())
     await asyncio.to_thread(upgrade_to_head, url, Settings())  # already at head: a no-op
-    conn = await asyncpg.connect(plain_dsn(url))
-    try:
+    async with raw_connection(url) as conn:
         assert (
             await conn.fetchval("SELECT value FROM memoria_meta WHERE key = 'embedding_dim'")
             == "384"
@@ -126,15 +118,12 @@ async def test_migrations_apply_to_an_empty_database_twice_without_error(
             await conn.fetchval("SELECT extname FROM pg_extension WHERE extname = 'vector'")
             == "vector"
         )
-    finally:
-        await conn.close()
 
 
 async def test_the_tables_read_by_index_only_scans_are_vacuumed_early(db_url: str) -> None:
     # Fresh rows cost a heap visit each in an index-only scan until a vacuum marks their
     # pages all-visible: the tables the searches read so are vacuumed after ~1% of changes.
-    conn = await asyncpg.connect(plain_dsn(db_url))
-    try:
+    async with raw_connection(db_url) as conn:
         options = {
             row["relname"]: set(row["reloptions"] or [])
             for row in await conn.fetch(
@@ -142,8 +131,6 @@ async def test_the_tables_read_by_index_only_scans_are_vacuumed_early(db_url: st
                 " WHERE relname IN ('messages', 'event_vectors')"
             )
         }
-    finally:
-        await conn.close()
     assert "autovacuum_vacuum_insert_scale_factor=0.01" in options["event_vectors"]
     assert {
         "autovacuum_vacuum_scale_factor=0.01",

@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-import asyncpg
 import pytest
 from alembic import command
 from sqlalchemy import text
@@ -29,7 +28,7 @@ from tests.conftest import (
     TenantHandle,
     make_settings,
     new_tenant,
-    plain_dsn,
+    raw_connection,
     serve_app,
     until_finished,
     wait_for,
@@ -75,8 +74,7 @@ async def test_migration_rewrites_member_keys_and_their_revisions(
     config = alembic_config(url, Settings())
     await asyncio.to_thread(command.upgrade, config, "0010")
     tenant = uuid.uuid4()
-    conn = await asyncpg.connect(plain_dsn(url))
-    try:
+    async with raw_connection(url) as conn:
         await conn.execute("INSERT INTO tenants (id, name) VALUES ($1, 't')", tenant)
         rows = [
             ("member:g:1:u%2", "member", "u%2", "g:1"),
@@ -126,17 +124,12 @@ async def test_migration_rewrites_member_keys_and_their_revisions(
         assert keys == {"member:g%3A1:u%252", "user:a:b", "group:g:1"}
         current = await conn.fetch("SELECT profile_key FROM profiles ORDER BY profile_key")
         assert sorted(r["profile_key"] for r in current) == sorted(keys)
-    finally:
-        await conn.close()
     await asyncio.to_thread(command.downgrade, config, "0010")
-    conn = await asyncpg.connect(plain_dsn(url))
-    try:
+    async with raw_connection(url) as conn:
         back = await conn.fetchval(
             "SELECT profile_key FROM profile_revisions WHERE profile_key LIKE 'member%'"
         )
         assert back == "member:g:1:u%2"
-    finally:
-        await conn.close()
 
 
 # --- unknown fields -----------------------------------------------------------------------

@@ -10,11 +10,10 @@ import subprocess
 import sys
 import time
 
-import asyncpg
 import pytest
 
 from service.app import create_app
-from tests.conftest import make_settings, new_tenant, plain_dsn, serve_app, wait_for
+from tests.conftest import make_settings, new_tenant, raw_connection, serve_app, wait_for
 
 CALLS = int(os.environ.get("MEMORIA_SOAK_CALLS", "1000"))
 
@@ -83,15 +82,12 @@ async def test_every_accepted_end_is_written_exactly_once_despite_kills(db_url: 
                     await asyncio.sleep(0)
 
             async def drained() -> bool:
-                conn = await asyncpg.connect(plain_dsn(db_url))
-                try:
+                async with raw_connection(db_url) as conn:
                     return bool(
                         await conn.fetchval(
                             "SELECT count(*) = 0 FROM jobs WHERE status IN ('queued', 'running')"
                         )
                     )
-                finally:
-                    await conn.close()
 
             started = time.monotonic()
             await asyncio.sleep(3)
@@ -105,8 +101,7 @@ async def test_every_accepted_end_is_written_exactly_once_despite_kills(db_url: 
             for worker in workers:
                 worker.wait(timeout=60)
 
-    conn = await asyncpg.connect(plain_dsn(db_url))
-    try:
+    async with raw_connection(db_url) as conn:
         stored = await conn.fetch(
             "SELECT id, count(*) OVER (PARTITION BY id) AS copies FROM events"
         )
@@ -121,8 +116,6 @@ async def test_every_accepted_end_is_written_exactly_once_despite_kills(db_url: 
         end_jobs = await conn.fetchval(
             "SELECT count(*) FROM jobs WHERE kind = 'historian.end' AND status = 'done'"
         )
-    finally:
-        await conn.close()
     ids = [r["id"] for r in stored]
     assert len(accepted) == CALLS
     # Every accepted call's event, exactly once (the failed jobs say why not).

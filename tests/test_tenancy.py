@@ -13,7 +13,7 @@ from service.db.engine import Database
 from service.errors import Conflict, Unauthorized
 from service.jobs import periodic
 from service.tenants import service as tenants
-from tests.conftest import ADMIN, AppClient, make_settings, new_tenant, plain_dsn, serve_app
+from tests.conftest import ADMIN, AppClient, make_settings, new_tenant, raw_connection, serve_app
 
 
 async def test_admin_creates_tenant_with_a_working_first_key(client: AppClient) -> None:
@@ -160,14 +160,11 @@ async def test_revoked_keys_are_forgotten_after_their_retention(db_url: str) -> 
         made = [(await client.post("/v1/keys", headers=tenant.headers)).json() for _ in range(3)]
         for key in made[:2]:
             await client.delete(f"/v1/keys/{key['id']}", headers=tenant.headers)
-        conn = await asyncpg.connect(plain_dsn(db_url))
-        try:
+        async with raw_connection(db_url) as conn:
             await conn.execute(
                 "UPDATE api_keys SET revoked_at = now() - interval '31 days' WHERE id = $1",
                 uuid.UUID(made[0]["id"]),
             )
-        finally:
-            await conn.close()
         (prune,) = [p for p in periodic(client.app.state.runtime) if p.name == "key-prune"]
         assert await prune.run() == 1
         kept = {k["id"] for k in (await client.get("/v1/keys", headers=tenant.headers)).json()}
@@ -276,8 +273,7 @@ async def test_row_level_security_hides_other_tenants_from_raw_sql(
         async with runtime.db.tenant(uuid.UUID(tenant.id)) as session:
             await enqueue(session, uuid.UUID(tenant.id), "test.noop", {"owner": tenant.id})
 
-    conn = await asyncpg.connect(plain_dsn(db_url))
-    try:
+    async with raw_connection(db_url) as conn:
         async with conn.transaction():
             await conn.execute("SET LOCAL ROLE memoria_app")
             await conn.execute(f"SET LOCAL app.tenant_id = '{a.id}'")
@@ -306,8 +302,6 @@ async def test_row_level_security_hides_other_tenants_from_raw_sql(
             await conn.execute("SET LOCAL ROLE memoria_app")
             assert await conn.fetchval("SELECT count(*) FROM jobs") == 0
             assert await conn.fetchval("SELECT count(*) FROM api_keys") == 0
-    finally:
-        await conn.close()
     # B is untouched by everything A tried.
     assert (await client.get("/v1/tenant", headers=b.headers)).status_code == 200
     assert len((await client.get("/v1/jobs", headers=b.headers)).json()["jobs"]) == 1
