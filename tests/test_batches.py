@@ -26,7 +26,7 @@ from service.historian.service import Historian
 from service.queue.worker import Worker
 from service.settings import EmbeddingModelSettings, Settings
 from service.tenants.service import TenantContext, create_tenant
-from tests.conftest import FAST_QUEUE, plain_dsn, wait_for
+from tests.conftest import FAST_QUEUE, raw_connection, wait_for
 from tests.fake_llm import FakeLLM
 
 START = datetime(2026, 3, 2, 9, tzinfo=UTC)
@@ -120,19 +120,16 @@ async def setup(db_url: str, llm: FakeLLM) -> AsyncIterator[Setup]:
     await db.dispose()
 
 
-async def drain(worker: Worker, dsn: str, tenant_id: uuid.UUID, count: int) -> None:
+async def drain(worker: Worker, db_url: str, tenant_id: uuid.UUID, count: int) -> None:
     """Run ``worker`` until the tenant's ``count`` jobs are done or failed."""
     task = asyncio.create_task(worker.run())
 
     async def finished() -> bool:
-        conn = await asyncpg.connect(dsn)
-        try:
+        async with raw_connection(db_url) as conn:
             n = await conn.fetchval(
                 "SELECT count(*) FROM jobs WHERE tenant_id = $1 AND status IN ('done', 'failed')",
                 tenant_id,
             )
-        finally:
-            await conn.close()
         return bool(n >= count)
 
     try:
@@ -142,26 +139,21 @@ async def drain(worker: Worker, dsn: str, tenant_id: uuid.UUID, count: int) -> N
         await task
 
 
-async def fetch(dsn: str, query: str, *args: Any) -> list[asyncpg.Record]:
-    conn = await asyncpg.connect(dsn)
-    try:
+async def fetch(db_url: str, query: str, *args: Any) -> list[asyncpg.Record]:
+    async with raw_connection(db_url) as conn:
         return list(await conn.fetch(query, *args))
-    finally:
-        await conn.close()
 
 
 async def test_a_poisoned_job_fails_alone_and_its_batch_mates_are_stored(
     setup: Setup, db_url: str
 ) -> None:
-    dsn = plain_dsn(db_url)
     tenant = await setup.tenant("poison")
     await setup.queue(tenant, 12, "p")
     jobs = await fetch(
-        dsn, "SELECT id, payload FROM jobs WHERE tenant_id = $1 ORDER BY id", tenant.tenant_id
+        db_url, "SELECT id, payload FROM jobs WHERE tenant_id = $1 ORDER BY id", tenant.tenant_id
     )
     unreadable, unwritable = jobs[3]["id"], jobs[8]["id"]
-    conn = await asyncpg.connect(dsn)
-    try:
+    async with raw_connection(db_url) as conn:
         # One job cannot be read (no moment); another fails inside the shared write (an event
         # id longer than the column), after its batch-mates' rows went into the transaction.
         await conn.execute("UPDATE jobs SET payload = payload - 'moment' WHERE id = $1", unreadable)
@@ -171,13 +163,11 @@ async def test_a_poisoned_job_fails_alone_and_its_batch_mates_are_stored(
             unwritable,
             "x" * 400,
         )
-    finally:
-        await conn.close()
 
-    await drain(setup.worker(batches=True), dsn, tenant.tenant_id, 12)
+    await drain(setup.worker(batches=True), db_url, tenant.tenant_id, 12)
 
     rows = await fetch(
-        dsn,
+        db_url,
         "SELECT id, status, last_error FROM jobs WHERE tenant_id = $1 ORDER BY id",
         tenant.tenant_id,
     )
@@ -188,7 +178,7 @@ async def test_a_poisoned_job_fails_alone_and_its_batch_mates_are_stored(
     stored = {
         r["request_id"]
         for r in await fetch(
-            dsn, "SELECT request_id FROM events WHERE tenant_id = $1", tenant.tenant_id
+            db_url, "SELECT request_id FROM events WHERE tenant_id = $1", tenant.tenant_id
         )
     }
     assert stored == {f"p-{n}" for n in range(12)} - {"p-3", "p-8"}
@@ -197,18 +187,17 @@ async def test_a_poisoned_job_fails_alone_and_its_batch_mates_are_stored(
 async def test_a_batch_leaves_the_profiles_that_one_by_one_processing_leaves(
     setup: Setup, db_url: str
 ) -> None:
-    dsn = plain_dsn(db_url)
     one_by_one = await setup.tenant("one-by-one")
     batched = await setup.tenant("batched")
     count = 24
     await setup.queue(one_by_one, count, "c")
-    await drain(setup.worker(batches=False), dsn, one_by_one.tenant_id, count)
+    await drain(setup.worker(batches=False), db_url, one_by_one.tenant_id, count)
     await setup.queue(batched, count, "c")
-    await drain(setup.worker(batches=True, batch_size=count), dsn, batched.tenant_id, count)
+    await drain(setup.worker(batches=True, batch_size=count), db_url, batched.tenant_id, count)
 
     query = "SELECT profile_key, document, version FROM profiles WHERE tenant_id = $1 ORDER BY 1"
-    single = await fetch(dsn, query, one_by_one.tenant_id)
-    together = await fetch(dsn, query, batched.tenant_id)
+    single = await fetch(db_url, query, one_by_one.tenant_id)
+    together = await fetch(db_url, query, batched.tenant_id)
     assert [r["profile_key"] for r in single] == [r["profile_key"] for r in together]
     assert len(single) >= 3  # the group's members, each with several facts
     for a, b in zip(single, together, strict=True):
@@ -216,12 +205,12 @@ async def test_a_batch_leaves_the_profiles_that_one_by_one_processing_leaves(
     # The same text in fewer writes.
     assert sum(r["version"] for r in together) < sum(r["version"] for r in single)
     events = "SELECT id, text, embedding::text FROM events WHERE tenant_id = $1 ORDER BY id"
-    assert [tuple(r) for r in await fetch(dsn, events, one_by_one.tenant_id)] == [
-        tuple(r) for r in await fetch(dsn, events, batched.tenant_id)
+    assert [tuple(r) for r in await fetch(db_url, events, one_by_one.tenant_id)] == [
+        tuple(r) for r in await fetch(db_url, events, batched.tenant_id)
     ]
     memories = "SELECT content, scope, user_id FROM memories WHERE tenant_id = $1 ORDER BY 1, 3"
-    assert [tuple(r) for r in await fetch(dsn, memories, one_by_one.tenant_id)] == [
-        tuple(r) for r in await fetch(dsn, memories, batched.tenant_id)
+    assert [tuple(r) for r in await fetch(db_url, memories, one_by_one.tenant_id)] == [
+        tuple(r) for r in await fetch(db_url, memories, batched.tenant_id)
     ]
 
 
@@ -250,7 +239,6 @@ def start_worker(db_url: str, llm: FakeLLM, batch_size: int) -> subprocess.Popen
 async def test_a_batch_killed_in_its_writes_runs_again_and_writes_everything_once(
     setup: Setup, db_url: str, llm: FakeLLM
 ) -> None:
-    dsn = plain_dsn(db_url)
     tenant = await setup.tenant("crash")
     count = 10
     await setup.queue(tenant, count, "k")
@@ -264,20 +252,20 @@ async def test_a_batch_killed_in_its_writes_runs_again_and_writes_everything_onc
             return llm.embeddings_waiting > 0
 
         await wait_for(held, timeout=60)
-        running = await fetch(dsn, "SELECT id FROM jobs WHERE status = 'running'")
+        running = await fetch(db_url, "SELECT id FROM jobs WHERE status = 'running'")
         assert len(running) == count  # one batch holds every job
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=10)
     llm.release_embeddings()
-    assert await fetch(dsn, "SELECT id FROM events WHERE tenant_id = $1", tenant.tenant_id) == []
+    assert await fetch(db_url, "SELECT id FROM events WHERE tenant_id = $1", tenant.tenant_id) == []
 
     second = start_worker(db_url, llm, batch_size=count)
     try:
 
         async def all_done() -> bool:
             rows = await fetch(
-                dsn, "SELECT status FROM jobs WHERE tenant_id = $1", tenant.tenant_id
+                db_url, "SELECT status FROM jobs WHERE tenant_id = $1", tenant.tenant_id
             )
             return all(r["status"] in ("done", "failed") for r in rows)
 
@@ -287,23 +275,23 @@ async def test_a_batch_killed_in_its_writes_runs_again_and_writes_everything_onc
         assert second.wait(timeout=30) == 0
 
     jobs = await fetch(
-        dsn, "SELECT status, attempts FROM jobs WHERE tenant_id = $1", tenant.tenant_id
+        db_url, "SELECT status, attempts FROM jobs WHERE tenant_id = $1", tenant.tenant_id
     )
     assert [(j["status"], j["attempts"]) for j in jobs] == [("done", 2)] * count
     events = await fetch(
-        dsn, "SELECT request_id, kind FROM events WHERE tenant_id = $1", tenant.tenant_id
+        db_url, "SELECT request_id, kind FROM events WHERE tenant_id = $1", tenant.tenant_id
     )
     expected = count + len([n for n in range(count) if n % 4 == 0])  # observations + memos
     assert len(events) == expected
     assert {e["request_id"] for e in events} == {f"k-{n}" for n in range(count)}
     memories = await fetch(
-        dsn,
+        db_url,
         "SELECT content, count(*) AS n FROM memories WHERE tenant_id = $1 GROUP BY 1",
         tenant.tenant_id,
     )
     assert memories and all(m["n"] == 1 for m in memories)
     history = await fetch(
-        dsn,
+        db_url,
         "SELECT count(*) AS n FROM memory_history WHERE tenant_id = $1 AND action = 'add'",
         tenant.tenant_id,
     )
@@ -316,7 +304,6 @@ async def test_the_rules_read_memories_by_meaning_only_for_the_duplicate_rule(
     """Offline, nothing compares a new item with the memories near it but the duplicate rule
     at write: one read by meaning per item, however many memories there are (a second read,
     for a comparison nobody makes, grew with the memories and slowed every job)."""
-    dsn = plain_dsn(db_url)
     tenant = await setup.tenant("reads")
     await setup.queue(tenant, 24, "r")
     reads: list[str] = []
@@ -328,11 +315,11 @@ async def test_the_rules_read_memories_by_meaning_only_for_the_duplicate_rule(
 
     sql_event.listen(setup.db.engine.sync_engine, "before_cursor_execute", seen)
     try:
-        await drain(setup.worker(batches=True), dsn, tenant.tenant_id, 24)
+        await drain(setup.worker(batches=True), db_url, tenant.tenant_id, 24)
     finally:
         sql_event.remove(setup.db.engine.sync_engine, "before_cursor_execute", seen)
     added = await fetch(
-        dsn,
+        db_url,
         "SELECT count(*) AS n FROM memory_history WHERE tenant_id = $1"
         " AND action IN ('add', 'noop_duplicate')",
         tenant.tenant_id,

@@ -15,13 +15,19 @@ from collections import Counter
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import asyncpg
 import pytest
 
 from service.app import create_app
 from service.profiles.consolidate import BODY_BUDGET, DIGEST_CHARS, Body
 from service.profiles.document import MAX_DOCUMENT_CHARS
-from tests.conftest import FAST_QUEUE, make_settings, new_tenant, plain_dsn, serve_app, wait_for
+from tests.conftest import (
+    FAST_QUEUE,
+    make_settings,
+    new_tenant,
+    raw_connection,
+    serve_app,
+    wait_for,
+)
 from tests.fake_llm import FakeLLM
 
 CALLS = int(os.environ.get("MEMORIA_VOLUME_CALLS", "2000"))
@@ -42,15 +48,12 @@ def statement(rng: random.Random, n: int) -> str:
     return f"我{day}在{rng.choice(PLACES)}{rng.choice(DOINGS)}，第{n}次记一笔"
 
 
-async def finished_jobs(dsn: str) -> list[dict[str, Any]]:
-    connection = await asyncpg.connect(dsn)
-    try:
+async def finished_jobs(db_url: str) -> list[dict[str, Any]]:
+    async with raw_connection(db_url) as connection:
         rows = await connection.fetch(
             "SELECT id, status, last_error, started_at, finished_at, payload->'context' AS ctx"
             " FROM jobs WHERE kind = 'historian.end' ORDER BY id"
         )
-    finally:
-        await connection.close()
     return [dict(r) for r in rows]
 
 
@@ -103,10 +106,8 @@ async def test_two_thousand_end_calls_are_all_remembered_at_an_even_pace(
             assert response.status_code == 202, response.text
             expected_events += 2 if n % 5 == 0 else 1
 
-        dsn = plain_dsn(db_url)
-
         async def drained() -> list[dict[str, Any]] | None:
-            jobs = await finished_jobs(dsn)
+            jobs = await finished_jobs(db_url)
             return jobs if all(j["status"] in ("done", "failed") for j in jobs) else None
 
         jobs = await wait_for(drained, timeout=900, interval=1.0)
@@ -115,13 +116,10 @@ async def test_two_thousand_end_calls_are_all_remembered_at_an_even_pace(
     failed = [(j["id"], j["last_error"]) for j in jobs if j["status"] != "done"]
     assert failed == []
 
-    connection = await asyncpg.connect(dsn)
-    try:
+    async with raw_connection(db_url) as connection:
         events = await connection.fetchval("SELECT count(*) FROM events")
         profiles = await connection.fetch("SELECT profile_key, document, body FROM profiles")
         memories = await connection.fetch("SELECT content FROM memories")
-    finally:
-        await connection.close()
     assert events == expected_events
 
     sizes = {p["profile_key"]: len(p["document"]) for p in profiles}
