@@ -224,8 +224,7 @@ async def test_a_tenant_asking_for_exports_in_a_loop_stores_a_bounded_number(
         other = await new_tenant(client, "other")
         await client.post("/v1/messages", json={**GROUP, "messages": said}, headers=other.headers)
         assert (await client.get("/v1/groups/g7/export", headers=other.headers)).status_code == 202
-        conn = await asyncpg.connect(plain_dsn(db_url))
-        try:
+        async with raw_connection(db_url) as conn:
             await conn.execute(
                 "UPDATE exports SET expires_at = now() - interval '1 second' WHERE id = $1",
                 int(group[0].json()["export_url"].rsplit("/", 1)[1]),
@@ -233,8 +232,6 @@ async def test_a_tenant_asking_for_exports_in_a_loop_stores_a_bounded_number(
             stored = await conn.fetchval(
                 "SELECT count(*) FROM exports WHERE tenant_id = $1", tenant.id
             )
-        finally:
-            await conn.close()
         assert stored == 3
         # One has expired: there is room for the next.
         again = await client.get(f"/v1/users/{OTHER}/export", headers=tenant.headers)

@@ -309,8 +309,7 @@ async def test_a_long_history_comes_a_page_at_a_time(client: AppClient, db_url: 
     # months of them gave thousands of entries, each with its old and new text, in one answer.
     tenant = await new_tenant(client)
     memory = await add(client, tenant, "用户A(10001) 每天跑步")
-    conn = await asyncpg.connect(plain_dsn(db_url))
-    try:
+    async with raw_connection(db_url) as conn:
         await conn.execute(
             "INSERT INTO memory_history (tenant_id, memory_id, action, old_content,"
             " new_content, reason, cause)"
@@ -319,8 +318,6 @@ async def test_a_long_history_comes_a_page_at_a_time(client: AppClient, db_url: 
             uuid.UUID(tenant.id),
             memory["id"],
         )
-    finally:
-        await conn.close()
     url = f"/v1/memories/{memory['id']}/history"
     first = (await client.get(url, headers=tenant.headers)).json()
     assert len(first) == 100 and first[0]["action"] == "add"

@@ -610,8 +610,7 @@ async def test_the_sweep_after_tenants_reads_the_days_tenant_tombstones_only(
 ) -> None:
     # Every ten minutes, for years: people's tombstones pile up, and the sweep must not
     # read them all each time.
-    conn = await asyncpg.connect(plain_dsn(db_url))
-    try:
+    async with raw_connection(db_url) as conn:
         if await conn.fetchval("SELECT count(*) FROM pg_extension WHERE extname = 'citus'"):
             pytest.skip("the plan asserted is PostgreSQL's own (Citus routes it per shard)")
         await conn.execute(
@@ -627,8 +626,6 @@ async def test_the_sweep_after_tenants_reads_the_days_tenant_tombstones_only(
                 + erasure.RECENTLY_ERASED_TENANTS.text.replace(":window", "86400")
             )
         )[0]["Plan"]
-    finally:
-        await conn.close()
     assert plan["Shared Hit Blocks"] + plan.get("Shared Read Blocks", 0) < 10, plan
     assert "Seq Scan" not in json.dumps(plan)
 
