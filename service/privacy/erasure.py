@@ -154,18 +154,28 @@ async def _tombstone(
     requested_by: str | None,
     counts: dict[str, int],
 ) -> None:
+    # An erasure that found nothing of a subject already tombstoned adds nothing to know:
+    # tombstones are kept for good, and a bot erasing the same person at every turn wrote
+    # one a call. A first erasure, even of nothing (a request to keep no data of someone,
+    # before any arrives), and every erasure that deleted something, are kept. (Asked apart:
+    # on Citus an INSERT … SELECT goes through COPY, which row-level security refuses.)
+    params = {"t": tenant_id, "kind": kind, "hash": subject_hash}
+    if not any(counts.values()):
+        known = await session.execute(
+            text(
+                "SELECT 1 FROM erasures WHERE tenant_id = :t AND subject_hash = :hash"
+                " AND kind = :kind LIMIT 1"
+            ),
+            params,
+        )
+        if known.first() is not None:
+            return
     await session.execute(
         text(
             "INSERT INTO erasures (tenant_id, kind, subject_hash, requested_by, counts)"
             " VALUES (:t, :kind, :hash, :by, CAST(:counts AS jsonb))"
         ),
-        {
-            "t": tenant_id,
-            "kind": kind,
-            "hash": subject_hash,
-            "by": requested_by,
-            "counts": json.dumps(counts),
-        },
+        {**params, "by": requested_by, "counts": json.dumps(counts)},
     )
 
 
