@@ -570,6 +570,52 @@ async def test_a_tenant_being_erased_gets_no_new_key_and_one_erasure(db_url: str
         assert shown["erasure_job_id"] is None
 
 
+async def test_a_persons_erasure_asked_again_while_its_job_waits_is_that_job(
+    db_url: str,
+) -> None:
+    # Asked again (a retrying client, an impatient operator), an erasure made a job each
+    # time. The waiting job will see what commits meanwhile, so it answers for the repeat;
+    # a failed one runs again; a running one may be past a table that new rows reach since,
+    # so a repeat then gets a job of its own.
+    settings = make_settings(db_url, privacy_sync_limit=0)
+    async with serve_app(create_app(settings, migrate=False, run_worker=False)) as client:
+        tenant = await new_tenant(client)
+        said = [
+            {"message_id": str(n), "sender_id": who, "sender_name": name, "text": "早"}
+            for n, (who, name) in enumerate([(VICTIM, NAME), (OTHER, OTHER_NAME)])
+        ]
+        await client.post("/v1/messages", json={**GROUP, "messages": said}, headers=tenant.headers)
+
+        async def erase(path: str) -> int:
+            response = await client.delete(path, headers=tenant.headers)
+            assert response.status_code == 202, response.text
+            return int(response.json()["job_id"])
+
+        person = {await erase(f"/v1/users/{VICTIM}") for _ in range(3)}
+        group = {await erase("/v1/groups/g7") for _ in range(3)}
+        other = await erase(f"/v1/users/{OTHER}")
+        assert len(person) == len(group) == 1 and len(person | group | {other}) == 3
+        (job,) = person
+        async with raw_connection(db_url) as conn:
+            await conn.execute(
+                "UPDATE jobs SET status = 'failed', attempts = max_attempts,"
+                " finished_at = now() WHERE id = $1",
+                job,
+            )
+            assert await erase(f"/v1/users/{VICTIM}") == job
+            assert await conn.fetchval("SELECT status FROM jobs WHERE id = $1", job) == "queued"
+            await conn.execute("UPDATE jobs SET status = 'running' WHERE id = $1", job)
+            assert await erase(f"/v1/users/{VICTIM}") != job
+            kinds = await conn.fetch(
+                "SELECT kind, count(*) AS n FROM jobs WHERE kind LIKE 'privacy.erase%'"
+                " GROUP BY kind ORDER BY kind"
+            )
+        assert [(r["kind"], r["n"]) for r in kinds] == [
+            ("privacy.erase_group", 1),
+            ("privacy.erase_user", 3),
+        ]
+
+
 async def test_what_a_straggler_writes_after_a_tenants_erasure_is_swept(
     running: tuple[AppClient, TenantHandle], db_url: str
 ) -> None:

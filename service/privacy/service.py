@@ -141,13 +141,12 @@ async def erase_tenant_now_or_later(
 ) -> Erasure:
     """Erase a tenant in the caller's transaction, or, past ``privacy_sync_limit`` rows,
     enqueue the erasure as a job in it (a million events took 20 s in one transaction).
-    A tenant already being erased answers with its job, which runs again if it had failed
-    (going on where it stopped): one erasure per tenant at a time."""
-    begun = await tenant_erasure(session, tenant_id)
+    A tenant already being erased answers with its job, even running (its keys are revoked:
+    nothing new arrives), which runs again if it had failed (going on where it stopped):
+    one erasure per tenant at a time."""
+    begun = await _begun(session, tenant_id, ERASE_TENANT_JOB, {}, running=True)
     if begun is not None:
-        if begun[1] == "failed":
-            await jobs.retry(session, tenant_id, begun[0])
-        return Erasure(job_id=begun[0])
+        return Erasure(job_id=begun)
 
     async def now() -> dict[str, int]:
         counts = await erase_tenant(session, tenant_id)
@@ -195,10 +194,35 @@ async def _now_or_later(
                 return Erasure(counts=await erase())
         except TooLargeNow:
             pass  # what it did is undone; the job does it all
+    # The same subject's erasure asked again while its job waits: that job (it will see what
+    # commits meanwhile). Not one already running: it may be past a table that a person's
+    # new rows have since reached.
+    subject = payload.model_dump(mode="json", exclude={"requested_by"})
+    begun = await _begun(session, tenant_id, kind, subject, running=False)
+    if begun is not None:
+        return Erasure(job_id=begun)
     job_id, _ = await jobs.enqueue(
         session, tenant_id, kind, payload, max_attempts=settings.cognitive.queue.max_attempts
     )
     return Erasure(job_id=job_id)
+
+
+async def _begun(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    kind: str,
+    subject: dict[str, Any],
+    *,
+    running: bool,
+) -> int | None:
+    """The job already erasing ``subject`` (waiting, failed, or if ``running`` running); a
+    failed one is given its attempts again."""
+    found = await jobs.unfinished(session, tenant_id, kind, subject, running=running)
+    if found is None:
+        return None
+    if found[1] == "failed":
+        await jobs.retry(session, tenant_id, found[0])
+    return found[0]
 
 
 class TooLargeNow(Exception):

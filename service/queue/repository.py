@@ -695,22 +695,35 @@ async def kind_queued(session: AsyncSession, tenant_id: uuid.UUID, kind: str) ->
 
 
 # The jobs' dedupe key index: a lookup per key, whatever the job's status.
-# A tenant's newest job of a kind not done (ix_jobs_tenant_status: its queued, running and
-# failed jobs only, newest first).
+# A tenant's newest job of a kind in these statuses whose payload holds ``match``
+# (ix_jobs_tenant_status: only its jobs of those statuses are read, newest first).
 _UNFINISHED = text(
     """
     SELECT id, status FROM jobs
-    WHERE tenant_id = :tenant_id AND status IN ('queued', 'running', 'failed') AND kind = :kind
+    WHERE tenant_id = :tenant_id AND status = ANY(CAST(:statuses AS text[])) AND kind = :kind
+      AND payload @> CAST(:match AS jsonb)
     ORDER BY id DESC LIMIT 1
     """
 )
 
 
 async def unfinished(
-    session: AsyncSession, tenant_id: uuid.UUID, kind: str
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    kind: str,
+    match: dict[str, Any] | None = None,
+    *,
+    running: bool = True,
 ) -> tuple[int, str] | None:
-    """(id, status) of the tenant's newest job of ``kind`` that is not done, if any."""
-    row = (await session.execute(_UNFINISHED, {"tenant_id": tenant_id, "kind": kind})).first()
+    """(id, status) of the tenant's newest job of ``kind`` that is not done (queued, failed,
+    and unless ``running`` is False running), whose payload holds ``match``, if any."""
+    params = {
+        "tenant_id": tenant_id,
+        "kind": kind,
+        "statuses": ["queued", "failed", *(["running"] if running else [])],
+        "match": json.dumps(match or {}, ensure_ascii=False),
+    }
+    row = (await session.execute(_UNFINISHED, params)).first()
     return (int(row.id), str(row.status)) if row is not None else None
 
 
