@@ -210,6 +210,16 @@ async def test_a_tenant_asking_for_exports_in_a_loop_stores_a_bounded_number(
         group = [await client.get("/v1/groups/g7/export", headers=tenant.headers) for _ in range(5)]
         assert {r.status_code for r in group} == {202}
         assert len({(r.json()["export_url"], r.json()["job_id"]) for r in group}) == 1
+        # Its job failed for good: asked again, the same export, its job run again.
+        async with raw_connection(db_url) as conn:
+            failed = "UPDATE jobs SET status = 'failed', attempts = max_attempts WHERE id = $1"
+            await conn.execute(failed, group[0].json()["job_id"])
+            retried = await client.get("/v1/groups/g7/export", headers=tenant.headers)
+            assert retried.json()["job_id"] == group[0].json()["job_id"]
+            status = await conn.fetchval(
+                "SELECT status FROM jobs WHERE id = $1", group[0].json()["job_id"]
+            )
+        assert status == "queued"
         # Another key asks for its own (only the asker may fetch an export).
         second = (await client.post("/v1/keys", headers=tenant.headers)).json()["key"]
         theirs = await client.get(

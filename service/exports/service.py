@@ -61,7 +61,8 @@ async def export_later(
 ) -> ExportJob | None:
     """None when the export is small enough to stream now; else (or ``now``, whatever its
     size) a pending export and its job, enqueued in the caller's transaction. Only
-    ``requested_by`` may fetch it. Asked again while it is written, the same export; past
+    ``requested_by`` may fetch it. Asked again while it is written, the same export (its
+    job run again if it failed; a new one if its job is gone); past
     ``max_exports_per_tenant`` kept, ``TooManyRequests`` until the first expires (a tenant
     asking for its whole export in a loop stored it again each time, for a day each)."""
     if not now and await privacy.count_export_rows(session, tenant_id, kind, subject) <= (
@@ -71,7 +72,10 @@ async def export_later(
     keep = settings.export_retention_hours * 3600
     hashed = await privacy.subject_hash(session, tenant_id, kind, subject)
     again = await repository.pending_again(session, tenant_id, kind, hashed, requested_by)
-    if again is not None:
+    job = await jobs.get_job(session, tenant_id, again[1]) if again is not None else None
+    if again is not None and job is not None and job["status"] != "done":
+        if job["status"] == "failed":  # asked again: its job runs again
+            await jobs.retry(session, tenant_id, again[1])
         return ExportJob(again[0], again[1], export_url(tenant_id, kind, again[0]))
     kept, first_expiry = await repository.kept(session, tenant_id)
     if kept >= settings.max_exports_per_tenant:
