@@ -162,6 +162,7 @@ async def erase_tenant_now_or_later(
         ERASE_TENANT_JOB,
         EraseTenantPayload(requested_by="admin"),
         now,
+        reuse=False,  # looked for above, a running job included
     )
 
 
@@ -187,6 +188,8 @@ async def _now_or_later(
     kind: str,
     payload: JobPayload,
     erase: Callable[[], Awaitable[dict[str, int]]],
+    *,
+    reuse: bool = True,
 ) -> Erasure:
     if rows <= settings.privacy_sync_limit:
         try:
@@ -197,10 +200,11 @@ async def _now_or_later(
     # The same subject's erasure asked again while its job waits: that job (it will see what
     # commits meanwhile). Not one already running: it may be past a table that a person's
     # new rows have since reached.
-    subject = payload.model_dump(mode="json", exclude={"requested_by"})
-    begun = await _begun(session, tenant_id, kind, subject, running=False)
-    if begun is not None:
-        return Erasure(job_id=begun)
+    if reuse:
+        subject = payload.model_dump(mode="json", exclude={"requested_by"})
+        begun = await _begun(session, tenant_id, kind, subject, running=False)
+        if begun is not None:
+            return Erasure(job_id=begun)
     job_id, _ = await jobs.enqueue(
         session, tenant_id, kind, payload, max_attempts=settings.cognitive.queue.max_attempts
     )
