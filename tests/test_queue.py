@@ -474,6 +474,47 @@ async def test_a_claim_passes_over_no_job_waiting_out_its_backoff(
     assert passed_over(plan[0]["Plan"]) == 0
 
 
+async def test_a_tenants_unfinished_job_of_a_kind_is_found_past_none_of_its_backlog(
+    db: Database, tenant_id: uuid.UUID
+) -> None:
+    # A model's outage leaves a tenant twenty thousand historian jobs queued; every new key,
+    # settings change or admin call within the tenant asks whether it is being erased, and
+    # each asked by reading all of them.
+    [older, erasing] = await enqueue_many(db, tenant_id, "test.erase", 2)
+    async with db.system() as session:
+        await session.execute(
+            text(
+                "INSERT INTO jobs (tenant_id, kind, payload, status, attempts)"
+                " SELECT :t, 'test.backlog', jsonb_build_object('n', n),"
+                " (ARRAY['queued', 'running', 'failed'])[1 + n % 3], n % 2"
+                " FROM generate_series(1, 20000) AS n"
+            ),
+            {"t": tenant_id},
+        )
+        await session.execute(text("UPDATE jobs SET status = 'done' WHERE id = :id"), {"id": older})
+        await session.execute(text("ANALYZE jobs"))
+    params = {
+        "tenant_id": tenant_id,
+        "kind": "test.erase",
+        "statuses": ["queued", "failed", "running"],
+        "match": "{}",
+    }
+    async with db.tenant(tenant_id) as session:
+        found = await repository.unfinished(session, tenant_id, "test.erase")
+        plan = (
+            await session.execute(
+                text("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + repository._UNFINISHED.text),
+                params,
+            )
+        ).scalar_one()
+        done = await repository.unfinished(session, tenant_id, "test.none")
+    assert found == (erasing, "queued") and done is None
+    # A handful: the index's entries and the one row; before, some twenty thousand rows.
+    top = plan[0]["Plan"]
+    touched = top["Shared Hit Blocks"] + top["Shared Read Blocks"]
+    assert touched < 20, touched
+
+
 async def test_an_enqueue_reads_past_none_of_its_tenants_jobs_not_yet_due(
     db: Database, tenant_id: uuid.UUID
 ) -> None:

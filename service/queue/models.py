@@ -59,6 +59,16 @@ class Job(Base):
         Index("ix_jobs_leases", "lease_expires_at", postgresql_where=text("status = 'running'")),
         # GET /v1/jobs?status=…: a tenant's jobs newest first.
         Index("ix_jobs_tenant_status", "tenant_id", "status", text("id DESC")),
+        # A tenant's unfinished job of a kind (``repository.unfinished``: an erasure or an
+        # export asked again, every key made or admin call while the tenant may be erased):
+        # its own entries only, not past each of the tenant's queued jobs of other kinds.
+        Index(
+            "ix_jobs_unfinished",
+            "tenant_id",
+            "kind",
+            text("id DESC"),
+            postgresql_where=text("status IN ('queued', 'running', 'failed')"),
+        ),
         # Pruning finished jobs by age.
         Index(
             "ix_jobs_finished",
