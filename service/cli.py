@@ -455,9 +455,8 @@ async def _tenants_create(db: Database, settings: Settings, args: argparse.Names
 
 async def _tenants_list(db: Database, settings: Settings, args: argparse.Namespace) -> None:
     async with db.system() as session:
-        rows = await list_all(session)
-    for tenant in rows:
-        print(f"{tenant.id}  {tenant.created_at:%Y-%m-%d %H:%M}  {tenant.name}")
+        async for tenant in list_all(session):
+            print(f"{tenant.id}  {tenant.created_at:%Y-%m-%d %H:%M}  {tenant.name}")
 
 
 async def _keys_create(db: Database, settings: Settings, args: argparse.Namespace) -> None:

@@ -56,6 +56,61 @@ async def test_admin_api_is_disabled_without_a_token(db_url: str) -> None:
         assert "disabled" in response.json()["message"]
 
 
+async def test_the_tenants_come_a_page_at_a_time(client: AppClient, db_url: str) -> None:
+    # One service hosts thousands of bot instances, a tenant each: the list was one answer of
+    # every tenant with its settings, and the console read it whole at every admin sign-in.
+    # Tenants made in one transaction share their creation time: the id breaks the tie.
+    made = (await client.post("/admin/tenants", json={"name": "第一"}, headers=ADMIN)).json()
+    async with raw_connection(db_url) as conn:
+        await conn.execute(
+            "INSERT INTO tenants (id, name, settings, created_at)"
+            " SELECT gen_random_uuid(), 'bot ' || n || ' :%/', '{}',"
+            " now() + (n / 7) * interval '1 second' FROM generate_series(1, 1233) AS n"
+        )
+        expected = [
+            str(r["id"]) for r in await conn.fetch("SELECT id FROM tenants ORDER BY created_at, id")
+        ]
+    first = (await client.get("/admin/tenants", headers=ADMIN)).json()
+    assert len(first) == 100 and first[0]["id"] == made["id"]
+    walked: list[str] = []
+    after: str | None = None
+    while True:
+        query = f"?limit=500&after={after}" if after else "?limit=500"
+        page = await client.get("/admin/tenants" + query, headers=ADMIN)
+        assert page.status_code == 200, page.text
+        walked += [t["id"] for t in page.json()]
+        if len(page.json()) < 500:
+            break
+        after = walked[-1]
+    assert walked == expected and len(set(walked)) == 1234
+    last = await client.get(f"/admin/tenants?after={walked[-1]}", headers=ADMIN)
+    assert last.status_code == 200 and last.json() == []
+    for query, name in [
+        ("?limit=0", "limit"),
+        ("?limit=501", "limit"),
+        ("?limit=x", "limit"),
+        ("?after=1%3A2", "after"),
+        ("?after=..%2F..", "after"),
+    ]:
+        refused = await client.get("/admin/tenants" + query, headers=ADMIN)
+        assert refused.status_code == 422, (query, refused.text)
+        assert name in refused.text, (query, refused.text)
+    # A tenant erased while the admin pages: its id no longer tells where the page starts.
+    gone = await client.get(f"/admin/tenants?after={uuid.uuid4()}", headers=ADMIN)
+    assert gone.status_code == 404 and "after" in gone.text
+    await tenants_listed_by_the_command_line(db_url, expected)
+
+
+async def tenants_listed_by_the_command_line(db_url: str, expected: list[str]) -> None:
+    db = Database(db_url)
+    try:
+        async with db.system() as session:
+            listed = [t.id async for t in tenants.list_all(session, page=100)]
+    finally:
+        await db.dispose()
+    assert [str(i) for i in listed] == expected
+
+
 async def test_missing_malformed_and_revoked_keys_get_401(client: AppClient) -> None:
     tenant = await new_tenant(client)
     assert (await client.get("/v1/tenant")).status_code == 401

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, func, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.tenants.models import ApiKey, Tenant
@@ -40,9 +40,16 @@ async def count_active_keys(session: AsyncSession, tenant_id: uuid.UUID) -> int:
     return int(result.scalar_one())
 
 
-async def list_tenants(session: AsyncSession) -> Sequence[Tenant]:
-    """Every tenant, oldest first."""
-    result = await session.execute(select(Tenant).order_by(Tenant.created_at, Tenant.id))
+async def list_tenants(
+    session: AsyncSession, limit: int, after: Tenant | None = None
+) -> Sequence[Tenant]:
+    """``limit`` tenants, oldest first, those made after the tenant ``after`` (None: from
+    the first)."""
+    order = (Tenant.created_at, Tenant.id)
+    query = select(Tenant).order_by(*order).limit(limit)
+    if after is not None:
+        query = query.where(tuple_(*order) > tuple_(after.created_at, after.id))
+    result = await session.execute(query)
     return result.scalars().all()
 
 

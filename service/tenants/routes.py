@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Annotated, Any
 
 from litestar import Controller, Response, delete, get, patch, post
 from litestar.di import Provide
+from litestar.params import Parameter
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.http import errors, provide_admin, provide_system_session
@@ -51,10 +52,19 @@ class AdminController(Controller):
             tenant_id=tenant.id, api_key=key, **service.tenant_info(tenant).model_dump()
         )
 
-    @get("/")
-    async def list_tenants(self, admin: None, session: AsyncSession) -> list[TenantInfo]:
-        """Every tenant."""
-        return await service.list_all(session)
+    @get("/", responses=errors(404))
+    async def list_tenants(
+        self,
+        admin: None,
+        session: AsyncSession,
+        limit: int = Parameter(default=100, ge=1, le=500),
+        after: Annotated[
+            uuid.UUID | None, Parameter(description="a tenant's id: the tenants made after it")
+        ] = None,
+    ) -> list[TenantInfo]:
+        """The tenants, oldest first, a page at a time (``after``: the last one's id, for
+        the next page)."""
+        return await service.list_page(session, limit, after)
 
     @get("/{tenant_id:uuid}", responses=errors(404))
     async def get_tenant(

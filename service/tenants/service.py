@@ -8,6 +8,7 @@ import re
 import secrets
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -430,9 +431,29 @@ async def describe(session: AsyncSession, tenant_id: uuid.UUID) -> TenantInfo:
     return info
 
 
-async def list_all(session: AsyncSession) -> list[TenantInfo]:
-    """Every tenant."""
-    return [tenant_info(t) for t in await repository.list_tenants(session)]
+async def list_page(
+    session: AsyncSession, limit: int, after: uuid.UUID | None = None
+) -> list[TenantInfo]:
+    """``limit`` tenants, oldest first, after the tenant ``after`` (its id: the last of the
+    page before). ``NotFound`` naming ``after`` when there is no such tenant (erased since)."""
+    last = None
+    if after is not None:
+        last = await repository.get_tenant(session, after)
+        if last is None:
+            raise NotFound("no such tenant: the page after it cannot be told", field="after")
+    return [tenant_info(t) for t in await repository.list_tenants(session, limit, last)]
+
+
+async def list_all(session: AsyncSession, page: int = 500) -> AsyncIterator[TenantInfo]:
+    """Every tenant, oldest first, read ``page`` at a time."""
+    after = None
+    while True:
+        tenants = await list_page(session, page, after)
+        for tenant in tenants:
+            yield tenant
+        if len(tenants) < page:
+            return
+        after = tenants[-1].id
 
 
 async def update(
