@@ -7,7 +7,6 @@ over its rate gets 429 with ``Retry-After``.
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 import json
 import time
@@ -30,8 +29,9 @@ class RateLimiter:
     rate: float
     burst: int
     max_keys: int = 100_000
-    # What a key names, for the refusal's message.
+    # What a key names, for the refusal's message; or the whole message.
     of: str = "key"
+    refusal: str = ""
     _buckets: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def wait(self, key: str) -> float:
@@ -42,11 +42,6 @@ class RateLimiter:
         tokens = min(float(self.burst), tokens + (time.monotonic() - last) * self.rate)
         return 0.0 if tokens >= 1 else (1 - tokens) / self.rate
 
-    def spend(self, key: str) -> None:
-        """Spend one token of ``key`` if it has one, without raising."""
-        with contextlib.suppress(TooManyRequests):
-            self.check(key)
-
     def check(self, key: str) -> None:
         """Spend one token of ``key``, or raise ``TooManyRequests`` with the wait."""
         if self.rate <= 0:
@@ -56,13 +51,15 @@ class RateLimiter:
         tokens = min(float(self.burst), tokens + (now - last) * self.rate)
         if tokens < 1:
             self._buckets[key] = (tokens, now)
-            raise TooManyRequests(
-                f"rate limit of {self.rate:g} requests/s for this {self.of}",
-                retry_after=(1 - tokens) / self.rate,
-            )
+            raise self.refused((1 - tokens) / self.rate)
         self._buckets[key] = (tokens - 1, now)
         if len(self._buckets) > self.max_keys:
             self._make_room(now)
+
+    def refused(self, wait: float) -> TooManyRequests:
+        """The refusal of a key that has a token again in ``wait`` seconds."""
+        message = self.refusal or f"rate limit of {self.rate:g} requests/s for this {self.of}"
+        return TooManyRequests(message, retry_after=wait)
 
     def _make_room(self, now: float) -> None:
         # Forget the buckets that have refilled (a new one would be the same), then those
@@ -84,9 +81,7 @@ def admit(*limits: tuple[RateLimiter, str]) -> None:
     waits = [(limiter.wait(key), limiter) for limiter, key in limits]
     wait, limiter = max(waits, key=lambda w: w[0])
     if wait > 0:
-        raise TooManyRequests(
-            f"rate limit of {limiter.rate:g} requests/s for this {limiter.of}", retry_after=wait
-        )
+        raise limiter.refused(wait)
     for limiter, key in limits:
         limiter.check(key)
 

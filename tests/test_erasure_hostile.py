@@ -225,6 +225,8 @@ async def test_the_audit_actor_is_who_authenticated_and_failures_are_bounded(
         bad = await client.get("/v1/memories", headers={"Authorization": forged})
         statuses.append(bad.status_code)
     assert statuses[0] == 401 and statuses[-1] == 429
+    assert "too many failed authentications from this address" in bad.text
+    assert int(bad.headers["retry-after"]) >= 1
     # A valid key from the same address still works.
     assert (await client.get("/v1/tenant", headers=tenant.headers)).status_code == 200
     await audit.flush()

@@ -25,8 +25,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db.rows import dicts
-from service.errors import TooManyRequests
-from service.guard import RateLimiter
+from service.guard import RateLimiter, admit
 from service.privacy.keys import subject_hash
 from service.settings import Settings
 
@@ -129,7 +128,9 @@ class FailedAuthentications:
 
     def __init__(self, settings: Settings) -> None:
         self.limiter = RateLimiter(
-            settings.auth_failure_rate_per_second, settings.auth_failure_burst
+            settings.auth_failure_rate_per_second,
+            settings.auth_failure_burst,
+            refusal="too many failed authentications from this address",
         )
         self.window = settings.audit_failure_window_seconds
         self._windows: dict[tuple[str, str], tuple[float, int]] = {}
@@ -137,12 +138,7 @@ class FailedAuthentications:
     def failed(self, client: str) -> None:
         """Count a failed authentication of the client; ``TooManyRequests`` once it has
         failed too often (a good key from the same address is never refused)."""
-        wait = self.limiter.wait(client)
-        if wait > 0:
-            raise TooManyRequests(
-                "too many failed authentications from this address", retry_after=wait
-            )
-        self.limiter.spend(client)
+        admit((self.limiter, client))
 
     def admit(self, client: str, route: str) -> int:
         """-1: counted, not written; else write a row reporting this many earlier repeats."""
