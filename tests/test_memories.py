@@ -463,6 +463,25 @@ async def test_a_reminder_becomes_a_todo_with_an_absolute_time(
     assert back.status_code == 422 and back.json()["field"] == "status"
 
 
+async def test_a_reminder_naming_no_real_day_is_a_todo_without_a_time(
+    offline: tuple[AppClient, TenantHandle],
+) -> None:
+    # A date that is no day (a typo, a serial number) or too near the calendar's ends to
+    # convert between zones is no trigger time: the todo is kept untimed, and the job ends.
+    client, tenant = offline
+    said = [
+        "提醒大家 2026-02-30 提交周报",
+        "提醒大家交 SN 2024-13-45 的保修单",
+        "提醒大家 9999-12-31 23:30 续费",
+        "提醒大家 0001-01-01 00:10 续费",
+    ]
+    job = await hand_over(client, tenant, request_id="t9", observations=said)
+    assert job["status"] == "done", job
+    assert job["result"]["memory"] == {"todos_added": 4}
+    todos_ = (await client.get("/v1/todos?group_id=g1", headers=tenant.headers)).json()
+    assert len(todos_) == 4 and all(t["trigger_time"] is None for t in todos_)
+
+
 async def test_times_without_an_offset_are_on_the_tenants_clocks(
     offline: tuple[AppClient, TenantHandle],
 ) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.context import in_range
 from service.embedding import Embedder
 from service.errors import Invalid, NotFound
 from service.historian.conversation import Conversation, Operation, Plan
@@ -84,15 +85,21 @@ def private_scope(text: str, original: str) -> str:
 
 
 def reminder_time(text: str, zone: tzinfo, default_hour: int) -> datetime | None:
-    """The first absolute date (and time) in a rewritten text, as the trigger time."""
+    """The first absolute date (and time) in a rewritten text, as the trigger time; none
+    where it names no day the clocks can hold."""
     match = _DATE.search(text)
     if match is None:
         return None
-    day = date.fromisoformat(match.group(1))
+    clock = time(default_hour)
     if match.group(2):
         hour, minute = (int(x) for x in match.group(2).split(":"))
-        return datetime.combine(day, time(hour % 24, minute % 60), zone)
-    return datetime.combine(day, time(default_hour), zone)
+        clock = time(hour % 24, minute % 60)
+    try:
+        # "2026-02-30" or a serial number's "2024-13-45" is no day, and a time within a day
+        # of the calendar's ends may have no UTC to store: each failed the job at every try.
+        return in_range(datetime.combine(date.fromisoformat(match.group(1)), clock, zone))
+    except ValueError:
+        return None
 
 
 @dataclass
