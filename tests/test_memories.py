@@ -574,6 +574,42 @@ async def test_the_llm_completes_a_todo(
     ] == todo["id"]
 
 
+async def test_numbers_and_times_no_column_can_hold_are_refused_to_the_model(
+    online: tuple[AppClient, TenantHandle], llm: FakeLLM
+) -> None:
+    # JSON lets a model write 1e999 (infinity), NaN, a 400-digit integer or the calendar's
+    # first moment east of UTC: each is refused back to it (or the default confidence is
+    # taken), and the turn's other calls are kept.
+    client, tenant = online
+    added = '{"content": "用户A(10001)喜欢爬山", "scope": "MEMBER_IN_GROUP", "confidence": %s}'
+    first = Reply(
+        tool_calls=[
+            ("delete_memory", '{"memory_id": 1e999, "reason": "x"}'),
+            ("complete_todo", '{"todo_id": -1e999}'),
+            ("add_memory", added % "NaN"),
+            ("add_memory", added.replace("爬山", "攀岩") % ("1" + "0" * 400)),
+            (
+                "add_todo",
+                '{"description": "提醒群 g1 的大家续费", '
+                '"trigger_time": "0001-01-01T00:00:00+14:00"}',
+            ),
+        ]
+    )
+    llm.script(
+        tool("submit_rewrite", {"rewrites": [{"index": 0, "text": "用户A(10001)喜欢爬山"}]}),
+        Reply(content="no profile change"),
+        first,
+    )
+    job = await hand_over(client, tenant, request_id="inf1", observations=["我喜欢爬山"])
+    assert job["status"] == "done", job
+    assert job["result"]["memory"] == {"added": 2}
+    refused = [n for n in job["result"]["notes"] if "refused" in n]
+    assert len(refused) == 3, job["result"]["notes"]
+    found = (await client.get("/v1/memories?group_id=g1", headers=tenant.headers)).json()
+    assert sorted(m["confidence"] for m in found) == [0.7, 1.0]
+    assert (await client.get("/v1/todos?group_id=g1", headers=tenant.headers)).json() == []
+
+
 async def test_maintenance_expires_forgets_and_expires_todos(db_url: str) -> None:
     settings = make_settings(
         db_url,

@@ -173,6 +173,9 @@ HOSTILE: list[Any] = [
     -1,
     0,
     2**70,
+    10**400,  # float() of it overflows
+    float("inf"),  # JSON's 1e999
+    float("nan"),
     1.5,
     True,
     [],

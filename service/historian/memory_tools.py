@@ -7,6 +7,7 @@ finds the tool of a call by name, so the schemas and the dispatch cannot disagre
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
@@ -14,6 +15,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.context import in_range
 from service.errors import Invalid
 from service.historian.conversation import Conversation, Operation
 from service.historian.gate import gate
@@ -93,15 +95,19 @@ def absolute(value: Any, name: str) -> str:
 def _integer(value: Any) -> int:
     try:
         return int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # JSON's 1e999 is infinity
         raise Invalid(f"not an id: {value!r}") from None
 
 
 def _number(value: Any) -> float:
     try:
-        return min(max(float(value), 0.0), 1.0)
+        number = float(value)
+    except OverflowError:  # an integer of hundreds of digits
+        number = math.inf if value > 0 else -math.inf
     except (TypeError, ValueError):
         return 0.7
+    # NaN passes min and max as it is, and would be stored as the memory's confidence.
+    return 0.7 if math.isnan(number) else min(max(number, 0.0), 1.0)
 
 
 def _shown_memory(args: dict[str, Any], scene: Scene) -> int:
@@ -301,6 +307,11 @@ def _check_add_todo(args: dict[str, Any], scene: Scene) -> dict[str, Any]:
             raise Invalid("trigger_time must be an ISO 8601 time") from None
         if when.tzinfo is None:
             when = when.replace(tzinfo=scene.conversation.moment.tzinfo)
+        try:
+            # 0001-01-01T00:00+14:00 has no UTC to store: the job's write failed on it.
+            in_range(when)
+        except ValueError as exc:
+            raise Invalid(f"trigger_time: {exc}") from None
     # Someone of this chat, never a member of another group or a made-up id: the todo goes
     # with its assignee into their export, and with their erasure.
     assignee = _participant(args.get("assignee_id"), scene, "assignee")
