@@ -15,10 +15,12 @@ import pkgutil
 import re
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import pytest
 
 import service
+from service.historian.absolutize import Person, Situation, absolutize
 from service.recall.schemas import ContextRequest
 from service.recall.service import build_query
 from service.text import message_content
@@ -100,6 +102,19 @@ def test_context_query_of_a_hostile_message_is_quick(unit: str) -> None:
     start = time.thread_time()
     build_query(request)
     message_content(text)
+    assert time.thread_time() - start < BOUND_SECONDS
+
+
+@pytest.mark.parametrize("unit", ["a", "中", "1", "十", " ", "today ", "on tomorrow ", "met 周三 "])
+def test_absolutizing_a_hostile_text_is_quick(unit: str) -> None:
+    """The rule rewriter's own patterns (the tense guess, the preposition before each time
+    word) over a message of the default maximum length (20,000 characters), which the
+    extraction rewrites without an LLM, stay within the bound."""
+    text = (unit * (20_000 // len(unit) + 1))[:20_000]
+    moment = datetime(2026, 2, 21, 23, 30, tzinfo=UTC)
+    situation = Situation(moment, Person("张三", "10001"), Person("小助手", "20002"), "上海")
+    start = time.thread_time()
+    absolutize(text, situation)
     assert time.thread_time() - start < BOUND_SECONDS
 
 

@@ -124,12 +124,16 @@ def on_the_calendar(replace: Callable[[re.Match[str]], str]) -> Callable[[re.Mat
     return rewrite
 
 
+# A word ending in "ed" is tried from its first character only: from every character of a
+# long word (a run of Chinese is one \w run) the search was quadratic in the word's length.
+_PAST = re.compile(
+    r"了|过|已经|刚|\b(?:was|were|did|went|met|had|ago|yesterday|last)\b|\b\w+ed\b", re.I
+)
+
+
 def looks_past(text: str) -> bool:
     """A rough tense guess for a bare weekday: past if the sentence says so."""
-    return bool(
-        re.search(r"了|过|已经|刚", text)
-        or re.search(r"\b(was|were|did|went|met|had|ago|yesterday|last)\b|\w+ed\b", text, re.I)
-    )
+    return bool(_PAST.search(text))
 
 
 def bare_weekday(today: date, weekday: int, past: bool) -> date:
@@ -155,6 +159,10 @@ def cn_number(token: str) -> int | None:
 
 
 # ---------------------------------------------------------------- Chinese times
+
+# A count is tried from its first digit or numeral only, as in the gate: from every digit of
+# a long run it was quadratic in the run's length.
+_CN_COUNT = r"((?<![0-9])[0-9]+|(?<![一二两三四五六七八九十])[一二两三四五六七八九十]+)"
 
 
 def _relative_times_cn(text: str, s: Situation) -> str:
@@ -187,11 +195,11 @@ def _relative_times_cn(text: str, s: Situation) -> str:
         (r"(最近|近期|这几天|近来)", lambda m: f" 截至{iso(today)} "),
         (r"(前几天)", lambda m: f" {iso(today)}之前几天 "),
         (
-            r"([0-9]+|[一二两三四五六七八九十]+)(天|日)(前|后|之前|之后|以前|以后)",
+            _CN_COUNT + r"(天|日)(前|后|之前|之后|以前|以后)",
             lambda m: _cn_days(m, today),
         ),
         (
-            r"([0-9]+|[一二两三四五六七八九十]+)个?(周|星期|礼拜)(前|后|之前|之后|以前|以后)",
+            _CN_COUNT + r"个?(周|星期|礼拜)(前|后|之前|之后|以前|以后)",
             lambda m: _cn_weeks(m, today),
         ),
         (
@@ -253,7 +261,11 @@ def _cn_weekday(m: re.Match[str], today: date, past: bool) -> str:
 
 # ---------------------------------------------------------------- English times
 
-_PREPOSITIONS = r"\b(?:until|till|by|since|from|before|after|to|through|on|in|of)\s+$"
+_PREPOSITION = re.compile(
+    r"\b(?:until|till|by|since|from|before|after|to|through|on|in|of)\s+$", re.I
+)
+# How far before a time word its preposition is looked for: the word and its spaces.
+_PREPOSITION_REACH = 32
 
 
 def _relative_times_en(text: str, s: Situation) -> str:
@@ -262,8 +274,11 @@ def _relative_times_en(text: str, s: Situation) -> str:
     past = looks_past(text)
 
     def lead(m: re.Match[str], word: str) -> str:
-        # "on 2026-02-22", but "until 2026-02-22": no second preposition after one.
-        return "" if re.search(_PREPOSITIONS, text[: m.start()], re.I) else word + " "
+        # "on 2026-02-22", but "until 2026-02-22": no second preposition after one. Looked
+        # for just before the word: searched over all the text before each time word, a text
+        # of many took time quadratic in its length.
+        start = max(0, m.start() - _PREPOSITION_REACH)
+        return "" if _PREPOSITION.search(text, start, m.start()) else word + " "
 
     def on(offset: int, part: str = "") -> Callable[[re.Match[str]], str]:
         def replace(m: re.Match[str]) -> str:
