@@ -308,3 +308,17 @@ async def test_tool_arguments_of_the_wrong_types_are_retried_then_degraded(
     stored = await event(client, tenant, "l8:1")
     # Never dropped: the rules' absolute draft, marked as not confirmed by the model.
     assert stored["text"] == "张三(10001) 2026-02-22 去北京"
+
+
+async def test_a_rewrite_holding_a_nul_character_is_stored_without_it(
+    online: tuple[AppClient, TenantHandle], llm: FakeLLM
+) -> None:
+    # PostgreSQL's text holds no NUL character, and a model may write one (JSON's \u0000,
+    # which a chat user can ask for): it is dropped from the rewrite.
+    client, tenant = online
+    llm.script(rewrites("张三(10001) 2026-02-22\x00 去北京\x00"))
+    done = await hand_over(client, tenant, request_id="l9", observations=["我明天去北京"])
+    assert done["job"]["status"] == "done", done["job"]
+    assert done["job"]["attempts"] == 1 and done["job"]["result"]["llm_calls"] == 1
+    stored = await event(client, tenant, "l9:1")
+    assert stored["text"] == "张三(10001) 2026-02-22 去北京" and stored["is_absolute"] is True

@@ -156,8 +156,11 @@ def _parse(result_calls: list[Any]) -> dict[int, str]:
             index, text = entry.get("index"), entry.get("text")
             if isinstance(index, str) and index.isdigit():
                 index = int(index)
-            if isinstance(index, int) and isinstance(text, str) and text.strip():
-                out[index] = re.sub(r"\s+", " ", text).strip()
+            if isinstance(text, str):
+                # PostgreSQL's text holds no NUL: one the model wrote failed the job's write.
+                text = re.sub(r"\s+", " ", text.replace("\x00", "")).strip()
+            if isinstance(index, int) and isinstance(text, str) and text:
+                out[index] = text
         return out
     raise LLMError("the model did not call submit_rewrite")
 
