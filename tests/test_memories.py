@@ -610,6 +610,25 @@ async def test_numbers_and_times_no_column_can_hold_are_refused_to_the_model(
     assert (await client.get("/v1/todos?group_id=g1", headers=tenant.headers)).json() == []
 
 
+async def test_a_reason_holding_a_nul_character_is_stored_without_it(
+    online: tuple[AppClient, TenantHandle], llm: FakeLLM
+) -> None:
+    # A change's reason goes to the memory's history, whose text holds no NUL character.
+    client, tenant = online
+    kept = await add(client, tenant, "用户A(10001)喜欢爬山")
+    llm.script(
+        tool("submit_rewrite", {"rewrites": [{"index": 0, "text": "用户A(10001)不再爬山"}]}),
+        Reply(content="no profile change"),
+        tool("delete_memory", {"memory_id": kept["id"], "reason": "不再\x00爬山"}),
+    )
+    job = await hand_over(client, tenant, request_id="nul1", observations=["我不再爬山了"])
+    assert job["status"] == "done", job
+    assert job["result"]["memory"] == {"deactivated": 1}
+    assert "不再爬山" in [
+        entry.get("reason") for entry in await history(client, tenant, kept["id"])
+    ]
+
+
 async def test_maintenance_expires_forgets_and_expires_todos(db_url: str) -> None:
     settings = make_settings(
         db_url,

@@ -110,6 +110,11 @@ def _number(value: Any) -> float:
     return 0.7 if math.isnan(number) else min(max(number, 0.0), 1.0)
 
 
+def _reason(value: Any) -> str:
+    # Kept in the memory's history, whose text holds no NUL: one failed the job's write.
+    return str(value or "").replace("\x00", "")[:500]
+
+
 def _shown_memory(args: dict[str, Any], scene: Scene) -> int:
     memory_id = _integer(args.get("memory_id"))
     if memory_id not in scene.known:
@@ -231,7 +236,7 @@ ADD_MEMORY = Tool(
 
 def _check_update_memory(args: dict[str, Any], scene: Scene) -> dict[str, Any]:
     memory_id = _shown_memory(args, scene)
-    reason = str(args.get("reason") or "")[:500]
+    reason = _reason(args.get("reason"))
     content = absolute(args.get("new_content"), "new_content")
     if scene.known[memory_id].get("scope") == "GLOBAL":
         _check_global(content, scene)
@@ -268,7 +273,7 @@ UPDATE_MEMORY = Tool(
 
 def _check_delete_memory(args: dict[str, Any], scene: Scene) -> dict[str, Any]:
     memory_id = _shown_memory(args, scene)
-    return {"memory_id": memory_id, "reason": str(args.get("reason") or "")[:500]}
+    return {"memory_id": memory_id, "reason": _reason(args.get("reason"))}
 
 
 async def _apply_delete_memory(writing: Writing, args: dict[str, Any]) -> str:
