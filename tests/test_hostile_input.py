@@ -553,3 +553,35 @@ async def test_an_empty_id_is_no_id(client: AppClient, tenant: TenantHandle) -> 
     assert created.json()["user_id"] is None
     body = {"scope": "GLOBAL", "group_id": "", "user_id": "", "content": "喜欢猫"}
     assert_refused(await client.post("/v1/memories", json=body, headers=tenant.headers), "user_id")
+
+
+async def test_a_request_id_whose_event_ids_are_another_turns_is_refused(
+    worker: tuple[AppClient, TenantHandle],
+) -> None:
+    client, tenant = worker
+    # Turn ("t", 1) with two observations names its events t:1:1 and t:1:2; turn ("t:1", 1)
+    # with one names its event t:1:1 too.
+    first = {
+        "request_type": "group",
+        "group_id": "A",
+        "sender_id": "u1",
+        "timestamp": "2026-02-21T23:30:00+08:00",
+        "request_id": "t",
+        "observations": ["A 群的秘密: 张三住在 3 号楼", "李四明天去上海"],
+    }
+    accepted = (await client.post("/v1/end", json=first, headers=tenant.headers)).json()
+    assert accepted["event_ids"] == ["t:1:1", "t:1:2"]
+    assert (await until_finished(client, tenant, accepted["job_id"]))["status"] == "done"
+    second = {**first, "group_id": "B", "request_id": "t:1", "observations": ["B 群的秘密"]}
+    response = await client.post("/v1/end", json=second, headers=tenant.headers)
+    if response.status_code == 202:
+        await until_finished(client, tenant, response.json()["job_id"])
+    event = (await client.get(f"/v1/events/{path('t:1:1')}", headers=tenant.headers)).json()
+    assert (event["group_id"], event["source_text"]) == ("A", first["observations"][0])
+    assert_refused(response, "request_id", 409)
+    # Asked again in the other order: the lone observation's turn holds its id first.
+    lone = {**second, "request_id": "u:2", "end_seq": 1}
+    assert (await client.post("/v1/end", json=lone, headers=tenant.headers)).status_code == 202
+    several = {**first, "request_id": "u", "end_seq": 2, "observations": ["x", "y"]}
+    response = await client.post("/v1/end", json=several, headers=tenant.headers)
+    assert_refused(response, "request_id", 409)

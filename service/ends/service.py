@@ -12,8 +12,10 @@ from service.context import ConversationContext, checked_moment, scope_of
 from service.db.engine import Database
 from service.ends import repository
 from service.ends.schemas import EndAccepted, EndRequest, MemoInfo
-from service.errors import Invalid
+from service.errors import Conflict, Invalid
+from service.events import service as events
 from service.privacy.service import was_erased
+from service.queue import repository as jobs
 from service.queue.payloads import EndPayload
 from service.settings import Settings
 from service.tenants.service import TenantContext
@@ -50,6 +52,39 @@ def dedupe_key(request_id: str, end_seq: int) -> str:
     return f"end:{request_id}:{end_seq}"
 
 
+def neighbour_turns(request_id: str, end_seq: int, observations: int) -> list[tuple[str, int]]:
+    """The other turns that may name an event as this one does: a lone observation's id
+    (``r:s``) has the shape of one of several (``r:s:N``) where one request id is the
+    other's followed by ':' and its end_seq (("t:1", 2) and ("t", 1)'s second: ``t:1:2``)."""
+    if observations > 1:
+        return [(f"{request_id}:{end_seq}", n) for n in range(1, observations + 1)]
+    head, _, tail = request_id.rpartition(":")
+    if observations == 1 and head and tail.isdigit() and tail == str(int(tail)):
+        return [(head, int(tail))]
+    return []
+
+
+async def check_event_ids(db: Database, tenant: TenantContext, request: EndRequest) -> None:
+    """Refuse a turn whose event ids another turn holds (its events, or its job's receipt):
+    the historian's write would replace that turn's events, of any conversation, with these."""
+    others = neighbour_turns(request.request_id, request.end_seq, len(request.observations))
+    if not others:
+        return
+    memo = bool(request.memo)
+    ids = event_ids(request.request_id, request.end_seq, len(request.observations), memo)
+    keys = [dedupe_key(*turn) for turn in others]
+    async with db.tenant(tenant.tenant_id) as session:
+        taken = await jobs.listed_by_receipts(session, tenant.tenant_id, keys, ids)
+        taken |= await events.held_by_other_turns(
+            session, tenant.tenant_id, ids, request.request_id, request.end_seq
+        )
+    if taken:
+        raise Conflict(
+            f"event id {min(taken)} is another turn's; give this turn another request_id",
+            field="request_id",
+        )
+
+
 async def accept_end(
     db: Database, tenant: TenantContext, request: EndRequest, settings: Settings
 ) -> EndAccepted:
@@ -84,6 +119,8 @@ async def accept_end(
     )
     private = request.request_type == "private"
     flagged = await check_erased(db, tenant, [request.sender_id, request.user_id])
+    if enqueue:
+        await check_event_ids(db, tenant, request)
     async with db.tenant_connection(tenant.tenant_id, durable=not tenant.fast_ack) as conn:
         row = await conn.fetchrow(
             repository.ACCEPT_END,

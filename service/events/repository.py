@@ -218,6 +218,23 @@ async def events_by_ids(
     return {row["id"]: row for row in rows}
 
 
+_OTHERS = text(
+    """
+    SELECT id FROM events
+    WHERE tenant_id = :tenant_id AND id = ANY(:ids)
+      AND (request_id <> :request_id OR end_seq <> :end_seq)
+    """
+)
+
+
+async def held_by_other_turns(
+    session: AsyncSession, tenant_id: uuid.UUID, event_ids: list[str], request_id: str, end_seq: int
+) -> set[str]:
+    """Those of ``event_ids`` that are events of another turn than (request_id, end_seq)."""
+    params = {"tenant_id": tenant_id, "ids": event_ids, "request_id": request_id}
+    return {row[0] for row in await session.execute(_OTHERS, {**params, "end_seq": end_seq})}
+
+
 async def get_event(
     session: AsyncSession, tenant_id: uuid.UUID, event_id: str
 ) -> dict[str, Any] | None:

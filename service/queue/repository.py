@@ -746,6 +746,29 @@ async def payload_field_by_dedupe(
     return {row[0] for row in await session.execute(_PAYLOAD_FIELD_BY_DEDUPE, params)}
 
 
+# Which of :items the receipts of these dedupe keys list in their answer (a JSON array, as
+# ``enqueue_beside``'s field of the payload).
+_LISTED_BY_RECEIPTS = text(
+    """
+    SELECT DISTINCT item FROM job_receipts AS r,
+         jsonb_array_elements_text(
+             CASE WHEN jsonb_typeof(r.answer) = 'array' THEN r.answer ELSE '[]' END) AS item
+    WHERE r.tenant_id = :tenant_id AND r.dedupe_key = ANY(:dedupe_keys) AND item = ANY(:items)
+    """
+)
+
+
+async def listed_by_receipts(
+    session: AsyncSession, tenant_id: uuid.UUID, dedupe_keys: list[str], items: list[str]
+) -> set[str]:
+    """Those of ``items`` that the tenant's receipts of these dedupe keys list in their
+    answer (a job queued, running or finished, until its receipt is pruned)."""
+    if not dedupe_keys or not items:
+        return set()
+    params = {"tenant_id": tenant_id, "dedupe_keys": dedupe_keys, "items": items}
+    return {row[0] for row in await session.execute(_LISTED_BY_RECEIPTS, params)}
+
+
 _KIND_STATUS_COUNTS = text("SELECT kind, status, count(*) AS n FROM jobs GROUP BY kind, status")
 
 
