@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from datetime import UTC, datetime, tzinfo
 from typing import Annotated, Any, Literal
@@ -62,7 +63,8 @@ MAX_JSON_DEPTH = 64
 def check_json(value: Any, field: str = "") -> None:
     """Refuse, naming the field (``messages.0.text``), the shallowest JSON value PostgreSQL
     cannot store or that is nested too deeply: text holding a NUL character (text and jsonb
-    cannot hold one), or nesting beyond ``MAX_JSON_DEPTH``."""
+    cannot hold one), a number that is not finite (NaN and Infinity, which Python's json
+    reads and writes, and jsonb has no word for), or nesting beyond ``MAX_JSON_DEPTH``."""
     # Iterative: a body may be nested as deep as the decoder allows.
     pending: deque[tuple[str, Any, int]] = deque([(field, value, 0)])
     while pending:
@@ -71,6 +73,8 @@ def check_json(value: Any, field: str = "") -> None:
             raise Invalid(f"nested more than {MAX_JSON_DEPTH} levels deep", field=path)
         if isinstance(item, str) and "\x00" in item:
             raise Invalid("text must not contain NUL characters", field=path or "body")
+        if isinstance(item, float) and not math.isfinite(item):
+            raise Invalid("a number must be finite (not NaN or Infinity)", field=path or "body")
         if isinstance(item, dict):
             for key, child in item.items():
                 name = f"{path}.{key}" if path else str(key)

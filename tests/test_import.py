@@ -523,3 +523,30 @@ async def test_a_big_history_is_planned_on_statistics_that_count_it(
     finally:
         event.remove(db.engine.sync_engine, "before_cursor_execute", count)
         await db.dispose()
+
+
+async def test_numbers_json_has_no_word_for_are_skipped_beside_the_good_ones(
+    db_url: str, tmp_path: Path
+) -> None:
+    """Python's json writes a float that is not a number as NaN or Infinity, which jsonb
+    cannot hold: the record holding one is skipped by name, the rest imported."""
+    data = bot_data(tmp_path / "data")
+    cognitive = data / "cognitive"
+    events = cognitive / "chromadb" / "events.json"
+    exported = json.loads(events.read_text(encoding="utf-8"))
+    exported["metadatas"][0]["confidence"] = float("nan")
+    events.write_text(json.dumps(exported, ensure_ascii=False), encoding="utf-8")
+    job = cognitive / "queues" / "pending" / f"{GROUP_JOB}.json"
+    record = json.loads(job.read_text(encoding="utf-8"))
+    record["recent_messages"] = [{"text": "hi", "score": float("inf")}]
+    job.write_text(json.dumps(record, ensure_ascii=False), encoding="utf-8")
+    env = clean_env(MEMORIA_DATABASE_URL=db_url)
+    created = await asyncio.to_thread(memoria, "tenants", "create", "nan-bot", env=env)
+    tenant_id = created.stdout.split("tenant_id:")[1].split()[0]
+
+    summary, _ = await run_import(db_url, str(data), "--tenant", tenant_id)
+    assert counts(summary)["events"] == (1, 0)
+    assert counts(summary)["jobs"] == (1, 0)
+    skipped = summary.split("skipped:")[1]
+    assert "cognitive/chromadb/events.json[0]: metadata.confidence:" in skipped
+    assert f"cognitive/queues/pending/{GROUP_JOB}.json: recent_messages.0.score:" in skipped
