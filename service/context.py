@@ -60,11 +60,27 @@ def on_clocks(value: datetime | None, zone: tzinfo) -> datetime | None:
 MAX_JSON_DEPTH = 64
 
 
+_HALF_PAIR = "text must not contain half of a UTF-16 surrogate pair (\\ud800-\\udfff alone)"
+
+
+def _encodable(text: str) -> bool:
+    """Whether UTF-8 can write ``text`` (it holds no lone surrogate)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def check_json(value: Any, field: str = "") -> None:
     """Refuse, naming the field (``messages.0.text``), the shallowest JSON value PostgreSQL
     cannot store or that is nested too deeply: text holding a NUL character (text and jsonb
-    cannot hold one), a number that is not finite (NaN and Infinity, which Python's json
-    reads and writes, and jsonb has no word for), or nesting beyond ``MAX_JSON_DEPTH``."""
+    cannot hold one), text holding half of a UTF-16 pair (Python's json reads ``\ud83d``
+    alone; UTF-8 has no bytes for it), a number that is not finite (NaN and Infinity,
+    which Python's json reads and writes, and jsonb has no word for), or nesting beyond
+    ``MAX_JSON_DEPTH``."""
     # Iterative: a body may be nested as deep as the decoder allows.
     pending: deque[tuple[str, Any, int]] = deque([(field, value, 0)])
     while pending:
@@ -73,6 +89,8 @@ def check_json(value: Any, field: str = "") -> None:
             raise Invalid(f"nested more than {MAX_JSON_DEPTH} levels deep", field=path)
         if isinstance(item, str) and "\x00" in item:
             raise Invalid("text must not contain NUL characters", field=path or "body")
+        if isinstance(item, str) and not _encodable(item):
+            raise Invalid(_HALF_PAIR, field=path or "body")
         if isinstance(item, float) and not math.isfinite(item):
             raise Invalid("a number must be finite (not NaN or Infinity)", field=path or "body")
         if isinstance(item, dict):
@@ -80,6 +98,8 @@ def check_json(value: Any, field: str = "") -> None:
                 name = f"{path}.{key}" if path else str(key)
                 if "\x00" in str(key):
                     raise Invalid("a key must not contain NUL characters", field=name)
+                if not _encodable(str(key)):
+                    raise Invalid(_HALF_PAIR, field=name)
                 pending.append((name, child, depth + 1))
         elif isinstance(item, list):
             pending.extend(

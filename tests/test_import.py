@@ -550,3 +550,24 @@ async def test_numbers_json_has_no_word_for_are_skipped_beside_the_good_ones(
     skipped = summary.split("skipped:")[1]
     assert "cognitive/chromadb/events.json[0]: metadata.confidence:" in skipped
     assert f"cognitive/queues/pending/{GROUP_JOB}.json: recent_messages.0.score:" in skipped
+
+
+async def test_text_json_escapes_as_lone_surrogates_is_skipped_beside_the_good_ones(
+    db_url: str, tmp_path: Path
+) -> None:
+    """A JSON escape of half a UTF-16 pair (\\ud83d without its \\ude00) reads as no
+    character UTF-8 can write: the record holding one is skipped by name, the rest imported."""
+    data = bot_data(tmp_path / "data")
+    cognitive = data / "cognitive"
+    events = cognitive / "chromadb" / "events.json"
+    exported = json.loads(events.read_text(encoding="utf-8"))
+    exported["documents"][0] += " \ud83d"
+    events.write_text(json.dumps(exported), encoding="utf-8")  # ASCII: escaped as \ud83d
+    env = clean_env(MEMORIA_DATABASE_URL=db_url)
+    created = await asyncio.to_thread(memoria, "tenants", "create", "half-pair-bot", env=env)
+    tenant_id = created.stdout.split("tenant_id:")[1].split()[0]
+
+    summary, _ = await run_import(db_url, str(data), "--tenant", tenant_id)
+    assert counts(summary)["events"] == (1, 0)
+    assert counts(summary)["jobs"] == (2, 0)
+    assert "cognitive/chromadb/events.json[0]: document:" in summary.split("skipped:")[1]
