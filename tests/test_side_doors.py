@@ -217,6 +217,25 @@ async def test_webhooks_to_internal_addresses_are_refused(client: AppClient) -> 
     assert ok.status_code == 200, ok.text
 
 
+async def test_malformed_webhook_urls_are_refused_naming_the_field(client: AppClient) -> None:
+    """A URL whose host or port cannot be read is a 422 when set: an unclosed IPv6 bracket was
+    a 500, and a port out of range or not a number, or a name with a label over 63 characters,
+    was kept, and every delivery then failed."""
+    tenant = await new_tenant(client)
+    for url in (
+        "http://[::1",
+        "http://[2606:4700::1111/hook",
+        "http://hooks.example.com:99999/t",
+        "http://hooks.example.com:http/t",
+        f"https://{'a' * 64}.example.com/t",
+    ):
+        response = await client.patch(
+            "/v1/settings", json={"webhook_url": url}, headers=tenant.headers
+        )
+        assert response.status_code == 422, (url, response.text)
+        assert response.json()["field"] == "settings.webhook_url"
+
+
 async def _deliver_to(db_url: str, url_of: Any, **settings: Any) -> tuple[dict[str, Any], int]:
     """Deliver one due todo to the URL ``url_of(port)`` of a loopback hook answering 418,
     the URL written straight into the tenant's settings (as one resolving to loopback only

@@ -38,7 +38,16 @@ def public(address: IPAddress) -> bool:
 
 def check_url(url: str, *, allow_private: bool) -> None:
     """``Invalid`` for a webhook URL that is not http(s) or names a non-public address."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        # A port out of range or not a number, a name that cannot be looked up (a label over
+        # 63 characters): every delivery would fail.
+        parts.port  # noqa: B018
+        (parts.hostname or "").encode("idna")
+    except ValueError:
+        raise Invalid(
+            "an http(s) URL, or empty to switch it off", field="settings.webhook_url"
+        ) from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise Invalid("an http(s) URL, or empty to switch it off", field="settings.webhook_url")
     if allow_private:
@@ -58,7 +67,7 @@ async def _resolve(host: str, port: int) -> list[IPAddress]:
     loop = asyncio.get_running_loop()
     try:
         infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except OSError:
+    except (OSError, UnicodeError):
         raise Refused("the webhook's host name does not resolve") from None
     return [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
 
