@@ -5,6 +5,7 @@ private."""
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import socket
 import threading
 import time
@@ -19,6 +20,7 @@ from sqlalchemy import text
 
 from service.app import create_app
 from service.db.migrate import alembic_config
+from service.errors import Invalid
 from service.settings import Settings
 from service.todos import webhook
 from tests.conftest import (
@@ -234,6 +236,16 @@ async def test_malformed_webhook_urls_are_refused_naming_the_field(client: AppCl
         )
         assert response.status_code == 422, (url, response.text)
         assert response.json()["field"] == "settings.webhook_url"
+
+
+async def test_nat64_addresses_of_internal_ones_are_refused() -> None:
+    """An IPv6 address of the NAT64 prefix reaches the IPv4 address it ends with (on an
+    IPv6-only network, DNS64 gives every name one): it counts as that address."""
+    for address in ("64:ff9b::7f00:1", "64:ff9b::a00:5", "64:ff9b::a9fe:a9fe"):
+        assert not webhook.public(ipaddress.ip_address(address)), address
+        with pytest.raises(Invalid):
+            webhook.check_url(f"http://[{address}]/hook", allow_private=False)
+    assert webhook.public(ipaddress.ip_address("64:ff9b::808:808"))
 
 
 async def _deliver_to(db_url: str, url_of: Any, **settings: Any) -> tuple[dict[str, Any], int]:

@@ -28,11 +28,20 @@ class Refused(Exception):
     """The webhook's target is not one the worker may reach."""
 
 
+# NAT64's well-known prefix: on an IPv6-only network the gateway carries such an address to the
+# IPv4 address of its last 32 bits (and DNS64 gives every name with only an IPv4 address one).
+NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+
+
 def public(address: IPAddress) -> bool:
     """Whether an address is on the public internet (not loopback, link-local, private,
-    multicast, unspecified or reserved; an IPv4-mapped IPv6 address counts as its IPv4)."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
+    multicast, unspecified or reserved; an IPv4-mapped or NAT64 IPv6 address counts as its
+    IPv4)."""
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+        elif address in NAT64:
+            address = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
     return address.is_global and not address.is_multicast
 
 
