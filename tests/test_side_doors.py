@@ -345,6 +345,41 @@ async def test_a_webhook_that_drips_its_answer_is_cut_at_the_timeout() -> None:
     assert time.monotonic() - started < 5
 
 
+async def test_a_webhook_answering_without_end_is_not_read_to_its_end() -> None:
+    """Its status is what a delivery needs: an answer of gigabytes was read into the worker's
+    memory for as long as the timeout allowed, and the delivery then failed as timed out."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    stop = threading.Event()
+    sent = 0
+
+    def flood() -> None:
+        nonlocal sent
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000000000\r\n\r\n")
+            chunk = b"x" * 65536
+            # 32 MB then silence: enough to tell, little enough for the test machine.
+            while sent < 32 * 1024 * 1024 and not stop.is_set():
+                try:
+                    conn.sendall(chunk)
+                except OSError:
+                    return
+                sent += len(chunk)
+            stop.wait(10)
+
+    threading.Thread(target=flood, daemon=True).start()
+    url = f"http://127.0.0.1:{server.getsockname()[1]}/hook"
+    try:
+        response = await webhook.post(url, {"event": "todo.due"}, timeout=3.0, allow_private=True)
+    finally:
+        stop.set()
+        server.close()
+    assert response.status_code == 200
+
+
 # --- what is private stays private --------------------------------------------------------
 
 

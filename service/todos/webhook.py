@@ -24,6 +24,10 @@ from service.errors import Invalid
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
+# The bytes of a webhook's answer read at most.
+ANSWER_LIMIT = 64 * 1024
+
+
 class Refused(Exception):
     """The webhook's target is not one the worker may reach."""
 
@@ -85,8 +89,8 @@ async def post(
     url: str, body: dict[str, Any], *, timeout: float, allow_private: bool
 ) -> httpx.Response:
     """POST ``body`` to ``url`` at an address checked just before (``Refused`` if none may be
-    reached), within ``timeout`` seconds in all (``TimeoutError``); TLS is still verified
-    for the URL's host name."""
+    reached), within ``timeout`` seconds in all (``TimeoutError``), reading at most
+    ``ANSWER_LIMIT`` bytes of the answer; TLS is still verified for the URL's host name."""
     parts = urlsplit(url)
     host = parts.hostname
     if parts.scheme not in ("http", "https") or not host:
@@ -106,7 +110,15 @@ async def post(
     async with (
         asyncio.timeout(timeout),
         httpx.AsyncClient(timeout=timeout, follow_redirects=False) as client,
+        client.stream(
+            "POST", pinned, json=body, headers=headers, extensions={"sni_hostname": host}
+        ) as response,
     ):
-        return await client.post(
-            pinned, json=body, headers=headers, extensions={"sni_hostname": host}
-        )
+        # The status is the answer; its body is read only so far (raw: a compressed one is
+        # not inflated), or an answer without end would fill the worker's memory.
+        read = 0
+        async for chunk in response.aiter_raw():
+            read += len(chunk)
+            if read >= ANSWER_LIMIT:
+                break
+        return response
