@@ -9,6 +9,7 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
+from sqlalchemy import text as sql
 
 from service.app import create_app
 from tests.conftest import (
@@ -585,3 +586,32 @@ async def test_a_request_id_whose_event_ids_are_another_turns_is_refused(
     several = {**first, "request_id": "u", "end_seq": 2, "observations": ["x", "y"]}
     response = await client.post("/v1/end", json=several, headers=tenant.headers)
     assert_refused(response, "request_id", 409)
+
+
+async def test_a_todos_status_or_description_set_to_null_is_refused_by_name(
+    client: AppClient, tenant: TenantHandle
+) -> None:
+    """A todo has always a status and a description: null for either was a 409 naming no
+    field (the database's NOT NULL); null for its time or assignee clears them."""
+    async with client.app.state.runtime.db.system() as session:
+        await session.execute(
+            sql(
+                "INSERT INTO todos (tenant_id, conversation_key, group_id, description)"
+                " VALUES (CAST(:t AS uuid), 'g:g', 'g', '交周报')"
+            ),
+            {"t": tenant.id},
+        )
+    [todo] = (await client.get("/v1/todos", headers=tenant.headers)).json()
+    for name in ("status", "description"):
+        response = await client.patch(
+            f"/v1/todos/{todo['id']}", json={name: None}, headers=tenant.headers
+        )
+        assert_refused(response, name)
+    response = await client.patch(
+        f"/v1/todos/{todo['id']}",
+        json={"trigger_time": None, "assignee_id": None},
+        headers=tenant.headers,
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["status"] == "PENDING"
+    assert response.json()["description"] == "交周报"

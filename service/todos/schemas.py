@@ -43,3 +43,12 @@ class TodoPatch(BaseModel):
     assignee_id: str | None = Field(default=None, max_length=128)
 
     _assignee = field_validator("assignee_id")(path_safe)
+
+    @field_validator("status", "description")
+    @classmethod
+    def _given(cls, value: str | None) -> str:
+        # Left out, either stays; null would clear what a todo always has (and hit the
+        # database's NOT NULL, a conflict naming nothing). Null clears a time or an assignee.
+        if value is None:
+            raise ValueError("may be left out, not null")
+        return value
