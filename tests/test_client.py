@@ -188,6 +188,35 @@ async def test_the_rest_of_the_surface(memoria: MemoriaClient) -> None:
     assert (await memoria.erase_user("10001"))["erased"] == "user"
 
 
+async def test_ids_of_dots_reach_their_own_path(memoria: MemoriaClient) -> None:
+    """A person or group whose id is '.' or '..' (the service takes any id without '/') is
+    exported and erased as itself: sent bare, the dots were resolved as a path's, and the call
+    went to another route or none (a 404 for an erasure of someone whose data stayed)."""
+    document = USER_DOC.replace('"10001"', '".."')
+    await memoria.put_profile("user", "..", document)
+    assert (await memoria.get_profile("user", "..")).entity_id == ".."
+    stored = await memoria.store_messages(
+        {
+            **GROUP,
+            "group_id": ".",
+            "user_id": "..",
+            "sender_id": "..",
+            "messages": [{"message_id": "m-1", "text": "周五一起去爬山吧"}],
+        }
+    )
+    assert stored.stored == 1
+    exported = io.BytesIO()
+    await memoria.export_user("..", exported)
+    assert json.loads(exported.getvalue())["manifest"]["counts"]["messages"] == 1
+    exported = io.BytesIO()
+    await memoria.export_group(".", exported)
+    assert json.loads(exported.getvalue())["manifest"]["counts"]["messages"] == 1
+    receipt = await memoria.erase_group(".")
+    assert receipt["erased"] == "group" and receipt["counts"]["messages"] == 1
+    receipt = await memoria.erase_user("..")
+    assert receipt["erased"] == "user" and receipt["counts"]["profiles"] == 1
+
+
 async def test_errors_carry_status_code_message_field_and_request_id(
     memoria: MemoriaClient,
 ) -> None:

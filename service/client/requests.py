@@ -143,7 +143,9 @@ def row_id(value: object, field: str) -> int:
 
 def segment(value: object) -> str:
     """One path segment, escaped (ids are the bot's, and may hold anything)."""
-    return quote(str(value), safe="")
+    escaped = quote(str(value), safe="")
+    # A bare '.' or '..' would be resolved as a path's own, before the request is sent.
+    return escaped.replace(".", "%2E") if escaped in (".", "..") else escaped
 
 
 def profile_path(entity_type: str, entity_id: str, group_id: str | None) -> str:
