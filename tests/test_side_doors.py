@@ -380,6 +380,37 @@ async def test_a_webhook_answering_without_end_is_not_read_to_its_end() -> None:
     assert response.status_code == 200
 
 
+async def test_a_webhook_on_an_internationalized_name_is_delivered() -> None:
+    """A name in another script goes out as DNS has it (IDNA), in the Host header too: it
+    resolved, then every delivery failed building the request (a Host header must be ASCII).
+    Fullwidth 'localhost' is such a name, and resolves here."""
+    hosts: list[str] = []
+
+    class Hook(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            hosts.append(self.headers["Host"])
+            self.send_response(204)
+            self.end_headers()
+
+    hook = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=hook.serve_forever, daemon=True).start()
+    port = hook.server_address[1]
+    try:
+        response = await webhook.post(
+            f"http://\uff4c\uff4f\uff43\uff41\uff4c\uff48\uff4f\uff53\uff54:{port}/hook",
+            {"event": "todo.due"},
+            timeout=5.0,
+            allow_private=True,
+        )
+    finally:
+        hook.shutdown()
+    assert response.status_code == 204
+    assert hosts == [f"localhost:{port}"]
+
+
 # --- what is private stays private --------------------------------------------------------
 
 

@@ -104,14 +104,19 @@ async def post(
     shown = f"[{address}]" if address.version == 6 else str(address)
     netloc = f"{shown}:{parts.port}" if parts.port else shown
     pinned = urlunsplit((parts.scheme, netloc, parts.path or "/", parts.query, ""))
-    headers = {"User-Agent": "memoria", "Host": parts.netloc.rpartition("@")[2]}
+    # A name in another script as DNS and TLS have it (a Host header is ASCII).
+    name = host.encode("idna").decode("ascii")
+    authority = f"[{name}]" if ":" in name else name
+    if parts.port:
+        authority = f"{authority}:{parts.port}"
+    headers = {"User-Agent": "memoria", "Host": authority}
     # The client's timeout bounds each read, not the answer: a target that sends a byte now
     # and then would hold the delivery job, and a worker slot, for as long as it dripped.
     async with (
         asyncio.timeout(timeout),
         httpx.AsyncClient(timeout=timeout, follow_redirects=False) as client,
         client.stream(
-            "POST", pinned, json=body, headers=headers, extensions={"sni_hostname": host}
+            "POST", pinned, json=body, headers=headers, extensions={"sni_hostname": name}
         ) as response,
     ):
         # The status is the answer; its body is read only so far (raw: a compressed one is
