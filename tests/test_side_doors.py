@@ -238,6 +238,14 @@ async def test_malformed_webhook_urls_are_refused_naming_the_field(client: AppCl
         assert response.json()["field"] == "settings.webhook_url"
 
 
+async def test_a_malformed_webhook_url_kept_from_before_fails_its_delivery_at_once() -> None:
+    """Such a URL stored before it was refused when set is refused at delivery, as a target
+    the worker may not reach (the job fails for good): it raised ValueError, retried."""
+    for url in ("http://hooks.example.com:99999/t", "http://[::1", f"http://{'a' * 64}.org/"):
+        with pytest.raises(webhook.Refused):
+            await webhook.post(url, {}, timeout=1.0, allow_private=True)
+
+
 async def test_nat64_addresses_of_internal_ones_are_refused() -> None:
     """An IPv6 address of the NAT64 prefix reaches the IPv4 address it ends with (on an
     IPv6-only network, DNS64 gives every name one): it counts as that address."""

@@ -15,7 +15,7 @@ import asyncio
 import ipaddress
 import socket
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 import httpx
 
@@ -49,23 +49,30 @@ def public(address: IPAddress) -> bool:
     return address.is_global and not address.is_multicast
 
 
+def _target(url: str) -> tuple[SplitResult, str, int]:
+    """The URL's parts, host name and port (the scheme's when none is written);
+    ``ValueError`` for a URL that is not http(s) or whose host or port cannot be read (a port
+    out of range or not a number, an unclosed IPv6 bracket, a name with a label over 63
+    characters: every delivery would fail)."""
+    parts = urlsplit(url)
+    port = parts.port
+    host = parts.hostname
+    if parts.scheme not in ("http", "https") or not host:
+        raise ValueError("not an http(s) URL")
+    host.encode("idna")  # UnicodeError, a ValueError, for a name DNS cannot carry
+    return parts, host, port or (443 if parts.scheme == "https" else 80)
+
+
 def check_url(url: str, *, allow_private: bool) -> None:
     """``Invalid`` for a webhook URL that is not http(s) or names a non-public address."""
     try:
-        parts = urlsplit(url)
-        # A port out of range or not a number, a name that cannot be looked up (a label over
-        # 63 characters): every delivery would fail.
-        parts.port  # noqa: B018
-        (parts.hostname or "").encode("idna")
+        _, host, _ = _target(url)
     except ValueError:
         raise Invalid(
             "an http(s) URL, or empty to switch it off", field="settings.webhook_url"
         ) from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise Invalid("an http(s) URL, or empty to switch it off", field="settings.webhook_url")
     if allow_private:
         return
-    host = parts.hostname
     if host == "localhost" or host.endswith((".localhost", ".local", ".internal")):
         raise Invalid("the webhook must be on the public internet", field="settings.webhook_url")
     try:
@@ -91,11 +98,11 @@ async def post(
     """POST ``body`` to ``url`` at an address checked just before (``Refused`` if none may be
     reached), within ``timeout`` seconds in all (``TimeoutError``), reading at most
     ``ANSWER_LIMIT`` bytes of the answer; TLS is still verified for the URL's host name."""
-    parts = urlsplit(url)
-    host = parts.hostname
-    if parts.scheme not in ("http", "https") or not host:
-        raise Refused("the webhook URL is not http(s)")
-    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        parts, host, port = _target(url)
+    except ValueError:
+        # Kept from before such URLs were refused when set: no delivery would get further.
+        raise Refused("the webhook URL is not an http(s) URL that can be reached") from None
     addresses = await _resolve(host, port)
     allowed = [a for a in addresses if allow_private or public(a)]
     if not allowed or len(allowed) < len(addresses):
