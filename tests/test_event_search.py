@@ -266,6 +266,40 @@ async def test_rewritten_and_unembedded_events_follow_their_latest_write(db: Dat
     assert again[0]["id"] == first and again[0]["distance"] == pytest.approx(0.0, abs=1e-6)
 
 
+async def test_a_write_keeps_another_turns_event_of_the_same_id(db: Database) -> None:
+    # Turn ("t", 1) with two observations names its events t:1:1 and t:1:2, and turn
+    # ("t:1", 1) with one names its event t:1:1 too: two such ends racing past the end
+    # call's check must not give group A's event group B's words.
+    rng = np.random.default_rng(23)
+    tenant = await new_tenant_id(db, "acme")
+    vectors = unit(rng, 2)
+    first = {**event_row(tenant, "t:1:1", "g:A", START, vectors[0]), "request_id": "t"}
+    other = {
+        **event_row(tenant, "t:1:1", "g:B", START, vectors[1]),
+        "request_id": "t:1",
+        "text": "B 群的秘密",
+    }
+
+    async def stored() -> tuple[str, ...]:
+        async with db.tenant(tenant) as session:
+            row = await session.execute(
+                text("SELECT conversation_key, request_id, text FROM events WHERE id = 't:1:1'")
+            )
+            return tuple(row.one())
+
+    async with db.tenant(tenant) as session:
+        await upsert_events(session, [first])
+    async with db.tenant(tenant) as session:
+        await upsert_events(session, [other])
+    assert await stored() == ("g:A", "t", first["text"])
+    found = await search(db, tenant, ["g:A"], vectors[0], 1)
+    assert found[0]["id"] == "t:1:1" and found[0]["distance"] == pytest.approx(0.0, abs=1e-3)
+    assert await search(db, tenant, ["g:B"], vectors[1], 1) == []
+    async with db.tenant(tenant) as session:  # its own turn's retry still rewrites it
+        await upsert_events(session, [{**first, "text": "A 群, 改写"}])
+    assert await stored() == ("g:A", "t", "A 群, 改写")
+
+
 async def test_a_zero_query_is_refused(db: Database) -> None:
     tenant = await new_tenant_id(db, "acme")
     with pytest.raises(Invalid):

@@ -27,7 +27,10 @@ from service.retrieval.terms import (
     to_tsvector_literal,
 )
 
-# Upsert by event id: a retried job rewrites the same rows instead of adding new ones. The same
+# Upsert by event id: a retried job rewrites the same rows instead of adding new ones, and
+# only its own: an event of another turn that names its event alike (``t:1`` with one
+# observation is ``t:1:1``, as ``t`` with several; the end call refuses such a turn, but two
+# can race past that check) is left as it is, not given this turn's text. The same
 # statement keeps the event's search vector (event_vectors) in step: written when there is an
 # embedding, removed when a rewrite leaves none or the event is a flood's copy (:copies, see
 # ``unindex``). updated_at takes EXCLUDED's (its default, now()):
@@ -47,6 +50,8 @@ _UPSERT_SQL = """
             metadata = EXCLUDED.metadata, embedding = EXCLUDED.embedding,
             lexical = EXCLUDED.lexical, job_id = EXCLUDED.job_id,
             updated_at = EXCLUDED.updated_at
+        WHERE events.request_id IS NOT DISTINCT FROM EXCLUDED.request_id
+          AND events.end_seq IS NOT DISTINCT FROM EXCLUDED.end_seq
         RETURNING tenant_id, id, conversation_key, occurred_at, embedding
     ), searchable AS (
         INSERT INTO event_vectors (tenant_id, event_id, conversation_key, occurred_at, embedding)
