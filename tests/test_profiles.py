@@ -155,6 +155,12 @@ async def test_put_round_trips_the_exact_text(client: AppClient) -> None:
             doc("body").replace("tags: []", "tags: []\nsource_event_id: [a, b]"),
             "document.source_event_id",
         ),
+        # Values YAML reads as dates or numbers that name none: no day, no offset, no number.
+        (doc("body").replace("tags: []", "tags: []\nbirthday: 2026-02-30"), "document"),
+        (doc("body").replace("tags: []", "tags: [2026-13-01]"), "document"),
+        (doc("body").replace("tags: []", "tags: []\nseen: 2026-03-01 10:00:00+25:00"), "document"),
+        (doc("body").replace("tags: []", "tags: []\nage: !!int ''"), "document"),
+        (doc("body").replace("tags: []", "tags: []\nage: !!float x"), "document"),
     ],
 )
 async def test_invalid_documents_are_refused(client: AppClient, document: str, field: str) -> None:
@@ -446,6 +452,17 @@ async def test_malformed_llm_output_is_refused_and_leaves_the_profile(
             "update_profile",
             {"entity_type": "group", "entity_id": "other-group", "document": doc("x")},
         ),
+        tool(
+            "update_profile",
+            {
+                "entity_type": "member",
+                "entity_id": "10001",
+                "group_id": "g1",
+                "document": doc("张三喜欢 Rust")
+                .replace("entity_type: user", "entity_type: member")
+                .replace("tags: []", "group_id: g1\ntags: []\nbirthday: 2026-02-30"),
+            },
+        ),
         Reply(content="I give up"),
     )
     job = await hand_over(client, tenant, request_id="bad-1", observations=["我喜欢 Rust"])
@@ -453,6 +470,7 @@ async def test_malformed_llm_output_is_refused_and_leaves_the_profile(
     notes = job["result"]["notes"]
     assert any("front matter" in n for n in notes)
     assert any("not a target" in n for n in notes)
+    assert any("day is out of range" in n for n in notes)
     refusal = next(m for m in llm.chat_requests[2]["messages"] if m["role"] == "tool")["content"]
     assert refusal.startswith("refused")
     assert (

@@ -122,6 +122,12 @@ def parse(document: str, expected: ProfileKey | None = None, *, stored: bool = F
         meta = yaml.load(head, Loader=_LOADER)  # noqa: S506 - a safe loader, in C
     except yaml.YAMLError as exc:
         raise Invalid(f"the front matter is not valid YAML: {exc}", field="document") from None
+    except (ValueError, IndexError, OverflowError) as exc:
+        # YAML's own constructors raise these for a value shaped like a date or a number that
+        # names none: 2026-02-30, an offset of 25 hours, ``!!int ''``.
+        raise Invalid(
+            f"the front matter holds a value YAML cannot read ({exc})", field="document"
+        ) from None
     if not isinstance(meta, dict):
         raise Invalid("the front matter must be a YAML mapping", field="document")
     if not stored:
