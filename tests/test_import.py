@@ -571,3 +571,24 @@ async def test_text_json_escapes_as_lone_surrogates_is_skipped_beside_the_good_o
     assert counts(summary)["events"] == (1, 0)
     assert counts(summary)["jobs"] == (2, 0)
     assert "cognitive/chromadb/events.json[0]: document:" in summary.split("skipped:")[1]
+
+
+async def test_front_matter_naming_no_real_day_is_skipped_beside_the_good_ones(
+    db_url: str, tmp_path: Path
+) -> None:
+    """YAML reads 2026-02-30 as a date it cannot build: the profile holding one is skipped by
+    name, the rest imported."""
+    data = bot_data(tmp_path / "data")
+    users = data / "cognitive" / "profiles" / "users"
+    (users / "10003.md").write_text(
+        '---\nentity_type: user\nentity_id: "10003"\nname: 王五\nbirthday: 2026-02-30\n---\n'
+        "王五喜欢下棋。\n",
+        encoding="utf-8",
+    )
+    env = clean_env(MEMORIA_DATABASE_URL=db_url)
+    created = await asyncio.to_thread(memoria, "tenants", "create", "no-such-day", env=env)
+    tenant_id = created.stdout.split("tenant_id:")[1].split()[0]
+
+    summary, _ = await run_import(db_url, str(data), "--tenant", tenant_id)
+    assert counts(summary)["profiles"] == (2, 0)
+    assert "cognitive/profiles/users/10003.md: " in summary.split("skipped:")[1]

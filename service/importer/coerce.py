@@ -15,8 +15,6 @@ from datetime import UTC, date, datetime
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-import yaml
-
 from service.context import ID_MAX, conversation_key, in_range
 from service.errors import Invalid
 from service.profiles.document import (
@@ -25,6 +23,7 @@ from service.profiles.document import (
     Profile,
     ProfileKey,
     check_front_matter,
+    front_matter,
     parse,
     render,
 )
@@ -171,10 +170,7 @@ def conform_profile(text: str, key: ProfileKey, taken_at: datetime, zone: str) -
         return text
     except Invalid:
         pass
-    try:
-        meta = yaml.safe_load(head)
-    except yaml.YAMLError:
-        raise Invalid("the front matter is not valid YAML") from None
+    meta = front_matter(head)
     if meta is None:
         meta = {}
     if not isinstance(meta, dict):

@@ -108,6 +108,20 @@ def split(document: str) -> tuple[str, str]:
     return text[first.end() : closing.start()], text[closing.end() :].lstrip("\r\n")
 
 
+def front_matter(head: str) -> Any:
+    """The value of a front matter's YAML, or ``Invalid``."""
+    try:
+        return yaml.load(head, Loader=_LOADER)  # noqa: S506 - a safe loader, in C
+    except yaml.YAMLError as exc:
+        raise Invalid(f"the front matter is not valid YAML: {exc}", field="document") from None
+    except (ValueError, IndexError, OverflowError) as exc:
+        # YAML's own constructors raise these for a value shaped like a date or a number that
+        # names none: 2026-02-30, an offset of 25 hours, ``!!int ''``.
+        raise Invalid(
+            f"the front matter holds a value YAML cannot read ({exc})", field="document"
+        ) from None
+
+
 def parse(document: str, expected: ProfileKey | None = None, *, stored: bool = False) -> Profile:
     """Validate a document (front matter parses, required keys, body, tags) and parse it.
     ``stored``: a text stored earlier, read as it was accepted then (neither today's size cap
@@ -118,16 +132,7 @@ def parse(document: str, expected: ProfileKey | None = None, *, stored: bool = F
     if "\x00" in document:
         raise Invalid("a profile must not contain NUL characters", field="document")
     head, body = split(document)
-    try:
-        meta = yaml.load(head, Loader=_LOADER)  # noqa: S506 - a safe loader, in C
-    except yaml.YAMLError as exc:
-        raise Invalid(f"the front matter is not valid YAML: {exc}", field="document") from None
-    except (ValueError, IndexError, OverflowError) as exc:
-        # YAML's own constructors raise these for a value shaped like a date or a number that
-        # names none: 2026-02-30, an offset of 25 hours, ``!!int ''``.
-        raise Invalid(
-            f"the front matter holds a value YAML cannot read ({exc})", field="document"
-        ) from None
+    meta = front_matter(head)
     if not isinstance(meta, dict):
         raise Invalid("the front matter must be a YAML mapping", field="document")
     if not stored:
