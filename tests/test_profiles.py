@@ -313,6 +313,27 @@ async def test_offline_merge_builds_a_dated_list_and_skips_duplicates(
     assert "禁止发广告" in group["body"] and group["name"] == "Python 群"
 
 
+@pytest.mark.parametrize("name", ["张三\x7f", "张\x85三", "张三\x9b31m"])
+async def test_a_display_name_holding_control_characters_keeps_merging(
+    offline: tuple[AppClient, TenantHandle], name: str
+) -> None:
+    """A chat user's display name is any text: the profile written under it reads back with
+    that name, so the next merge goes on from it (and does not rename it again)."""
+    client, tenant = offline
+    await hand_over(
+        client, tenant, request_id="a", observations=["我是后端工程师"], sender_name=name
+    )
+    job = await hand_over(
+        client, tenant, request_id="b", observations=["我喜欢跑步"], sender_name=name
+    )
+    assert job["status"] == "done", job
+    await hand_over(client, tenant, request_id="c", memo="回答了问题", sender_name=name)
+    member = (await client.get("/v1/profiles/member/g1/10001", headers=tenant.headers)).json()
+    assert member["name"] == name and member["version"] == 2
+    assert "后端工程师" in member["body"] and "跑步" in member["body"]
+    assert parse(member["document"]).name == name
+
+
 async def test_a_new_display_name_is_taken_without_the_llm(
     online: tuple[AppClient, TenantHandle], llm: FakeLLM
 ) -> None:

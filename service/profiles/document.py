@@ -33,6 +33,10 @@ MAX_TAGS = 20
 MAX_TAG_CHARS = 40
 MAX_DOCUMENT_CHARS = 20_000
 _FENCE = re.compile(r"^---[ \t]*$", re.M)
+# What JSON leaves as it is and YAML does not read back as it was: DEL and the C1 controls
+# (refused: the stored text could never be parsed again) and NEL (read as a line break, so a
+# name holding one never equals itself). JSON's \u escapes say them in words YAML reads.
+_UNPRINTABLE = re.compile("[\x7f-\x9f\ufffe\uffff]")
 # libyaml's safe loader when PyYAML has it: ten times faster, and a profile is parsed at
 # every merge.
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -258,4 +262,5 @@ def render(profile: Profile) -> str:
 
 
 def _scalar(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False)
+    text = json.dumps(value, ensure_ascii=False)
+    return _UNPRINTABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
