@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -332,6 +333,33 @@ async def test_a_display_name_holding_control_characters_keeps_merging(
     assert member["name"] == name and member["version"] == 2
     assert "后端工程师" in member["body"] and "跑步" in member["body"]
     assert parse(member["document"]).name == name
+
+
+async def test_the_longest_ids_of_colons_and_percents_keep_their_profiles(
+    offline: tuple[AppClient, TenantHandle],
+) -> None:
+    """Ids are up to 128 characters of anything but '/': in a profile's key each ':' and '%'
+    is escaped to three, so a member of such a group is a key of some 780 characters. Kept
+    in 300, the end job of every turn of that member failed for good."""
+    client, tenant = offline
+    group, sender = ":" * 128, "%" * 64 + ":" * 64
+    turn = {"group_id": group, "sender_id": sender, "observations": ["我是后端工程师"]}
+    assert (await hand_over(client, tenant, request_id="a", **turn))["status"] == "done"
+    job = await hand_over(
+        client, tenant, request_id="b", **{**turn, "observations": ["我喜欢跑步"]}
+    )
+    assert job["status"] == "done", job
+    member = await client.get(
+        f"/v1/profiles/member/{quote(group, safe='')}/{quote(sender, safe='')}",
+        headers=tenant.headers,
+    )
+    assert member.status_code == 200, member.text
+    assert "后端工程师" in member.json()["body"] and "跑步" in member.json()["body"]
+    revisions = await client.get(
+        f"/v1/profiles/member/{quote(group, safe='')}/{quote(sender, safe='')}/revisions",
+        headers=tenant.headers,
+    )
+    assert revisions.status_code == 200 and len(revisions.json()) >= 1
 
 
 async def test_a_new_display_name_is_taken_without_the_llm(

@@ -25,6 +25,10 @@ from service.db.registry import Embedded
 from service.db.types import Embedding
 from service.profiles.consolidate import digest
 
+# The longest key: "member:" and two ids of 128 characters, each ':' and '%' in them escaped to
+# three (``document.key_part``), and the ':' between them.
+PROFILE_KEY_MAX = 800
+
 
 class ProfileRow(Base):
     """The current document of one entity, with its front matter as columns."""
@@ -35,7 +39,7 @@ class ProfileRow(Base):
     tenant_id: Mapped[uuid.UUID] = mapped_column(
         UUID(as_uuid=True), ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
     )
-    profile_key: Mapped[str] = mapped_column(String(300), primary_key=True)
+    profile_key: Mapped[str] = mapped_column(String(PROFILE_KEY_MAX), primary_key=True)
     entity_type: Mapped[str] = mapped_column(String(16), nullable=False)
     entity_id: Mapped[str] = mapped_column(String(128), nullable=False)
     group_id: Mapped[str | None] = mapped_column(String(128))
@@ -68,7 +72,7 @@ class ProfileRevision(Base):
     )
 
     tenant_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
-    profile_key: Mapped[str] = mapped_column(String(300), primary_key=True)
+    profile_key: Mapped[str] = mapped_column(String(PROFILE_KEY_MAX), primary_key=True)
     version: Mapped[int] = mapped_column(Integer, primary_key=True)
     document: Mapped[str] = mapped_column(Text, nullable=False)
     # Who replaced this text: {"by": "job"|"api"|"rollback"|"name", "job_id", "event_id", …}
