@@ -55,6 +55,16 @@ def on_clocks(value: datetime | None, zone: tzinfo) -> datetime | None:
     return value.replace(tzinfo=zone)
 
 
+def on_clocks_of(value: datetime, zone: tzinfo) -> datetime:
+    """A stored time as the clocks of ``zone`` read it, or in UTC where they cannot: a time
+    refused by none of the checks may lie before the calendar's first day on clocks far behind
+    its own (0001-01-02T00:00+14:00 is 0001-01-01T10:00Z, two hours before it at UTC-12)."""
+    try:
+        return value.astimezone(zone)
+    except OverflowError:
+        return value.astimezone(UTC)
+
+
 # No request needs more; deeper JSON is refused before it reaches a model, a jsonb column or
 # the historian (which renders what it is given).
 MAX_JSON_DEPTH = 64

@@ -489,6 +489,46 @@ async def test_numbers_and_times_out_of_range_are_refused_by_name(
     assert_refused(response, "before")
 
 
+async def test_a_turn_at_the_calendars_first_day_is_read_on_any_clocks(
+    worker: tuple[AppClient, TenantHandle],
+) -> None:
+    """The first hours of 0001-01-02 on UTC+14 are still 0001-01-01 in UTC, before the
+    calendar's first day on clocks 12 hours behind: a turn said then is shown in UTC there,
+    where it made every later turn of its conversation read on such clocks a 500."""
+    client, tenant = worker
+    edge = "0001-01-02T00:00:00+14:00"
+    body = {
+        **GROUP,
+        "sender_id": "10001",
+        "request_id": "edge",
+        "timestamp": edge,
+        "timezone": "Etc/GMT-14",
+        "memo": "记下了狗",
+        "observations": ["我喜欢狗"],
+    }
+    accepted = await client.post("/v1/end", json=body, headers=tenant.headers)
+    assert accepted.status_code == 202, accepted.text
+    job = await until_finished(client, tenant, accepted.json()["job_id"])
+    assert job["status"] == "done", job["last_error"]
+    west = {**GROUP, "sender_id": "10001", "timezone": "Etc/GMT+12"}
+    turn = await client.post("/v1/context", json={**west, "message": "狗"}, headers=tenant.headers)
+    assert turn.status_code == 200, turn.text
+    [memo] = turn.json()["memos"]
+    assert memo["meta"]["said_at"] == "0001-01-01T10:00:00+00:00"
+    assert any("狗" in e["text"] for e in turn.json()["events"]), turn.json()
+    call = {"name": SEARCH, "arguments": {"query": "狗"}, "context": west}
+    found = await client.post("/v1/tools/call", json=call, headers=tenant.headers)
+    assert found.status_code == 200, found.text
+    events = found.json()["result"]["events"]
+    assert [e["occurred_at"] for e in events if "狗" in e["text"]][:1] == [
+        "0001-01-01T10:00:00Z"
+    ], events
+    # On clocks where the day exists, it is read as it was said.
+    east = {**west, "timezone": "Etc/GMT-14"}
+    turn = await client.post("/v1/context", json={**east, "message": "狗"}, headers=tenant.headers)
+    assert turn.json()["memos"][0]["meta"]["said_at"] == "0001-01-02T00:00:00+14:00"
+
+
 async def test_search_bounds_without_an_offset_are_read_on_the_callers_clocks(
     client: AppClient, tenant: TenantHandle
 ) -> None:

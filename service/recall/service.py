@@ -22,7 +22,7 @@ from zoneinfo import ZoneInfo
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.context import ConversationContext, on_clocks
+from service.context import ConversationContext, on_clocks, on_clocks_of
 from service.db.engine import Database, settled
 from service.embedding import Embedder, Started, embedded_while
 from service.embedding.base import Vector
@@ -160,7 +160,7 @@ class Reader:
                 text=e.row["text"],
                 score=round(e.score, 4),
                 meta={
-                    "occurred_at": e.row["occurred_at"].astimezone(zone).isoformat(),
+                    "occurred_at": on_clocks_of(e.row["occurred_at"], zone).isoformat(),
                     "is_absolute": e.row["is_absolute"],
                 },
             )
@@ -244,7 +244,7 @@ class Reader:
                 kind="todo",
                 text=t["description"],
                 meta={
-                    "trigger_time": t["trigger_time"].astimezone(zone).isoformat()
+                    "trigger_time": on_clocks_of(t["trigger_time"], zone).isoformat()
                     if t["trigger_time"]
                     else None
                 },
@@ -302,7 +302,7 @@ class Reader:
                 id=f"memo:{r.request_id}:{r.end_seq}",
                 kind="memo",
                 text=r.memo,
-                meta={"said_at": r.said_at.astimezone(zone).isoformat()},
+                meta={"said_at": on_clocks_of(r.said_at, zone).isoformat()},
             )
             for r in reversed(rows)  # oldest first, as a log reads
         ]
@@ -344,7 +344,7 @@ class Reader:
             EventHit(
                 id=e.row["id"],
                 text=e.row["text"],
-                occurred_at=e.row["occurred_at"].astimezone(zone),
+                occurred_at=on_clocks_of(e.row["occurred_at"], zone),
                 group_id=e.row["group_id"],
                 user_id=e.row["user_id"],
                 sender_id=e.row["sender_id"],
