@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from datetime import UTC, date, datetime
+from types import SimpleNamespace
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 
 from service.app import create_app
+from service.historian import extraction
 from tests.conftest import (
     FAST_QUEUE,
     AppClient,
@@ -322,3 +326,21 @@ async def test_a_rewrite_holding_a_nul_character_is_stored_without_it(
     assert done["job"]["attempts"] == 1 and done["job"]["result"]["llm_calls"] == 1
     stored = await event(client, tenant, "l9:1")
     assert stored["text"] == "张三(10001) 2026-02-22 去北京" and stored["is_absolute"] is True
+
+
+@pytest.mark.parametrize("llm", [False, True])
+def test_a_message_at_the_calendars_first_day_is_read_on_any_clocks(llm: bool) -> None:
+    # 0001-01-02T00:00 on UTC+14 is 0001-01-01T10:00Z, refused by no check; on the clocks of
+    # a tenant 12 hours behind UTC it lies before the calendar's first day. Read there, the
+    # extraction of its conversation raised at every try and read no message after it.
+    said = datetime(1, 1, 2, tzinfo=ZoneInfo("Etc/GMT-14"))
+    message = SimpleNamespace(
+        sent_at=said, sender_id="10001", sender_name="张三", text="记住: 我住在上海", seq=1,
+        message_id="m1", group_name=None,
+    )  # fmt: skip
+    zone = ZoneInfo("Etc/GMT+12")
+    targets = extraction.extraction_targets("g:1", [message], zone, llm=llm)
+    _, items, days = extraction.extraction_material(
+        "g:1", [message], zone, datetime(2026, 1, 1, tzinfo=UTC), llm=llm
+    )
+    assert targets and items and days == {date(1, 1, 1)}

@@ -16,7 +16,7 @@ from zoneinfo import ZoneInfo
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.context import DEFAULT_TIMEZONE
+from service.context import DEFAULT_TIMEZONE, on_clocks_of
 from service.db.engine import Database
 from service.embedding import Embedder
 from service.historian.absolutize import Person, Situation, absolutize
@@ -75,7 +75,7 @@ def extraction_targets(key: str, unread: list[Any], zone: ZoneInfo, *, llm: bool
     facts_by_sender: dict[str, list[Fact]] = {}
     group_facts: list[Fact] = []
     for message in unread:
-        local = message.sent_at.astimezone(zone)
+        local = on_clocks_of(message.sent_at, zone)
         who = Person(message.sender_name, message.sender_id)
         if llm:
             line = f"{who.label() if who.known else '?'} ({local:%Y-%m-%d %H:%M}): {message.text}"
@@ -137,7 +137,7 @@ def extraction_material(
     group_name = None
     for message in unread:
         before = len(items)
-        local = message.sent_at.astimezone(zone)
+        local = on_clocks_of(message.sent_at, zone)
         days.add(local.date())
         if message.sender_id:
             participants.setdefault(message.sender_id, message.sender_name)
