@@ -24,13 +24,14 @@ END_JOB = "historian.end"
 _CONTEXT_FIELDS = set(ConversationContext.model_fields)
 
 
-async def check_erased(db: Database, tenant: TenantContext, ids: list[str | None]) -> list[str]:
+async def check_erased(
+    session: AsyncSession, tenant: TenantContext, ids: list[str | None]
+) -> list[str]:
     """Apply the tenant's policy for data about erased people: refuse, or name them to flag."""
     if tenant.erased_policy == "accept":
         return []
     wanted = [i for i in ids if i]
-    async with db.tenant(tenant.tenant_id) as session:
-        erased = await was_erased(session, tenant.tenant_id, wanted)
+    erased = await was_erased(session, tenant.tenant_id, wanted)
     if erased and tenant.erased_policy == "refuse":
         raise Invalid(
             "data about an erased person is refused by this tenant's policy",
@@ -64,20 +65,23 @@ def neighbour_turns(request_id: str, end_seq: int, observations: int) -> list[tu
     return []
 
 
-async def check_event_ids(db: Database, tenant: TenantContext, request: EndRequest) -> None:
-    """Refuse a turn whose event ids another turn holds (its events, or its job's receipt):
-    the historian's write would replace that turn's events, of any conversation, with these."""
-    others = neighbour_turns(request.request_id, request.end_seq, len(request.observations))
+async def check_event_ids(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    request: EndRequest,
+    ids: list[str],
+    others: list[tuple[str, int]],
+) -> None:
+    """Refuse a turn whose event ``ids`` one of the ``others`` (``neighbour_turns``) holds
+    (its events, or its job's receipt): the historian's write would replace that turn's
+    events, of any conversation, with these."""
     if not others:
         return
-    memo = bool(request.memo)
-    ids = event_ids(request.request_id, request.end_seq, len(request.observations), memo)
     keys = [dedupe_key(*turn) for turn in others]
-    async with db.tenant(tenant.tenant_id) as session:
-        taken = await jobs.listed_by_receipts(session, tenant.tenant_id, keys, ids)
-        taken |= await events.held_by_other_turns(
-            session, tenant.tenant_id, ids, request.request_id, request.end_seq
-        )
+    taken = await jobs.listed_by_receipts(session, tenant_id, keys, ids)
+    taken |= await events.held_by_other_turns(
+        session, tenant_id, ids, request.request_id, request.end_seq
+    )
     if taken:
         raise Conflict(
             f"event id {min(taken)} is another turn's; give this turn another request_id",
@@ -118,9 +122,14 @@ async def accept_end(
         pii_policy=tenant.pii_policy,
     )
     private = request.request_type == "private"
-    flagged = await check_erased(db, tenant, [request.sender_id, request.user_id])
-    if enqueue:
-        await check_event_ids(db, tenant, request)
+    # The checks before the hand-over, in one transaction when there is any to make.
+    others = neighbour_turns(request.request_id, request.end_seq, len(request.observations))
+    others = others if enqueue else []
+    flagged: list[str] = []
+    if tenant.erased_policy != "accept" or others:
+        async with db.tenant(tenant.tenant_id) as session:
+            flagged = await check_erased(session, tenant, [request.sender_id, request.user_id])
+            await check_event_ids(session, tenant.tenant_id, request, ids, others)
     async with db.tenant_connection(tenant.tenant_id, durable=not tenant.fast_ack) as conn:
         row = await conn.fetchrow(
             repository.ACCEPT_END,

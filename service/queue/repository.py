@@ -694,9 +694,8 @@ async def kind_queued(session: AsyncSession, tenant_id: uuid.UUID, kind: str) ->
     return (await session.execute(_KIND_QUEUED, params)).first() is not None
 
 
-# The jobs' dedupe key index: a lookup per key, whatever the job's status.
 # A tenant's newest job of a kind in these statuses whose payload holds ``match``
-# (ix_jobs_tenant_status: only its jobs of those statuses are read, newest first).
+# (ix_jobs_unfinished: only its unfinished jobs of that kind are read, newest first).
 _UNFINISHED = text(
     """
     SELECT id, status FROM jobs
@@ -727,6 +726,7 @@ async def unfinished(
     return (int(row.id), str(row.status)) if row is not None else None
 
 
+# The jobs' dedupe key index: a lookup per key, whatever the job's status.
 _PAYLOAD_FIELD_BY_DEDUPE = text(
     """
     SELECT payload ->> :field FROM jobs
