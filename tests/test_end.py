@@ -106,7 +106,8 @@ async def test_legacy_field_names(client: AppClient, tenant: TenantHandle) -> No
         ({"force": "perhaps"}, "force"),
         ({"end_seq": 0}, "end_seq"),
         ({"timestamp": "yesterday-ish"}, "timestamp"),
-        ({"observations": [{"text": "not a string"}]}, "observations"),
+        ({"observations": [{"words": "not a field"}]}, "observations"),
+        ({"observations": [{"text": ["not a string"]}]}, "observations"),
     ],
 )
 async def test_bad_context_is_refused_naming_the_field(

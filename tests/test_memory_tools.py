@@ -32,7 +32,7 @@ def group_chat() -> Conversation:
     )
 
 
-def private_chat() -> Conversation:
+def private_chat(shareable: frozenset[int] = frozenset()) -> Conversation:
     return Conversation(
         key="p:10001",
         request_type="private",
@@ -42,14 +42,13 @@ def private_chat() -> Conversation:
         speaker_name="张三",
         participants={"10001": "张三"},
         moment=MOMENT,
+        shareable=shareable,
     )
 
 
-def scene(conversation: Conversation | None = None, sharing: bool = False) -> Scene:
+def scene(conversation: Conversation | None = None) -> Scene:
     known = {7: {"scope": "GROUP", "category": "FACT", "content": "群规：周五发周报"}}
-    return Scene(
-        conversation or group_chat(), known, {3}, sharing=sharing, offered=frozenset(REGISTRY)
-    )
+    return Scene(conversation or group_chat(), known, {3}, offered=frozenset(REGISTRY))
 
 
 def test_every_offered_schema_is_a_registered_tool_with_its_own_name() -> None:
@@ -129,35 +128,45 @@ def test_a_bad_call_is_refused_with_its_reason(
     assert reason in refused.value.message
 
 
-def test_a_private_chat_keeps_what_it_hears_private_unless_it_may_be_shared() -> None:
+def test_a_global_memory_is_made_only_from_an_item_marked_shareable() -> None:
+    """Consent is recorded per item: a call naming no item, or one not marked, is refused
+    in a private chat and in a group alike, whatever the texts say."""
     told = {"content": "张三(10001)在学日语", "scope": "GLOBAL"}
-    with pytest.raises(Invalid, match="stays PRIVATE"):
-        validate_call("add_memory", told, scene(private_chat()))
-    assert validate_call("add_memory", told, scene(private_chat(), sharing=True)).args == {
+    for conversation in (private_chat(), group_chat(), private_chat(frozenset({1}))):
+        for item in (None, 0, "0", 2, -1, "x"):
+            with pytest.raises(Invalid, match="marked shareable"):
+                validate_call("add_memory", {**told, "item": item}, scene(conversation))
+    accepted = validate_call("add_memory", {**told, "item": 1}, scene(private_chat(frozenset({1}))))
+    assert accepted.args == {
         "content": "张三(10001)在学日语",
         "scope": "GLOBAL",
         "category": "FACT",
         "confidence": 0.7,
         "user_id": "10001",
+        "item": 1,
     }
-    sensitive = {"content": "张三(10001)的手机号是 13812345678", "scope": "GLOBAL"}
+    sensitive = {"content": "张三(10001)的手机号是 13812345678", "scope": "GLOBAL", "item": 0}
     with pytest.raises(Invalid, match="GLOBAL memory is read in every group"):
-        validate_call("add_memory", sensitive, scene(private_chat(), sharing=True))
+        validate_call("add_memory", sensitive, scene(private_chat(frozenset({0}))))
+    # What stays where it was said needs no consent.
+    assert validate_call("add_memory", {**told, "scope": "PRIVATE"}, scene(private_chat()))
 
 
 def test_an_update_never_turns_a_global_memory_into_what_must_stay_private() -> None:
-    # A GLOBAL memory is read in every group its person is in; in their private chat it is
-    # shown to the model, and an update must keep to the rules an add of GLOBAL keeps to.
-    chat = private_chat()
+    # A GLOBAL memory is read in every conversation of its person; in their private chat it
+    # is shown to the model, and an update must keep to the rules an add of GLOBAL keeps to.
+    chat, marked = private_chat(), private_chat(frozenset({0}))
     known = {5: {"scope": "GLOBAL", "category": "FACT", "content": "张三(10001)喜欢爬山"}}
-    told = {"memory_id": 5, "new_content": "张三(10001)在治疗抑郁症，不再爬山", "reason": "x"}
-    with pytest.raises(Invalid, match="stays PRIVATE"):
+    told = {"memory_id": 5, "new_content": "张三(10001)在做新项目，不再爬山", "reason": "x"}
+    with pytest.raises(Invalid, match="marked shareable"):
         validate_call("update_memory", told, Scene(chat, known, set()))
-    sensitive = {"memory_id": 5, "new_content": "张三(10001)的手机号是 13812345678"}
+    with pytest.raises(Invalid, match="marked shareable"):
+        validate_call("update_memory", {**told, "item": 0}, Scene(chat, known, set()))
+    sensitive = {"memory_id": 5, "new_content": "张三(10001)的手机号是 13812345678", "item": 0}
     with pytest.raises(Invalid, match="GLOBAL memory is read in every group"):
-        validate_call("update_memory", sensitive, Scene(chat, known, set(), sharing=True))
-    shared = {"memory_id": 5, "new_content": "张三(10001)喜欢攀岩", "reason": "改了"}
-    assert validate_call("update_memory", shared, Scene(chat, known, set(), sharing=True))
+        validate_call("update_memory", sensitive, Scene(marked, known, set()))
+    shared = {"memory_id": 5, "new_content": "张三(10001)喜欢攀岩", "reason": "改了", "item": 0}
+    assert validate_call("update_memory", shared, Scene(marked, known, set()))
     # Ending it says nothing new: allowed whatever was said.
     assert validate_call("delete_memory", {"memory_id": 5}, Scene(chat, known, set()))
     private = {5: {**known[5], "scope": "PRIVATE"}}

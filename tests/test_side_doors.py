@@ -494,15 +494,15 @@ async def test_private_confidences_do_not_reach_groups(
 async def test_what_the_person_lets_be_known_reaches_groups(
     offline: tuple[AppClient, TenantHandle],
 ) -> None:
-    """Unless the person says otherwise: a fact they let be known (and not sensitive)
-    becomes GLOBAL and part of their profile."""
+    """A fact the bot marks shareable (and not sensitive) becomes GLOBAL and part of the
+    person's profile."""
     client, tenant = offline
     await _end(
         client,
         tenant,
         **ALICE_PRIVATE,
         request_id="share",
-        observations=["Alice(alice)是一名 Python 开发者，可以告诉大家"],
+        observations=[{"text": "Alice(alice)是一名 Python 开发者", "shareable": True}],
         force=True,
     )
     in_group = await client.post(

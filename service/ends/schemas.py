@@ -29,6 +29,49 @@ def loose_bool(value: Any) -> Any:
     raise ValueError("must be a boolean (true/false)")
 
 
+def observation_text(given: Any, n: int) -> str:
+    """The text of observation ``n``: a string, or the ``text`` of ``{"text", "shareable"}``."""
+    if isinstance(given, str):
+        return given
+    if isinstance(given, dict):
+        unknown = sorted(set(given) - {"text", "shareable"})
+        if unknown:
+            raise ValueError(
+                f"observation {n}: unknown field {unknown[0]!r} (an observation object holds "
+                "text and shareable)"
+            )
+        text = given.get("text")
+        if not isinstance(text, str):
+            raise ValueError(f"observation {n}: text must be a string")
+        try:
+            loose_bool(given.get("shareable"))
+        except ValueError:
+            raise ValueError(f"observation {n}: shareable must be a boolean") from None
+        return text
+    raise ValueError("each observation must be a string or an object with text")
+
+
+def consented(observations: Any) -> list[int]:
+    """The numbers of the observations given as objects marked ``shareable``, counted as the
+    kept observations are (blank ones are dropped); a malformed one is refused later."""
+    if isinstance(observations, dict):
+        observations = [observations]
+    if not isinstance(observations, list):
+        return []
+    marked, kept = [], 0
+    for given in observations:
+        text = given.get("text") if isinstance(given, dict) else given
+        if not isinstance(text, str) or not text.strip():
+            continue
+        try:
+            if isinstance(given, dict) and loose_bool(given.get("shareable")):
+                marked.append(kept)
+        except ValueError:
+            pass  # refused by name when the observations are read
+        kept += 1
+    return marked
+
+
 class EndRequest(ConversationContext):
     """The end of a bot turn: what the bot did (``memo``) and what it learned (``observations``).
 
@@ -49,7 +92,19 @@ class EndRequest(ConversationContext):
     observations: list[str] = Field(
         default_factory=list,
         max_length=MAX_OBSERVATIONS,
-        description="new facts about people or the group, one per item",
+        description=(
+            "new facts about people or the group, one per item: a string, or "
+            '{"text": …, "shareable": true} for one the person lets be known beyond this chat'
+        ),
+    )
+    shareable: list[int] = Field(
+        default_factory=list,
+        max_length=MAX_OBSERVATIONS,
+        description=(
+            "which observations (numbered from 0) the person lets be known beyond this chat: "
+            "only these may reach the person's other conversations (GLOBAL memories, the "
+            "shared user profile); every other one stays where it was said"
+        ),
     )
     force: bool = Field(default=False, description="store even if the gate still finds words")
     source_message: str | None = Field(default=None, max_length=100_000)
@@ -59,10 +114,15 @@ class EndRequest(ConversationContext):
     @classmethod
     def _legacy_names(cls, data: Any) -> Any:
         """action_summary → memo; new_info → observations (a string, or the list the
-        original bot sent for a while); a lone summary → memo."""
+        original bot sent for a while); a lone summary → memo. An observation given as an
+        object marks its consent: its number joins ``shareable``."""
         if not isinstance(data, dict):
             return data
         data = dict(data)
+        marked = consented(data.get("observations"))
+        if marked:
+            given = data.get("shareable")
+            data["shareable"] = [*given, *marked] if isinstance(given, list) else marked
         action = data.pop("action_summary", None)
         summary = data.pop("summary", None)
         new_info = data.pop("new_info", None)
@@ -86,13 +146,12 @@ class EndRequest(ConversationContext):
     def _observations(cls, value: Any) -> Any:
         if value is None:
             return []
-        if isinstance(value, str):
+        if isinstance(value, str | dict):
             value = [value]
         if isinstance(value, list):
             cleaned = []
-            for item in value:
-                if not isinstance(item, str):
-                    raise ValueError("each observation must be a string")
+            for n, given in enumerate(value):
+                item = observation_text(given, n)
                 if len(item) > MAX_ITEM_CHARS:
                     raise ValueError(
                         f"each observation must be at most {MAX_ITEM_CHARS} characters"
@@ -106,6 +165,17 @@ class EndRequest(ConversationContext):
     @classmethod
     def _memo(cls, value: Any) -> Any:
         return value.strip() if isinstance(value, str) else ("" if value is None else value)
+
+    @model_validator(mode="after")
+    def _shareable_exist(self) -> EndRequest:
+        for n in self.shareable:
+            if not 0 <= n < len(self.observations):
+                raise ValueError(
+                    f"shareable: there is no observation {n} (the observations are numbered "
+                    f"from 0, and there are {len(self.observations)})"
+                )
+        self.shareable = sorted(set(self.shareable))
+        return self
 
     @field_validator("force", mode="before")
     @classmethod

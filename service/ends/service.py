@@ -115,6 +115,7 @@ async def accept_end(
         timezone=request.timezone or tenant.timezone,
         memo=request.memo,
         observations=request.observations,
+        shareable=request.shareable,
         force=request.force,
         source_message=request.source_message,
         recent_messages=request.recent_messages,

@@ -23,6 +23,9 @@ class Conversation:
     moment: datetime
     # Item index → who said it, where one batch holds several people (the message stream).
     speakers: dict[int, str] = field(default_factory=dict)
+    # The items the person marked as theirs to be known beyond this chat: only these may be
+    # written where the person's other conversations read them (GLOBAL).
+    shareable: frozenset[int] = frozenset()
 
     @property
     def filter(self) -> ScopeFilter:

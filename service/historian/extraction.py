@@ -23,7 +23,7 @@ from service.historian.absolutize import Person, Situation, absolutize
 from service.historian.conversation import Conversation, Plan
 from service.historian.gate import gate
 from service.historian.memories import MemoryKeeper, day_summary
-from service.historian.profiles import ProfileMerger, Target, about_the_group, for_everyone
+from service.historian.profiles import ProfileMerger, Target, about_the_group, private_targets
 from service.llm import ChatModel
 from service.memories import service as memories
 from service.memories.upkeep import enqueue_consolidation
@@ -93,11 +93,7 @@ def extraction_targets(key: str, unread: list[Any], zone: ZoneInfo, *, llm: bool
             facts_by_sender.setdefault(message.sender_id, []).append(fact)
     targets: list[Target] = []
     if kind == "p":
-        # The user profile is read in every group: only what the person lets be known.
-        facts = for_everyone(group_facts, private=True)
-        if facts:
-            targets.append(Target(ProfileKey("user", ident), speakers.get(ident), facts))
-        return targets
+        return private_targets(ident, speakers.get(ident), group_facts)
     busiest = sorted(facts_by_sender, key=lambda s: -len(facts_by_sender[s]))[:MAX_SPEAKER_TARGETS]
     for sender in busiest:
         facts = group_facts if llm else facts_by_sender[sender]

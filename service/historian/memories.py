@@ -32,7 +32,7 @@ from service.historian.memory_tools import (
     Writing,
     validate_call,
 )
-from service.historian.profiles import about_the_group, shared
+from service.historian.profiles import about_the_group
 from service.historian.prompts import MEMORY_SYSTEM, memory_prompt
 from service.llm import ChatModel
 from service.memories import service as memories
@@ -76,10 +76,11 @@ def guess_category(text: str) -> str:
     return "FACT"
 
 
-def private_scope(text: str, original: str) -> str:
-    """The scope of a fact told in a private chat: PRIVATE, unless the person says it may be
-    known elsewhere and it is not sensitive (health, ids, contact data), then GLOBAL."""
-    if (shared(original) or shared(text)) and not pii.sensitive(text):
+def private_scope(text: str, shareable: bool) -> str:
+    """The scope of a fact told in a private chat: PRIVATE, unless the person marked it as
+    theirs to be known elsewhere and it is not sensitive (health, ids, contact data), then
+    GLOBAL. No wording decides it: "千万不要告诉大家" names everyone as much as "告诉大家"."""
+    if shareable and not pii.sensitive(text):
         return "GLOBAL"
     return "PRIVATE"
 
@@ -181,7 +182,7 @@ class MemoryKeeper:
                 conversation.speakers.get(index) if in_group else None
             ) or conversation.speaker_id
             if conversation.request_type == "private":
-                scope = private_scope(text, original)
+                scope = private_scope(text, index in conversation.shareable)
             else:
                 scope = "GROUP" if about_the_group(text) else "MEMBER_IN_GROUP"
             if scope != "GROUP" and not who:
@@ -221,7 +222,6 @@ class MemoryKeeper:
             conversation,
             known,
             {int(t["id"]) for t in pending},
-            sharing=any(shared(original) for _, original in items),
             offered=frozenset(tool.name for tool in offered),
         )
         limit = self.settings.cognitive.memory.max_tool_calls

@@ -33,7 +33,6 @@ class Scene:
     conversation: Conversation
     known: dict[int, dict[str, Any]]  # memory id → the memory shown
     todo_ids: set[int]  # the pending todos shown
-    sharing: bool = False  # the person said it may be known elsewhere
     # The tools the model was offered: a call of another one (write_summary in a private
     # chat, which has no group to summarize) is refused like an unknown tool.
     offered: frozenset[str] = field(default_factory=lambda: frozenset(t.name for t in TOOLS))
@@ -143,18 +142,36 @@ def _participant(value: Any, scene: Scene, what: str) -> str | None:
     return person
 
 
-def _check_global(content: str, scene: Scene) -> None:
-    """What a GLOBAL memory may say: it is read in every group its person is in."""
-    if scene.conversation.request_type == "private" and not scene.sharing:
+def _check_global(content: str, item: Any, scene: Scene) -> int:
+    """What a GLOBAL memory may say: it is read in every conversation of its person, so it
+    is made only from an item the person marked shareable, named by the call, and never
+    holds sensitive data. The item's number."""
+    shareable = scene.conversation.shareable
+    number: int | None = None
+    if isinstance(item, int) and not isinstance(item, bool):
+        number = item
+    elif isinstance(item, str) and item.strip().isdecimal() and len(item) < 10:
+        number = int(item)
+    if number is None or number not in shareable:
+        marked = ", ".join(str(n) for n in sorted(shareable)) or "none"
         raise Invalid(
-            "what is said in a private chat stays PRIVATE unless the person says it may "
-            "be known elsewhere"
+            "a GLOBAL memory is made only from a new item the person marked shareable, "
+            f"named by item (marked: {marked}); what else is said stays where it was said"
         )
     if pii.sensitive(content):
         raise Invalid(
             "a GLOBAL memory is read in every group; health, id and contact data stay "
             "PRIVATE or MEMBER_IN_GROUP"
         )
+    return number
+
+
+# The new item a change is made from; a GLOBAL memory must name one marked shareable.
+_ITEM = {
+    "type": "integer",
+    "minimum": 0,
+    "description": "新信息的 item 序号 / the number of the new item it is made from",
+}
 
 
 # -- add_memory ---------------------------------------------------------------------------
@@ -176,15 +193,16 @@ def _check_add_memory(args: dict[str, Any], scene: Scene) -> dict[str, Any]:
     bound_user, bound_group = conversation.bind(scope, user_id)
     if not conversation.filter.allows(scope, bound_group, bound_user):
         raise Invalid(f"a {conversation.request_type} chat cannot write {scope} memories")
-    if scope == "GLOBAL":
-        _check_global(content, scene)
-    return {
+    checked: dict[str, Any] = {
         "content": content,
         "scope": scope,
         "category": category,
         "confidence": _number(args.get("confidence", 0.7)),
         "user_id": bound_user,
     }
+    if scope == "GLOBAL":
+        checked["item"] = _check_global(content, args.get("item"), scene)
+    return checked
 
 
 async def _apply_add_memory(writing: Writing, args: dict[str, Any]) -> str:
@@ -223,6 +241,7 @@ ADD_MEMORY = Tool(
         "category": {"type": "string", "enum": list(CATEGORIES)},
         "confidence": {"type": "number", "minimum": 0, "maximum": 1},
         "user_id": {"type": "string", "description": "whom it is about (default: the speaker)"},
+        "item": _ITEM,
     },
     ("content", "scope", "category"),
     _check_add_memory,
@@ -238,9 +257,10 @@ def _check_update_memory(args: dict[str, Any], scene: Scene) -> dict[str, Any]:
     memory_id = _shown_memory(args, scene)
     reason = _reason(args.get("reason"))
     content = absolute(args.get("new_content"), "new_content")
+    checked: dict[str, Any] = {"memory_id": memory_id, "new_content": content, "reason": reason}
     if scene.known[memory_id].get("scope") == "GLOBAL":
-        _check_global(content, scene)
-    return {"memory_id": memory_id, "new_content": content, "reason": reason}
+        checked["item"] = _check_global(content, args.get("item"), scene)
+    return checked
 
 
 async def _apply_update_memory(writing: Writing, args: dict[str, Any]) -> str:
@@ -263,6 +283,7 @@ UPDATE_MEMORY = Tool(
         "memory_id": {"type": "integer"},
         "new_content": {"type": "string"},
         "reason": {"type": "string"},
+        "item": _ITEM,
     },
     ("memory_id", "new_content", "reason"),
     _check_update_memory,

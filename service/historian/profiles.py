@@ -35,21 +35,6 @@ _GROUP_WORDS = re.compile(
 )
 
 
-# The person says what they tell in private may be known elsewhere: only then does a private
-# chat's fact become GLOBAL (and never a sensitive one).
-_SHARE = re.compile(
-    r"可以告诉(?:大家|别人|其他人)|大家都可以知道|可以公开|告诉大家|群里(?:也)?可以(?:说|提)|"
-    r"\b(?:you can tell (?:everyone|others|anyone)|share (?:it|this) (?:with|in) (?:the )?groups?|"
-    r"not a secret|everyone can know)\b",
-    re.I,
-)
-
-
-def shared(text: str) -> bool:
-    """Whether the speaker says this may be known beyond the private chat."""
-    return bool(_SHARE.search(text))
-
-
 def about_the_group(text: str) -> bool:
     """Whether a fact concerns the group as a whole (rules, topics, everyone)."""
     return bool(_GROUP_WORDS.search(text))
@@ -362,11 +347,30 @@ def _renamed(current: Profile | None, target: Target, moment: datetime) -> Profi
     return profiles.renamed(current, target.name, moment)
 
 
-def for_everyone(facts: list[Fact], *, private: bool) -> list[Fact]:
-    """The facts a user profile may take: it is read in every group the person is in, so
-    never a sensitive one (health, ids, contact data), and from a private chat only what the
-    person said may be known elsewhere."""
-    return [f for f in facts if not pii.sensitive(f.text) and (not private or shared(f.text))]
+def for_everyone(facts: list[Fact]) -> list[Fact]:
+    """The facts a user profile may take: it is read in every conversation of the person, so
+    only what the person marked as theirs to be known beyond the chat it was said in, and
+    never a sensitive one (health, ids, contact data)."""
+    return [f for f in facts if f.shareable and not pii.sensitive(f.text)]
+
+
+def private_targets(person: str | None, name: str | None, facts: list[Fact]) -> list[Target]:
+    """The profiles a private chat's facts build: the person's private profile, which only
+    this chat reads, takes them all; their shared user profile only the marked ones."""
+    if not person or not facts:
+        return []
+    targets = [
+        Target(
+            ProfileKey("private", person),
+            name,
+            list(facts),
+            "只在与本人的私聊中读取 read only in the person's own private chat",
+        )
+    ]
+    public = for_everyone(facts)
+    if public:
+        targets.append(Target(ProfileKey("user", person), name, public))
+    return targets
 
 
 def end_targets(context: Any, facts: list[Fact], llm: bool) -> list[Target]:
@@ -376,10 +380,7 @@ def end_targets(context: Any, facts: list[Fact], llm: bool) -> list[Target]:
     )
     targets: list[Target] = []
     if context.request_type == "private":
-        public = for_everyone(facts, private=True)
-        if sender and public:
-            targets.append(Target(ProfileKey("user", sender), context.sender_name, public))
-        return targets
+        return private_targets(sender, context.sender_name, facts)
     if sender:
         targets.append(
             Target(
@@ -398,12 +399,12 @@ def end_targets(context: Any, facts: list[Fact], llm: bool) -> list[Target]:
             "群的主题、规则、文化 the group's topics, rules and culture",
         )
     )
-    if llm and sender and for_everyone(facts, private=False):
+    if llm and sender and for_everyone(facts):
         targets.append(
             Target(
                 ProfileKey("user", sender),
                 context.sender_name,
-                for_everyone(facts, private=False),
+                for_everyone(facts),
                 "只写跨群稳定且不敏感的特征；群内信息留在成员侧写 "
                 "only stable, non-sensitive traits true everywhere",
             )

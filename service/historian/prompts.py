@@ -16,8 +16,9 @@ You maintain the long-term memory of a chat bot by calling tools.
    细微的语义变化（如称呼变化）也是更新。
 3. 内容必须是独立、绝对的陈述：写出人名和 ID、绝对日期，不用代词和相对时间。
 4. 作用域 scope：群里得知的信息默认 GROUP（关于整个群）或 MEMBER_IN_GROUP（关于某人在本群）。
-   私聊里得知的信息默认 PRIVATE（只在这个私聊可见）；只有用户明确说可以让别处知道、且不敏感时
-   才用 GLOBAL。健康、证件号、联系方式等敏感信息永远不写 GLOBAL。
+   私聊里得知的信息默认 PRIVATE（只在这个私聊可见）。GLOBAL 只用于标记了 "shareable": true
+   的新信息（本人同意让别处知道），并用 item 写明是哪一条；健康、证件号、联系方式等敏感信息
+   永远不写 GLOBAL。GLOBAL only for an item marked "shareable": true, named by its item number.
 5. 将来要提醒或要做的事用 add_todo（trigger_time 用绝对时间）；对话说明待办完成或取消时用
    complete_todo / cancel_todo。
 6. 没有值得记的就不调用任何工具。Call nothing if nothing is worth remembering."""
@@ -36,7 +37,7 @@ def memory_prompt(
             f"会话 Conversation: 群 {conversation.group_name or ''}({conversation.group_id})"
         )
     else:
-        lines.append("会话 Conversation: 私聊 private chat (PRIVATE; GLOBAL only if shared)")
+        lines.append("会话 Conversation: 私聊 private chat (PRIVATE; GLOBAL only if shareable)")
     people = [f"{name or '?'}({uid})" for uid, name in conversation.participants.items()]
     lines.append("参与者 Participants: " + ", ".join(people))
     if conversation.speaker_id:
@@ -56,6 +57,9 @@ def memory_prompt(
     if not pending:
         lines.append("(none)")
     lines.append("【新信息】New information:")
-    for text, original in items:
-        lines.append(json.dumps({"text": text, "original": original}, ensure_ascii=False))
+    for n, (text, original) in enumerate(items):
+        shown: dict[str, Any] = {"item": n, "text": text, "original": original}
+        if n in conversation.shareable:
+            shown["shareable"] = True
+        lines.append(json.dumps(shown, ensure_ascii=False))
     return "\n".join(lines)

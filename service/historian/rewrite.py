@@ -63,6 +63,7 @@ class Item:
     draft: str  # the rule rewriter's output
     first_person: Person
     second_person: Person
+    shareable: bool = False  # the person lets it be known beyond the chat it was said in
 
 
 @dataclass

@@ -51,12 +51,19 @@ def screen(payload: dict[str, Any], ids: list[str]) -> tuple[dict[str, Any], lis
     notes: list[str] = []
     memo_id = ids[-1] if payload.get("memo") and ids and ids[-1].endswith(":memo") else None
     observation_ids = ids[: len(ids) - (1 if memo_id else 0)]
-    kept_observations, kept_ids = [], []
-    for text, event_id in zip(payload.get("observations", []), observation_ids, strict=False):
+    kept_observations: list[str] = []
+    kept_ids: list[str] = []
+    kept_shareable: list[int] = []
+    shareable = set(payload.get("shareable") or [])
+    for n, (text, event_id) in enumerate(
+        zip(payload.get("observations", []), observation_ids, strict=False)
+    ):
         value, kinds = pii.apply(text, policy)
         if value is None:
             notes.append(f"{event_id} dropped: personal data ({', '.join(kinds)})")
             continue
+        if n in shareable:
+            kept_shareable.append(len(kept_observations))
         kept_observations.append(value)
         kept_ids.append(event_id)
     memo = payload.get("memo") or ""
@@ -74,6 +81,7 @@ def screen(payload: dict[str, Any], ids: list[str]) -> tuple[dict[str, Any], lis
     screened = {
         **payload,
         "observations": kept_observations,
+        "shareable": kept_shareable,
         "memo": memo,
         "recent_messages": reference,
         "source_message": pii.mask(source) if isinstance(source, str) else source,
@@ -353,8 +361,8 @@ class Historian:
             if item.kind == "observation" and outcome.accepted
         ]
         facts = [
-            Fact(outcome.text, work.moment.date().isoformat(), event_id)
-            for _, outcome, event_id, _ in work.accepted
+            Fact(outcome.text, work.moment.date().isoformat(), event_id, item.shareable)
+            for item, outcome, event_id, _ in work.accepted
         ]
         work.targets = end_targets(work.context, facts, llm=self.llm is not None)
         work.conversation = end_conversation(
@@ -362,6 +370,10 @@ class Historian:
             work.moment,
             list(work.payload.get("recent_messages") or []),
             self.settings.cognitive.historian.recent_messages_inject_k,
+        )
+        # The memory step numbers its items as ``observed`` lists them.
+        work.conversation.shareable = frozenset(
+            n for n, (item, _, _) in enumerate(work.observed) if item.shareable
         )
 
     def _compares(self, work: EndWork) -> bool:
@@ -499,9 +511,20 @@ class Historian:
         user = speaker if speaker.known else Person(None, context.user_id)
         location = context.location_abs
         items: list[Item] = []
+        shareable = set(payload.get("shareable") or [])
         for observation in payload.get("observations", []):
             draft = absolutize(observation, Situation(moment, speaker, bot, location))
-            items.append(Item(len(items), "observation", observation, draft, speaker, bot))
+            items.append(
+                Item(
+                    len(items),
+                    "observation",
+                    observation,
+                    draft,
+                    speaker,
+                    bot,
+                    shareable=len(items) in shareable,
+                )
+            )
         memo = payload.get("memo") or ""
         if memo:
             draft = absolutize(memo, Situation(moment, bot, user, location))

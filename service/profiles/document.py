@@ -28,7 +28,8 @@ import yaml
 from service.context import MAX_JSON_DEPTH, in_range
 from service.errors import Invalid
 
-ENTITY_TYPES = ("user", "group", "member")
+# "private": a person as their own private chat knows them, read there and nowhere else.
+ENTITY_TYPES = ("user", "group", "member", "private")
 MAX_TAGS = 20
 MAX_TAG_CHARS = 40
 MAX_DOCUMENT_CHARS = 20_000
@@ -44,7 +45,8 @@ _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 @dataclass(frozen=True)
 class ProfileKey:
-    """Which entity a profile describes: a user, a group, or a member of a group."""
+    """Which entity a profile describes: a user, a group, a member of a group, or a user as
+    their private chat knows them (``private``)."""
 
     entity_type: str
     entity_id: str
@@ -153,7 +155,7 @@ def parse(document: str, expected: ProfileKey | None = None, *, stored: bool = F
             )
     entity_type = str(meta["entity_type"])
     if entity_type not in ENTITY_TYPES:
-        raise Invalid("entity_type is user, group or member", field="document.entity_type")
+        raise Invalid("entity_type is user, group, member or private", field="document.entity_type")
     group_id = meta.get("group_id")
     if entity_type == "member" and group_id in (None, ""):
         raise Invalid("a member profile needs group_id", field="document.group_id")

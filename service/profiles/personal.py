@@ -17,7 +17,14 @@ _IN_SCOPE = (
     " OR (entity_type = 'member' AND group_id = ANY(:groups))"
     " OR (entity_type = 'user' AND entity_id = ANY(:peers)))"
 )
-_OWN = "entity_id = :u AND entity_type IN ('user', 'member')"
+# What an erasure redacts: those, and the private profiles of the people they spoke with
+# (which an export of the person never shows: they are another person's private chat).
+_REACH = (
+    "((entity_type = 'group' AND entity_id = ANY(:groups))"
+    " OR (entity_type = 'member' AND group_id = ANY(:groups))"
+    " OR (entity_type IN ('user', 'private') AND entity_id = ANY(:peers)))"
+)
+_OWN = "entity_id = :u AND entity_type IN ('user', 'member', 'private')"
 
 
 async def redact_profiles(r: Redaction) -> None:
@@ -26,7 +33,7 @@ async def redact_profiles(r: Redaction) -> None:
     ``Redactor.document``)."""
     redactor = r.redactor
     for row in await r.rows(
-        f"SELECT profile_key, document, version FROM profiles WHERE tenant_id = :t AND {_IN_SCOPE}"
+        f"SELECT profile_key, document, version FROM profiles WHERE tenant_id = :t AND {_REACH}"
         f" AND {names_filter('document')}"
     ):
         if not redactor.mentions(row.document):
@@ -53,7 +60,7 @@ async def redact_profiles(r: Redaction) -> None:
     for row in await r.rows(
         "SELECT profile_key, version, document FROM profile_revisions WHERE tenant_id = :t"
         " AND profile_key IN (SELECT profile_key FROM profiles"
-        f" WHERE tenant_id = :t AND {_IN_SCOPE}) AND {names_filter('document')}"
+        f" WHERE tenant_id = :t AND {_REACH}) AND {names_filter('document')}"
     ):
         document = redactor.document(row.document)
         if document != row.document:
@@ -67,7 +74,7 @@ async def redact_profiles(r: Redaction) -> None:
             r.count("profile_revisions_redacted")
 
 
-# The person's profile and their member profiles; their revisions go with them (cascade).
+# The person's profiles (shared, private, as a member); their revisions go with them (cascade).
 PROFILES = PersonalTable(
     table="profiles",
     ids=("entity_id", "group_id", "profile_key"),
@@ -80,7 +87,7 @@ PROFILES = PersonalTable(
         (
             "profiles",
             "DELETE FROM profiles WHERE tenant_id = :t AND entity_id = :u"
-            " AND entity_type IN ('user', 'member')",
+            " AND entity_type IN ('user', 'member', 'private')",
         ),
     ),
     erase_group=(
@@ -105,11 +112,11 @@ PROFILES = PersonalTable(
            ORDER BY profile_key""",
     own_names=(
         "SELECT name FROM profiles"
-        " WHERE tenant_id = :t AND entity_id = :u AND entity_type IN ('user', 'member')",
+        " WHERE tenant_id = :t AND entity_id = :u AND entity_type IN ('user', 'member', 'private')",
     ),
     shared_names=(
         "SELECT name FROM profiles WHERE tenant_id = :t AND name = ANY(:names)"
-        " AND NOT (entity_id = :u AND entity_type IN ('user', 'member'))",
+        " AND NOT (entity_id = :u AND entity_type IN ('user', 'member', 'private'))",
     ),
     conversations=(
         "SELECT 'g:' || group_id AS key FROM profiles"
@@ -129,11 +136,11 @@ PROFILE_REVISIONS = PersonalTable(
     not_personal={"replaced_by": "what replaced the version: a code and a job or key id"},
     export_user=f"""
            SELECT r.profile_key, r.version, r.document, r.replaced_by, r.created_at,
-                  (p.entity_id = :u AND p.entity_type IN ('user', 'member')) AS own
+                  (p.entity_id = :u AND p.entity_type IN ('user', 'member', 'private')) AS own
            FROM profile_revisions AS r
            JOIN profiles AS p ON p.tenant_id = r.tenant_id AND p.profile_key = r.profile_key
            WHERE r.tenant_id = :t
-             AND ((p.entity_id = :u AND p.entity_type IN ('user', 'member'))
+             AND ((p.entity_id = :u AND p.entity_type IN ('user', 'member', 'private'))
                   OR ((
                       (p.entity_type = 'group' AND p.entity_id = ANY(:groups))
                       OR (p.entity_type = 'member' AND p.group_id = ANY(:groups))

@@ -265,6 +265,10 @@ _SEARCH = text(
                  SELECT 1 FROM profiles m
                  WHERE m.tenant_id = p.tenant_id AND m.entity_type = 'member'
                    AND m.group_id = :group_id AND m.entity_id = p.entity_id)))
+      -- A private profile is read in its person's own private chat and nowhere else, whatever
+      -- the tenant lets cross; the tenant's own search without a conversation names the kind.
+      AND (entity_type <> 'private' OR entity_id = :private_of
+           OR (NOT :contextual AND CAST(:entity_type AS text) = 'private'))
     ORDER BY embedding <=> :query
     LIMIT :limit
     """
@@ -281,9 +285,13 @@ async def search(
     *,
     person: str | None = None,
     scoped: bool = False,
+    contextual: bool = False,
+    private_of: str | None = None,
 ) -> list[dict[str, Any]]:
     """Profiles nearest in meaning; member profiles only of the given group. ``scoped``: only
-    what a conversation (``group_id`` or none, and its ``person``) may see."""
+    what a conversation (``group_id`` or none, and its ``person``) may see. ``contextual``: a
+    conversation asks, and sees a private profile only if it is the private chat of
+    ``private_of``."""
     params = {
         "tenant_id": tenant_id,
         "query": query,
@@ -292,5 +300,7 @@ async def search(
         "limit": limit,
         "person": person,
         "scoped": scoped,
+        "contextual": contextual,
+        "private_of": private_of,
     }
     return dicts(await session.execute(_SEARCH, params))

@@ -59,7 +59,7 @@ class ProfileSearch(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     query: str = Field(min_length=1, max_length=4000)
-    entity_type: Literal["user", "group", "member"] | None = None
+    entity_type: Literal["user", "group", "member", "private"] | None = None
     group_id: str | None = Field(default=None, max_length=ID_MAX)
     top_k: int | None = Field(default=None, ge=1, le=200)
     context: ConversationContext | None = None

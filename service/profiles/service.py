@@ -20,12 +20,17 @@ from service.errors import Conflict, Forbidden, Invalid, NotFound
 from service.privacy import pii
 from service.profiles import repository
 from service.profiles.consolidate import Body, digest
-from service.profiles.document import Profile, ProfileKey, parse, render
+from service.profiles.document import ENTITY_TYPES, Profile, ProfileKey, parse, render
 from service.profiles.schemas import ProfileLookup, ProfileSearch
 from service.retrieval.terms import compact
 from service.tenants.service import TenantContext
 
-_TITLES = {"user": "# 用户侧写", "group": "# 群侧写", "member": "# 成员侧写"}
+_TITLES = {
+    "user": "# 用户侧写",
+    "group": "# 群侧写",
+    "member": "# 成员侧写",
+    "private": "# 私聊侧写",
+}
 NEAR_DUPLICATE = 0.9
 _NUMBER = re.compile(r"\d+")
 
@@ -37,12 +42,13 @@ class Fact:
     text: str
     day: str  # YYYY-MM-DD, local
     event_id: str | None = None
+    shareable: bool = False  # the person lets it be known beyond the chat it was said in
 
 
 def key_of(entity_type: str, entity_id: str, group_id: str | None = None) -> ProfileKey:
     """A profile key from the API's path parts, checked."""
-    if entity_type not in ("user", "group", "member"):
-        raise Invalid("entity_type is user, group or member", field="entity_type")
+    if entity_type not in ENTITY_TYPES:
+        raise Invalid("entity_type is user, group, member or private", field="entity_type")
     if not entity_id or len(entity_id) > 128:
         raise Invalid("an id is 1..128 characters", field="entity_id")
     if entity_type == "member" and not group_id:
@@ -533,4 +539,6 @@ async def search(
         top_k,
         person=person,
         scoped=not allow_cross,
+        contextual=True,
+        private_of=context.private_user if group is None else None,
     )

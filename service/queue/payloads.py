@@ -40,6 +40,9 @@ class EndPayload(JobPayload):
     timezone: str
     memo: str | None = None
     observations: list[str] = []
+    # The observations (by number) the person lets be known beyond the chat they were said
+    # in; none in a job enqueued before consent was recorded, so such a job widens nothing.
+    shareable: list[int] = []
     force: bool = False
     source_message: Any = None
     recent_messages: list[Any] | None = None

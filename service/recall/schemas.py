@@ -46,6 +46,8 @@ class ContextResponse(BaseModel):
     user_profile: ContextItem | None
     group_profile: ContextItem | None
     member_profile: ContextItem | None
+    # The person as their own private chat knows them: only ever in that chat.
+    private_profile: ContextItem | None = None
     events: list[ContextItem]
     memories: list[ContextItem]
     todos: list[ContextItem]
@@ -121,7 +123,9 @@ class EndArguments(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     memo: str = Field(default="", max_length=MAX_ITEM_CHARS)
-    observations: list[str] = Field(default_factory=list, max_length=MAX_OBSERVATIONS)
+    # Strings or {"text", "shareable"} objects, read by ``EndRequest`` as POST /v1/end reads them.
+    observations: list[Any] = Field(default_factory=list, max_length=MAX_OBSERVATIONS)
+    shareable: list[int] = Field(default_factory=list, max_length=MAX_OBSERVATIONS)
     force: bool = False
 
     @field_validator("memo", mode="before")
@@ -134,7 +138,7 @@ class EndArguments(BaseModel):
     def _observations(cls, value: Any) -> Any:
         if value is None:
             return []
-        return [value] if isinstance(value, str) else value
+        return [value] if isinstance(value, str | dict) else value
 
     @field_validator("force", mode="before")
     @classmethod

@@ -101,6 +101,7 @@ class Injected:
     user_profile: ContextItem | None = None
     group_profile: ContextItem | None = None
     member_profile: ContextItem | None = None
+    private_profile: ContextItem | None = None
     events: list[ContextItem] = field(default_factory=list)
     memories: list[ContextItem] = field(default_factory=list)
     todos: list[ContextItem] = field(default_factory=list)
@@ -263,16 +264,19 @@ class Reader:
         """The user, group and member profiles of the conversation, where they exist (read
         in one round trip)."""
         user = ProfileKey("user", person) if person else None
-        group = member = None
+        group = member = private = None
         if request.request_type == "group" and request.group_id:
             group = ProfileKey("group", request.group_id)
             if person:
                 member = ProfileKey("member", person, request.group_id)
-        wanted = [key for key in (user, group, member) if key is not None]
+        elif person:
+            private = ProfileKey("private", person)
+        wanted = [key for key in (user, group, member, private) if key is not None]
         rows = await profiles.find_many(session, tenant.tenant_id, wanted)
         injected.user_profile = self._profile(rows, user)
         injected.group_profile = self._profile(rows, group)
         injected.member_profile = self._profile(rows, member)
+        injected.private_profile = self._profile(rows, private)
 
     @staticmethod
     def _profile(rows: dict[str, dict[str, Any]], key: ProfileKey | None) -> ContextItem | None:
@@ -373,6 +377,7 @@ def _assemble(
     for weight, profile in (
         (0.9, injected.group_profile),
         (0.92, injected.member_profile),
+        (0.94, injected.private_profile),
         (0.95, injected.user_profile),
     ):
         if profile is not None:
@@ -404,6 +409,7 @@ def _assemble(
         user_profile=keep_one(injected.user_profile),
         group_profile=keep_one(injected.group_profile),
         member_profile=keep_one(injected.member_profile),
+        private_profile=keep_one(injected.private_profile),
         events=keep(injected.events),
         memories=keep(injected.memories),
         todos=keep(injected.todos),
@@ -462,6 +468,7 @@ def _render(injected: Injected, kept: set[str]) -> str:
         lines.append(f"  <persona>{e(injected.persona)}</persona>")
     for tag, item in (
         ("user_profile", injected.user_profile),
+        ("private_profile", injected.private_profile),
         ("member_profile", injected.member_profile),
         ("group_profile", injected.group_profile),
     ):

@@ -123,6 +123,15 @@ DEFINITIONS = [
                 "items": {"type": "string"},
                 "description": "新观察到的事实，每条一句 / new facts, one sentence each",
             },
+            "shareable": {
+                "type": "array",
+                "items": {"type": "integer", "minimum": 0},
+                "description": (
+                    "本人明确同意让别处知道的 observations 序号（从 0 起）；其余只留在本会话 / "
+                    "numbers (from 0) of the observations the person explicitly lets be known "
+                    "beyond this chat; every other one stays where it was said"
+                ),
+            },
             "force": _p(
                 "boolean", "即使仍有相对词也直接入库", "store even if relative words remain"
             ),

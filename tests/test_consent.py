@@ -1,0 +1,414 @@
+"""Consent is recorded on the item: what a person says in one chat reaches their other
+conversations only when the bot marks that observation shareable, never because of its words.
+
+Each case runs over HTTP with random ids, names and a random marker word per fact, then looks
+for the markers in every read a group conversation of the person has: the context, the memory,
+event and profile searches, the profile itself, and the same through the tools.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from service.app import create_app
+from tests.conftest import (
+    FAST_QUEUE,
+    AppClient,
+    TenantHandle,
+    llm_settings,
+    make_settings,
+    new_tenant,
+    serve_app,
+    until_finished,
+    wait_for,
+)
+from tests.fake_llm import FakeLLM, Reply, tool
+
+
+def _token() -> str:
+    return "q" + uuid.uuid4().hex[:10]
+
+
+def _person() -> tuple[str, str]:
+    return f"u{uuid.uuid4().hex[:8]}", f"N{uuid.uuid4().hex[:5]}"
+
+
+def _private(user: str, name: str) -> dict[str, Any]:
+    return {
+        "request_type": "private",
+        "user_id": user,
+        "sender_id": user,
+        "sender_name": name,
+        "timestamp": "2026-03-01T10:00:00+08:00",
+    }
+
+
+def _in_group(group: str, user: str, name: str) -> dict[str, Any]:
+    return {
+        "request_type": "group",
+        "group_id": group,
+        "user_id": user,
+        "sender_id": user,
+        "sender_name": name,
+        "timestamp": "2026-03-02T10:00:00+08:00",
+    }
+
+
+def _quiet(request: dict[str, Any]) -> Reply:
+    """Once the script runs out: the rewrite echoes the drafts, nothing else changes."""
+    if request["tools"][0]["function"]["name"] == "submit_rewrite":
+        prompt = request["messages"][1]["content"]
+        items = [json.loads(x) for x in prompt.splitlines() if x.startswith('{"index"')]
+        return tool(
+            "submit_rewrite",
+            {"rewrites": [{"index": i["index"], "text": i["draft"]} for i in items]},
+        )
+    return Reply(content="nothing to change")
+
+
+@pytest.fixture
+async def offline(db_url: str) -> AsyncIterator[tuple[AppClient, TenantHandle]]:
+    settings = make_settings(db_url, cognitive={"queue": FAST_QUEUE})
+    async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
+        yield client, await new_tenant(client)
+
+
+@pytest.fixture
+async def online(db_url: str, llm: FakeLLM) -> AsyncIterator[tuple[AppClient, TenantHandle]]:
+    settings = make_settings(
+        db_url, cognitive={"queue": {**FAST_QUEUE, "job_max_retries": 0}}, **llm_settings(llm)
+    )
+    llm.default = _quiet
+    async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
+        yield client, await new_tenant(client)
+
+
+async def _end(client: AppClient, tenant: TenantHandle, **body: Any) -> dict[str, Any]:
+    response = await client.post("/v1/end", json=body, headers=tenant.headers)
+    assert response.status_code == 202, response.text
+    job = await until_finished(client, tenant, response.json()["job_id"])
+    assert job["status"] == "done", job
+    return job
+
+
+async def _group_reads(
+    client: AppClient, tenant: TenantHandle, group: str, user: str, name: str, query: str
+) -> dict[str, str]:
+    """Every answer a group conversation of ``user`` gets when it asks for ``query``."""
+    context = _in_group(group, user, name)
+    headers = tenant.headers
+    answers = {
+        "/v1/context": await client.post(
+            "/v1/context", json={**context, "message": query}, headers=headers
+        ),
+        "/v1/memories/search": await client.post(
+            "/v1/memories/search",
+            json={"query": query, "group_id": group, "user_id": user},
+            headers=headers,
+        ),
+        "/v1/profiles/search": await client.post(
+            "/v1/profiles/search", json={"query": query, "context": context}, headers=headers
+        ),
+        "/v1/events/search": await client.post(
+            "/v1/events/search", json={"query": query, "context": context}, headers=headers
+        ),
+    }
+    for name_, arguments in (
+        ("cognitive_search_memories", {"query": query}),
+        ("cognitive_search_events", {"query": query}),
+        ("cognitive_search_profiles", {"query": query}),
+        ("cognitive_get_profile", {"entity_type": "user", "entity_id": user}),
+    ):
+        answers[f"tool {name_}"] = await client.post(
+            "/v1/tools/call",
+            json={"name": name_, "arguments": arguments, "context": context},
+            headers=headers,
+        )
+    for path, response in answers.items():
+        assert response.status_code == 200, (path, response.text)
+    return {path: _shown(response) for path, response in answers.items()}
+
+
+def _shown(response: Any) -> str:
+    """An answer's text, less the question it echoes."""
+    body = response.json()
+    if isinstance(body, dict):
+        body.pop("query", None)
+    return json.dumps(body, ensure_ascii=False)
+
+
+def _leaks(answers: dict[str, str], markers: list[str]) -> list[tuple[str, str]]:
+    return [(path, m) for path, text in answers.items() for m in markers if m in text]
+
+
+async def test_a_secret_told_in_private_stays_there_whatever_its_words(
+    offline: tuple[AppClient, TenantHandle],
+) -> None:
+    """The phrases people add when they tell a secret name everyone ("千万不要告诉大家"), and so
+    does the one that shares; words decide nothing, and without a mark all stays private."""
+    client, tenant = offline
+    user, name = _person()
+    group = f"g{uuid.uuid4().hex[:8]}"
+    markers = [_token() for _ in range(5)]
+    said = [
+        f"{name}({user})在偷偷准备{markers[0]}，千万不要告诉大家",
+        f"{name}({user})的{markers[1]}计划不可以公开",
+        f"{name} ({user}) is planning {markers[2]}, don't share this with the group",
+        f"{name}({user})喜欢{markers[3]}，可以告诉大家",
+        f"{name} ({user}) loves {markers[4]}, you can tell everyone",
+    ]
+    await _end(client, tenant, **_private(user, name), observations=said, force=True)
+    # The person is in a group too: a turn there makes them one of its members.
+    await _end(
+        client, tenant, **_in_group(group, user, name), observations=[f"{name}来了"], force=True
+    )
+    answers = await _group_reads(client, tenant, group, user, name, " ".join(markers))
+    assert _leaks(answers, markers) == []
+    # Remembered all the same, where it was said.
+    at_home = await client.post(
+        "/v1/context",
+        json={**_private(user, name), "message": " ".join(markers)},
+        headers=tenant.headers,
+    )
+    assert all(m in _shown(at_home) for m in markers), at_home.text
+    assert {m["meta"]["scope"] for m in at_home.json()["memories"]} == {"PRIVATE"}
+
+
+async def test_only_the_marked_observation_reaches_the_persons_groups(
+    offline: tuple[AppClient, TenantHandle],
+) -> None:
+    """One turn, two facts, one marked: the marked one is the person's everywhere, the other
+    stays in the private chat; a marked one that is sensitive stays there too."""
+    client, tenant = offline
+    user, name = _person()
+    group = f"g{uuid.uuid4().hex[:8]}"
+    cat, secret, phone = _token(), _token(), _token()
+    await _end(
+        client,
+        tenant,
+        **_private(user, name),
+        observations=[
+            {"text": f"{name}({user})喜欢猫，猫叫{cat}", "shareable": True},
+            f"{name}({user})的秘密项目代号是{secret}",
+            {"text": f"{name}({user})的手机号是13812345678，暗号{phone}", "shareable": "yes"},
+        ],
+        force=True,
+    )
+    await _end(
+        client, tenant, **_in_group(group, user, name), observations=[f"{name}来了"], force=True
+    )
+    answers = await _group_reads(client, tenant, group, user, name, f"{cat} {secret} {phone}")
+    assert _leaks(answers, [secret, phone]) == []
+    assert cat in answers["/v1/context"] and cat in answers["tool cognitive_get_profile"]
+    # Another person's private chat sees none of it.
+    other, other_name = _person()
+    theirs = await client.post(
+        "/v1/context",
+        json={**_private(other, other_name), "message": f"{cat} {secret}"},
+        headers=tenant.headers,
+    )
+    assert cat not in _shown(theirs) and secret not in _shown(theirs)
+
+
+async def test_the_model_cannot_file_an_unmarked_item_as_global(
+    online: tuple[AppClient, TenantHandle], llm: FakeLLM
+) -> None:
+    """Consent is per item, not per job: a turn with one shareable item does not let the
+    model file the other one, or one it names no item for, as GLOBAL."""
+    client, tenant = online
+    user, name = _person()
+    group = f"g{uuid.uuid4().hex[:8]}"
+    cat, secret, loose = _token(), _token(), _token()
+    texts = [f"{name}({user})喜欢猫{cat}", f"{name}({user})的秘密项目代号是{secret}"]
+
+    def memory_step(request: dict[str, Any]) -> Reply:
+        if request["tools"][0]["function"]["name"] != "add_memory":
+            return _quiet(request)
+        if any(m["role"] == "tool" for m in request["messages"]):
+            return Reply(content="done")
+        return Reply(
+            tool_calls=[
+                (
+                    "add_memory",
+                    {"content": texts[0], "scope": "GLOBAL", "category": "PREFERENCE", "item": 0},
+                ),
+                (
+                    "add_memory",
+                    {"content": texts[1], "scope": "GLOBAL", "category": "FACT", "item": 1},
+                ),
+                (
+                    "add_memory",
+                    {
+                        "content": f"{name}({user})说了{loose}",
+                        "scope": "GLOBAL",
+                        "category": "FACT",
+                    },
+                ),
+            ]
+        )
+
+    llm.default = memory_step
+    job = await _end(
+        client,
+        tenant,
+        **_private(user, name),
+        observations=[{"text": texts[0], "shareable": True}, texts[1]],
+        force=True,
+    )
+    notes = " | ".join(job["result"]["notes"])
+    assert notes.count("marked shareable") == 2, notes
+    assert job["result"]["memory"] == {"added": 1}
+    llm.default = _quiet
+    await _end(
+        client, tenant, **_in_group(group, user, name), observations=[f"{name}来了"], force=True
+    )
+    answers = await _group_reads(client, tenant, group, user, name, f"{cat} {secret} {loose}")
+    assert _leaks(answers, [secret, loose]) == []
+    assert cat in answers["/v1/memories/search"]
+    # What the model was shown says which item may be shared.
+    prompt = next(
+        r["messages"][1]["content"]
+        for r in llm.chat_requests
+        if r["tools"][0]["function"]["name"] == "add_memory"
+    )
+    shown = [json.loads(x) for x in prompt.splitlines() if x.startswith('{"item"')]
+    assert [s.get("shareable", False) for s in shown] == [True, False]
+
+
+@pytest.mark.parametrize(
+    ("body", "named"),
+    [
+        ({"observations": [{"text": "x", "shareable": True, "scope": "GLOBAL"}]}, "scope"),
+        ({"observations": [{"shareable": True}]}, "text must be a string"),
+        ({"observations": [{"text": "x", "shareable": "maybe"}]}, "shareable must be"),
+        ({"observations": ["a", "b"], "shareable": [2]}, "no observation 2"),
+        ({"observations": ["a"], "shareable": [-1]}, "no observation -1"),
+        ({"observations": [7]}, "string or an object"),
+    ],
+)
+async def test_a_malformed_consent_mark_is_refused_by_name(
+    offline: tuple[AppClient, TenantHandle], body: dict[str, Any], named: str
+) -> None:
+    client, tenant = offline
+    user, name = _person()
+    response = await client.post(
+        "/v1/end", json={**_private(user, name), **body}, headers=tenant.headers
+    )
+    assert response.status_code == 422, response.text
+    assert named in response.text
+    listed = await client.get(f"/v1/memories?user_id={user}", headers=tenant.headers)
+    assert listed.json() == []
+
+
+async def test_the_end_tool_records_consent_as_the_end_call_does(
+    offline: tuple[AppClient, TenantHandle],
+) -> None:
+    client, tenant = offline
+    user, name = _person()
+    shared, kept = _token(), _token()
+    response = await client.post(
+        "/v1/tools/call",
+        json={
+            "name": "end",
+            "arguments": {
+                "observations": [f"{name}({user})喜欢{shared}", f"{name}({user})害怕{kept}"],
+                "shareable": [0],
+                "force": True,
+            },
+            "context": _private(user, name),
+        },
+        headers=tenant.headers,
+    )
+    assert response.status_code == 200, response.text
+    job = await until_finished(client, tenant, response.json()["result"]["job_id"])
+    assert job["status"] == "done", job
+    scopes = {
+        m["content"]: m["scope"]
+        for m in (await client.get(f"/v1/memories?user_id={user}", headers=tenant.headers)).json()
+    }
+    assert sorted(scopes.values()) == ["GLOBAL", "PRIVATE"]
+    assert next(s for c, s in scopes.items() if shared in c) == "GLOBAL"
+
+
+async def test_a_private_chat_builds_a_profile_only_that_chat_reads(
+    offline: tuple[AppClient, TenantHandle],
+) -> None:
+    """What the person tells the bot in private builds their private profile: their own
+    private chat reads it; no group of theirs, no other person and no search across
+    conversations (even where the tenant lets tools cross groups) ever does."""
+    client, tenant = offline
+    user, name = _person()
+    other, other_name = _person()
+    group = f"g{uuid.uuid4().hex[:8]}"
+    plan, told = _token(), _token()
+    await _end(
+        client,
+        tenant,
+        **_private(user, name),
+        observations=[f"{name}({user})在准备考研，目标是{plan}"],
+        force=True,
+    )
+    sent = await client.post(
+        "/v1/messages",
+        json={
+            "messages": [
+                {
+                    "message_id": uuid.uuid4().hex,
+                    "request_type": "private",
+                    "user_id": user,
+                    "sender_id": user,
+                    "sender_name": name,
+                    "text": f"记住：我最喜欢的书是{told}",
+                    "sent_at": "2026-03-01T11:00:00+08:00",
+                }
+            ]
+        },
+        headers=tenant.headers,
+    )
+    assert sent.status_code in (200, 202), sent.text
+
+    async def built() -> dict[str, Any] | None:
+        got = await client.get(f"/v1/profiles/private/{user}", headers=tenant.headers)
+        return got.json() if got.status_code == 200 and told in got.text else None
+
+    profile = await wait_for(built)
+    assert plan in profile["document"] and told in profile["document"]
+    assert (
+        await client.get(f"/v1/profiles/user/{user}", headers=tenant.headers)
+    ).status_code == 404
+    at_home = await client.post(
+        "/v1/context",
+        json={**_private(user, name), "message": "我的目标是什么"},
+        headers=tenant.headers,
+    )
+    assert plan in at_home.json()["private_profile"]["text"]
+    assert "<private_profile" in at_home.json()["prompt"]
+
+    await _end(
+        client, tenant, **_in_group(group, user, name), observations=[f"{name}来了"], force=True
+    )
+    settings = await client.patch(
+        "/v1/settings", json={"query": {"allow_cross_group_tools": True}}, headers=tenant.headers
+    )
+    assert settings.status_code == 200, settings.text
+    answers = await _group_reads(client, tenant, group, user, name, f"考研 {plan} {told}")
+    for path, arguments in (
+        ("/v1/profiles/search", {"query": f"考研 {plan}"}),
+        ("/v1/profiles/search", {"query": f"考研 {plan}", "entity_type": "private"}),
+    ):
+        theirs = await client.post(
+            path, json={**arguments, "context": _private(other, other_name)}, headers=tenant.headers
+        )
+        assert theirs.status_code == 200, theirs.text
+        answers[f"{path} {arguments} of another person"] = _shown(theirs)
+    assert _leaks(answers, [plan, told]) == []
+
+    erased = await client.delete(f"/v1/users/{user}", headers=tenant.headers)
+    assert erased.status_code in (200, 202), erased.text
+    gone = await client.get(f"/v1/profiles/private/{user}", headers=tenant.headers)
+    assert gone.status_code == 404
