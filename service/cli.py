@@ -136,7 +136,9 @@ def _parser() -> argparse.ArgumentParser:
     reembed.add_argument("--wait", action="store_true", help="show progress until the run ends")
 
     mcp = commands.add_parser(
-        "mcp", help="serve the memory tools over the Model Context Protocol, for one API key"
+        "mcp",
+        help="serve the memory tools over the Model Context Protocol, for one API key and one"
+        " conversation (--group-id or --user-id)",
     )
     mcp.add_argument("--api-url", required=True, help="the Memoria API, e.g. http://127.0.0.1:8080")
     mcp.add_argument(
@@ -153,9 +155,10 @@ def _parser() -> argparse.ArgumentParser:
         help="port for --transport http (/mcp); clients send 'Authorization: Bearer <token>', the"
         " token from MEMORIA_MCP_TOKEN or, when unset, made at start and printed to stderr",
     )
-    mcp.add_argument("--group-id", help="default conversation: this group")
-    mcp.add_argument("--user-id", help="default conversation: this person (or private chat)")
-    mcp.add_argument("--sender-id", help="default sender of the current message")
+    # The conversation is the server's, never a tool argument: the model cannot pick another.
+    mcp.add_argument("--group-id", help="the conversation: this group (or --user-id)")
+    mcp.add_argument("--user-id", help="the conversation: a private chat with this person")
+    mcp.add_argument("--sender-id", help="who sends the messages (in a group: the member)")
     mcp.add_argument("--bot-id", help="the bot's own id")
     mcp.add_argument("--bot-name", help="the bot's name")
     return parser
@@ -333,7 +336,7 @@ def _announce(settings: Settings, runtime: Runtime, url: str) -> None:
 def _mcp(args: argparse.Namespace) -> int:
     # stdout is the protocol's channel under stdio: logs go to stderr, warnings only.
     configure_logging("WARNING", "text")
-    defaults = mcp_server.Conversation(
+    conversation = mcp_server.Conversation(
         group_id=args.group_id,
         user_id=args.user_id,
         sender_id=args.sender_id,
@@ -343,6 +346,11 @@ def _mcp(args: argparse.Namespace) -> int:
     api_key = args.api_key or os.environ.get("MEMORIA_API_KEY")
     if not api_key:
         print("memoria mcp: set MEMORIA_API_KEY (or pass --api-key)", file=sys.stderr)
+        return 2
+    try:
+        conversation.context()
+    except ValueError as exc:
+        print(f"memoria mcp: {exc}", file=sys.stderr)
         return 2
     token = None
     if args.transport == "http":
@@ -365,7 +373,7 @@ def _mcp(args: argparse.Namespace) -> int:
             mcp_server.serve(
                 args.api_url,
                 api_key,
-                defaults,
+                conversation,
                 transport=args.transport,
                 host=args.host,
                 port=args.port,

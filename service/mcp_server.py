@@ -1,9 +1,11 @@
 """``memoria mcp``: the bot's memory tools over the Model Context Protocol, for one tenant key.
 
-Every tool forwards to the HTTP API through ``MemoriaClient``, within a conversation given as
-tool arguments (``group_id``, ``user_id``, ``sender_id``) or by the server's defaults
-(``--group-id`` …). The read tools run through ``POST /v1/tools/call``, so an MCP agent sees
-exactly what a bot's OpenAI tool calls see, with the same hard filters.
+A server serves one conversation, fixed when it starts (``--group-id``, ``--user-id``,
+``--sender-id``, ``--bot-id``): every tool forwards to the HTTP API through ``MemoriaClient``
+within it, and no tool argument can name another, as with ``POST /v1/tools/call``, where the
+conversation is the caller's context and never the model's arguments. The read tools run
+through that route, so an MCP agent sees exactly what a bot's OpenAI tool calls see, with the
+same hard filters.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from typing import Annotated, Any, Literal, TypeVar
 
 import httpx
 import uvicorn
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import CallToolResult, InputRequiredResult
 from pydantic import Field
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -29,30 +32,22 @@ INSTRUCTIONS = (
     "Long-term memory of a chat bot. Look things up with search_memories, search_events, "
     "get_profile and search_profiles; record a durable fact with add_memory; at the end of a "
     "turn call end with what you did (memo) and what you learned (observations). Every tool "
-    "works within one conversation: a group (group_id) or a private chat (user_id)."
+    "works within the one conversation this server was started for (a group or a private "
+    "chat); no argument names another."
 )
 
-GroupId = Annotated[
-    str | None,
-    Field(
-        description="the group chat; default: the server's --group-id "
-        "(an empty string: no group, a private chat)"
-    ),
-]
-UserId = Annotated[
-    str | None,
-    Field(description="the person the bot is serving; default: the server's --user-id"),
-]
-SenderId = Annotated[
-    str | None,
-    Field(description="who sent the current message; default: the server's --sender-id or user_id"),
-]
 TopK = Annotated[int | None, Field(default=None, ge=1, le=200, description="how many results")]
+
+
+NO_CONVERSATION = (
+    "memoria mcp serves one conversation: start it with --group-id GROUP (a group chat) "
+    "or --user-id USER (a private chat with that person)"
+)
 
 
 @dataclass(frozen=True)
 class Conversation:
-    """The server's default conversation; a tool's arguments override each part."""
+    """The one conversation a server serves, from its start flags."""
 
     group_id: str | None = None
     user_id: str | None = None
@@ -60,33 +55,57 @@ class Conversation:
     bot_id: str | None = None
     bot_name: str | None = None
 
-    def context(
-        self, group_id: str | None, user_id: str | None, sender_id: str | None
-    ) -> dict[str, Any]:
-        """The conversation context of one call (as ``POST /v1/tools/call`` takes it)."""
-        group = self.group_id if group_id is None else group_id
-        user = user_id or self.user_id
-        sender = sender_id or self.sender_id or user
+    def context(self) -> dict[str, Any]:
+        """The conversation context of every call (as ``POST /v1/tools/call`` takes it).
+
+        Raises ``ValueError`` when the flags name no conversation: the model is never the one
+        to choose it.
+        """
+        user = self.user_id
+        sender = self.sender_id or user
         context: dict[str, Any] = {"bot_id": self.bot_id, "bot_name": self.bot_name}
-        if group:
-            context.update(request_type="group", group_id=group, user_id=user, sender_id=sender)
+        if self.group_id:
+            context.update(
+                request_type="group", group_id=self.group_id, user_id=user, sender_id=sender
+            )
         elif user or sender:
             context.update(request_type="private", user_id=user or sender, sender_id=sender)
         else:
-            raise ToolError(
-                "no conversation: pass group_id or user_id, "
-                "or start the server with --group-id / --user-id"
-            )
+            raise ValueError(NO_CONVERSATION)
         return {k: v for k, v in context.items() if v}
 
 
-def build_server(client: MemoriaClient, defaults: Conversation) -> MCPServer:
-    """An MCP server whose tools forward to the Memoria API through ``client``."""
-    server: MCPServer = MCPServer(
-        "memoria", instructions=INSTRUCTIONS, version="0.1.0", log_level="WARNING"
-    )
+class BoundServer(MCPServer[Any]):
+    """An MCP server that refuses an argument its tool does not declare.
 
-    async def forward(name: str, arguments: dict[str, Any], context: dict[str, Any]) -> str:
+    The SDK would drop it silently; the model would then take results of its own conversation
+    for those of the group or person it tried to name.
+    """
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
+    ) -> CallToolResult | InputRequiredResult:
+        """Call a tool by name, its arguments first checked against its declared ones."""
+        tool = self._tool_manager.get_tool(name)
+        if tool is not None:
+            declared = tool.parameters.get("properties", {})
+            unknown = sorted(set(arguments) - set(declared))
+            if unknown:
+                raise ToolError(
+                    f"{name} takes no argument {', '.join(unknown)} (it takes "
+                    f"{', '.join(declared) or 'none'}): the conversation is the one this "
+                    "server was started for, and no argument can name another"
+                )
+        return await super().call_tool(name, arguments, context)
+
+
+def build_server(client: MemoriaClient, conversation: Conversation) -> MCPServer:
+    """An MCP server whose tools forward to the Memoria API through ``client``, every call
+    within ``conversation``."""
+    context = conversation.context()
+    server = BoundServer("memoria", instructions=INSTRUCTIONS, version="0.1.0", log_level="WARNING")
+
+    async def forward(name: str, arguments: dict[str, Any]) -> str:
         given = {k: v for k, v in arguments.items() if v is not None}
         result = await _api(client.call_tool(name, given, context))
         return result.content
@@ -101,9 +120,6 @@ def build_server(client: MemoriaClient, defaults: Conversation) -> MCPServer:
         time_to: Annotated[str | None, Field(description="ISO 8601 end")] = None,
         target_user_id: Annotated[str | None, Field(description="only events of this user")] = None,
         top_k: TopK = None,
-        group_id: GroupId = None,
-        user_id: UserId = None,
-        sender_id: SenderId = None,
     ) -> str:
         arguments = {
             "query": query,
@@ -112,8 +128,7 @@ def build_server(client: MemoriaClient, defaults: Conversation) -> MCPServer:
             "target_user_id": target_user_id,
             "top_k": top_k,
         }
-        context = defaults.context(group_id, user_id, sender_id)
-        return await forward("cognitive_search_events", arguments, context)
+        return await forward("cognitive_search_events", arguments)
 
     @server.tool(
         description="The profile of a user, of the current group, or of a member of the "
@@ -122,13 +137,9 @@ def build_server(client: MemoriaClient, defaults: Conversation) -> MCPServer:
     async def get_profile(
         entity_type: Annotated[Literal["user", "group", "member"], Field(description="whose")],
         entity_id: Annotated[str, Field(description="the user id or the group id")],
-        group_id: GroupId = None,
-        user_id: UserId = None,
-        sender_id: SenderId = None,
     ) -> str:
         arguments = {"entity_type": entity_type, "entity_id": entity_id}
-        context = defaults.context(group_id, user_id, sender_id)
-        return await forward("cognitive_get_profile", arguments, context)
+        return await forward("cognitive_get_profile", arguments)
 
     @server.tool(
         description="Find profiles (people, groups) by meaning, e.g. a trait or an interest. "
@@ -140,13 +151,9 @@ def build_server(client: MemoriaClient, defaults: Conversation) -> MCPServer:
             Literal["user", "group", "member"] | None, Field(description="only this kind")
         ] = None,
         top_k: TopK = None,
-        group_id: GroupId = None,
-        user_id: UserId = None,
-        sender_id: SenderId = None,
     ) -> str:
         arguments = {"query": query, "entity_type": entity_type, "top_k": top_k}
-        context = defaults.context(group_id, user_id, sender_id)
-        return await forward("cognitive_search_profiles", arguments, context)
+        return await forward("cognitive_search_profiles", arguments)
 
     @server.tool(
         description="Search the long-term memories visible in this conversation (preferences, "
@@ -159,13 +166,9 @@ def build_server(client: MemoriaClient, defaults: Conversation) -> MCPServer:
             Field(description="only these categories"),
         ] = None,
         top_k: TopK = None,
-        group_id: GroupId = None,
-        user_id: UserId = None,
-        sender_id: SenderId = None,
     ) -> str:
         arguments = {"query": query, "categories": categories, "top_k": top_k}
-        context = defaults.context(group_id, user_id, sender_id)
-        return await forward("cognitive_search_memories", arguments, context)
+        return await forward("cognitive_search_memories", arguments)
 
     @server.tool(
         description="Remember one durable fact, stated absolutely (names and dates, no 'I', "
@@ -183,11 +186,7 @@ def build_server(client: MemoriaClient, defaults: Conversation) -> MCPServer:
         category: Annotated[
             Literal["PROFILE", "PREFERENCE", "FACT", "SUMMARY"], Field(description="its kind")
         ] = "FACT",
-        group_id: GroupId = None,
-        user_id: UserId = None,
-        sender_id: SenderId = None,
     ) -> str:
-        context = defaults.context(group_id, user_id, sender_id)
         group = context.get("group_id")
         person = context.get("sender_id") or context.get("user_id")
         chosen = scope or (
@@ -198,7 +197,10 @@ def build_server(client: MemoriaClient, defaults: Conversation) -> MCPServer:
         if chosen not in ("GLOBAL", "PRIVATE") and not group:
             raise ToolError(f"a {chosen} memory needs a group conversation")
         if chosen != "GROUP" and not person:
-            raise ToolError(f"a {chosen} memory needs the person (user_id or sender_id)")
+            raise ToolError(
+                f"a {chosen} memory needs the person: this server was started without "
+                "--sender-id or --user-id"
+            )
         created = await _api(
             client.add_memory(
                 scope=chosen,
@@ -231,11 +233,7 @@ def build_server(client: MemoriaClient, defaults: Conversation) -> MCPServer:
             list[str] | None, Field(description="new facts, one sentence each")
         ] = None,
         force: Annotated[bool, Field(description="store even if relative words remain")] = False,
-        group_id: GroupId = None,
-        user_id: UserId = None,
-        sender_id: SenderId = None,
     ) -> str:
-        context = defaults.context(group_id, user_id, sender_id)
         accepted = await _api(
             client.end(context, memo=memo, observations=observations or [], force=force)
         )
@@ -259,9 +257,8 @@ async def _api(call: Awaitable[T]) -> T:
 def require_token(app: ASGIApp, token: str) -> ASGIApp:
     """``app`` answering only requests that carry ``Authorization: Bearer <token>``.
 
-    Over HTTP the tools act with the tenant's key for any conversation: without this, any
-    process that can reach the port (every local user, a web page through the browser) could
-    use them.
+    Over HTTP the tools act with the tenant's key: without this, any process that can reach
+    the port (every local user, a web page through the browser) could use them.
     """
     expected = f"Bearer {token}".encode()
 
@@ -290,17 +287,17 @@ def require_token(app: ASGIApp, token: str) -> ASGIApp:
 async def serve(
     api_url: str,
     api_key: str,
-    defaults: Conversation,
+    conversation: Conversation,
     *,
     transport: Literal["stdio", "http"] = "stdio",
     host: str = "127.0.0.1",
     port: int = 8765,
     token: str | None = None,
 ) -> None:
-    """Serve the tools over stdio, or streamable HTTP at ``http://host:port/mcp`` to clients
-    presenting ``token`` as a bearer token."""
+    """Serve the tools for ``conversation`` over stdio, or streamable HTTP at
+    ``http://host:port/mcp`` to clients presenting ``token`` as a bearer token."""
     async with MemoriaClient(api_url, api_key) as client:
-        server = build_server(client, defaults)
+        server = build_server(client, conversation)
         if transport == "stdio":
             await server.run_stdio_async()
             return
