@@ -19,6 +19,7 @@ from tests.conftest import (
     FAST_QUEUE,
     AppClient,
     TenantHandle,
+    llm_settings,
     make_settings,
     new_tenant,
     raw_connection,
@@ -26,6 +27,8 @@ from tests.conftest import (
     until_finished,
     wait_for,
 )
+from tests.fake_llm import FakeLLM, Reply
+from tests.test_memories import quiet
 from tests.test_privacy import leftovers
 
 DAY, NEXT_DAY = "2026-11-23", "2026-11-24"
@@ -34,6 +37,16 @@ DAY, NEXT_DAY = "2026-11-23", "2026-11-24"
 @pytest.fixture
 async def running(db_url: str) -> AsyncIterator[tuple[AppClient, TenantHandle]]:
     settings = make_settings(db_url, cognitive={"queue": FAST_QUEUE})
+    async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
+        yield client, await new_tenant(client, f"t-{uuid.uuid4().hex[:8]}")
+
+
+@pytest.fixture
+async def online(db_url: str, llm: FakeLLM) -> AsyncIterator[tuple[AppClient, TenantHandle]]:
+    settings = make_settings(
+        db_url, cognitive={"queue": {**FAST_QUEUE, "job_max_retries": 0}}, **llm_settings(llm)
+    )
+    llm.default = quiet
     async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
         yield client, await new_tenant(client, f"t-{uuid.uuid4().hex[:8]}")
 
@@ -172,3 +185,43 @@ async def test_an_erased_members_words_leave_the_groups_day_digests(
     assert lake in whole and boat in whole
     for word in (secret, english, alone):
         assert word not in group_export.text and word not in whole, word
+
+
+async def test_a_digest_the_model_wrote_is_made_again_without_the_erased_members_words(
+    online: tuple[AppClient, TenantHandle], llm: FakeLLM
+) -> None:
+    client, tenant = online
+    group = f"g{uuid.uuid4().hex[:10]}"
+    victim, other = (str(random.randrange(10**8, 10**9)) for _ in range(2))
+    secret, lake = made_up_words(2)
+    written = f"{DAY} 群里主要讨论了{lake}，还有人说起{secret}"
+
+    def memory_step(request: dict[str, Any]) -> Reply:
+        if request["tools"][0]["function"]["name"] == "add_memory":
+            first = request["messages"][-1]["role"] == "user"
+            call = ("write_summary", {"day": DAY, "content": written})
+            return Reply(tool_calls=[call]) if first else Reply(content="done")
+        return quiet(request)
+
+    llm.default = memory_step
+    await post(
+        client,
+        tenant,
+        group,
+        [
+            (other, f"{lake}！", f"{DAY}T09:00:00"),
+            (victim, f"{secret}。", f"{DAY}T09:05:00"),
+            (other, f"{lake}？", f"{DAY}T09:10:00"),
+            (other, "记住：集合地点在断桥", f"{DAY}T09:20:00"),
+        ],
+    )
+    assert (await digests(client, tenant, group)) == {DAY: written}
+
+    receipt = await client.delete(f"/v1/users/{victim}", headers=tenant.headers)
+    assert receipt.status_code == 200, receipt.text
+    # What the model wrote drew on the victim's message too: the day is worded again, offline,
+    # of the messages that remain.
+    after = await digests(client, tenant, group)
+    assert secret not in after[DAY] and lake in after[DAY], after
+    assert "（3 条消息）" in after[DAY], after[DAY]
+    assert receipt.json()["counts"]["memories_rebuilt"] == 1
