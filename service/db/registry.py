@@ -89,6 +89,25 @@ class Redaction:
         self.counts[name] = self.counts.get(name, 0) + 1
 
 
+@dataclass
+class Rebuilding:
+    """An erasure of a person as seen by the rows made of several people's words (a group's
+    day digest), run while the person's own rows are still there to tell which drew on
+    them: those are made again of the others' words alone. ``embedder`` makes the vectors
+    of the texts made again; ``counts`` gets ``<table>_rebuilt`` for each row made again,
+    ``<table>_emptied`` for each deleted because nobody else's words remain."""
+
+    session: AsyncSession
+    tenant_id: uuid.UUID
+    person_id: str
+    embedder: Any
+    counts: dict[str, int]
+
+    def count(self, name: str) -> None:
+        """One more row counted under ``name``."""
+        self.counts[name] = self.counts.get(name, 0) + 1
+
+
 @dataclass(frozen=True)
 class Erasing:
     """An erasure of a subject as the copies of its data see it: ``kind`` ``user`` or
@@ -120,10 +139,12 @@ class PersonalTable:
     of a whole-tenant export (secrets; vectors are left out anyway).
 
     Erasure of a subject first runs ``erase_copies`` (copies of data, matched by what they
-    hold before the rows copied go). Erasure of a person runs ``erase_user`` (binds ``:t``,
-    ``:u`` the id, ``:pk`` their private conversation, ``:spare`` the erasure's own job),
-    then ``redact`` if the person has names; of a group, ``erase_group`` (``:t``, ``:g``,
-    ``:k`` its conversation). Erasing a tenant deletes every row of the table unless
+    hold before the rows copied go). Erasure of a person then runs ``rebuild_user`` (rows
+    made of several people's words, made again of the others' while the person's rows
+    still tell which drew on them), then ``erase_user`` (binds ``:t``, ``:u`` the id,
+    ``:pk`` their private conversation, ``:spare`` the erasure's own job), then ``redact``
+    if the person has names; of a group, ``erase_group`` (``:t``, ``:g``, ``:k`` its
+    conversation). Erasing a tenant deletes every row of the table unless
     ``tenant_erase`` is False (rows that go by cascade, or outlive the tenant).
     ``tenant_key``: the column holding the tenant's id; the tenant's own row (keyed by
     ``id``) is exported before and deleted after every other.
@@ -144,6 +165,7 @@ class PersonalTable:
     not_personal: Mapping[str, str] = field(default_factory=dict)
     hidden: tuple[str, ...] = ()
     erase_copies: Callable[[Erasing], Awaitable[int]] | None = None
+    rebuild_user: Callable[[Rebuilding], Awaitable[None]] | None = None
     erase_user: Statements = ()
     erase_group: Statements = ()
     redact: Callable[[Redaction], Awaitable[None]] | None = None

@@ -1,18 +1,72 @@
 """What memories and their history hold of people: how a subject's memories are found,
-exported, erased and redacted (see ``service.db.registry``)."""
+exported, erased, redacted and, for the digests made of their words, made again (see
+``service.db.registry``)."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from sqlalchemy import text
 
-from service.db.registry import PersonalTable, Redaction, names_filter
+from service.context import DEFAULT_TIMEZONE, conversation_key
+from service.db.registry import PersonalTable, Rebuilding, Redaction, names_filter
+from service.memories import repository
+from service.memories.digest import day_summary
 from service.memories.models import EMBEDDED as _MEMORY_TEXT
+from service.messages import service as messages
+from service.tenants.service import find as find_tenant
 
 # Their groups' memories, and the group-less (global) memories of people they spoke with.
 _IN_SCOPE = "(group_id = ANY(:groups) OR (group_id IS NULL AND user_id = ANY(:peers)))"
+
+
+async def _zone(r: Rebuilding) -> ZoneInfo:
+    # A digest's day is a local day of the tenant's, as the historian counted it.
+    tenant = await find_tenant(r.session, r.tenant_id)
+    name = (tenant.settings or {}).get("timezone") if tenant is not None else None
+    return ZoneInfo(name or DEFAULT_TIMEZONE)
+
+
+async def rebuild_digests(r: Rebuilding) -> None:
+    """Each group's day digest of a day the person spoke in that group is made again of the
+    others' messages of the day (deleted, history and all, where none remain); its history
+    keeps that it changed, not what it said."""
+    zone = await _zone(r)
+    remade: list[tuple[int, str]] = []
+    for group_id, day in await messages.group_days(r.session, r.tenant_id, r.person_id, zone.key):
+        digest = await repository.summary_of_day(r.session, r.tenant_id, group_id, day)
+        if digest is None:
+            continue
+        key = conversation_key("group", group_id, None)
+        texts = await messages.texts_of_day(
+            r.session, r.tenant_id, key, day, zone, without=r.person_id
+        )
+        name = await messages.group_name(r.session, r.tenant_id, key)
+        content = day_summary(day, texts, name) if texts else None
+        if content is None:
+            await repository.erase(r.session, r.tenant_id, digest["id"])
+            r.count("memories_emptied")
+            continue
+        remade.append((int(digest["id"]), content))
+    vectors = await r.embedder.passages([content for _, content in remade]) if remade else []
+    for (memory_id, content), vector in zip(remade, vectors, strict=True):
+        await repository.update(
+            r.session, r.tenant_id, memory_id, {"content": content, "embedding": vector}
+        )
+        # Every version the history holds was made of the person's words too.
+        await repository.scrub_history(r.session, r.tenant_id, memory_id)
+        await repository.add_history(
+            r.session,
+            r.tenant_id,
+            memory_id,
+            "rebuild",
+            new=content,
+            reason="made again without an erased person's messages",
+            cause={"by": "erasure"},
+        )
+        r.count("memories_rebuilt")
 
 
 async def redact_memories(r: Redaction) -> None:
@@ -101,6 +155,7 @@ MEMORIES = PersonalTable(
         ),
         ("memories", "DELETE FROM memories WHERE tenant_id = :t AND group_id = :g"),
     ),
+    rebuild_user=rebuild_digests,
     redact=redact_memories,
     export_user=f"""
            SELECT id, scope, user_id, group_id, category, content, confidence, importance,

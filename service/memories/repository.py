@@ -104,6 +104,18 @@ async def delete(session: AsyncSession, tenant_id: uuid.UUID, memory_id: int) ->
     )
 
 
+async def erase(session: AsyncSession, tenant_id: uuid.UUID, memory_id: int) -> None:
+    """Remove a memory and its whole history: nothing says it was."""
+    params = {"tenant_id": tenant_id, "id": memory_id}
+    await session.execute(
+        text("DELETE FROM memory_history WHERE tenant_id = :tenant_id AND memory_id = :id"),
+        params,
+    )
+    await session.execute(
+        text("DELETE FROM memories WHERE tenant_id = :tenant_id AND id = :id"), params
+    )
+
+
 async def add_history(
     session: AsyncSession,
     tenant_id: uuid.UUID,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Awaitable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, time, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from functools import cache
 from typing import Any, NamedTuple
 
@@ -1013,6 +1013,9 @@ _DAY = text(
     SELECT text FROM messages
     WHERE tenant_id = :tenant_id AND conversation_key = :conversation_key
       AND sent_at >= :start AND sent_at < :end
+      -- Leaving out a person's: the rows their erasure deletes (as its sender, or its user).
+      AND (CAST(:without AS text) IS NULL
+           OR (sender_id IS DISTINCT FROM :without AND user_id IS DISTINCT FROM :without))
     ORDER BY sent_at
     LIMIT 5000
     """
@@ -1020,9 +1023,14 @@ _DAY = text(
 
 
 async def texts_of_day(
-    session: AsyncSession, tenant_id: uuid.UUID, conversation_key: str, day: Any, zone: Any
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    conversation_key: str,
+    day: Any,
+    zone: Any,
+    without: str | None = None,
 ) -> list[str]:
-    """The texts of a conversation's messages on one local day."""
+    """The texts of a conversation's messages on one local day (but ``without``'s)."""
     from datetime import datetime as dt
 
     start = dt.combine(day, time(0), zone)
@@ -1031,8 +1039,29 @@ async def texts_of_day(
         "conversation_key": conversation_key,
         "start": start,
         "end": start + timedelta(days=1),
+        "without": without,
     }
     return [r.text for r in await session.execute(_DAY, params)]
+
+
+# A message's local day is counted in the zone of the same IANA name the digests' days are;
+# a person's messages are those their erasure deletes in a group (as sender or as user).
+_GROUP_DAYS = text(
+    """
+    SELECT DISTINCT group_id, CAST(timezone(:zone, sent_at) AS date) AS day FROM messages
+    WHERE tenant_id = :tenant_id AND (sender_id = :person OR user_id = :person)
+      AND group_id IS NOT NULL
+    ORDER BY group_id, day
+    """
+)
+
+
+async def group_days(
+    session: AsyncSession, tenant_id: uuid.UUID, person_id: str, zone: str
+) -> list[tuple[str, date]]:
+    """The (group, local day) of every day a person's messages are in a group's."""
+    params = {"tenant_id": tenant_id, "person": person_id, "zone": zone}
+    return [(r.group_id, r.day) for r in await session.execute(_GROUP_DAYS, params)]
 
 
 async def group_name(

@@ -266,10 +266,24 @@ async def group_name(session: AsyncSession, tenant_id: uuid.UUID, key: str) -> s
 
 
 async def texts_of_day(
-    session: AsyncSession, tenant_id: uuid.UUID, key: str, day: date, zone: tzinfo
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    key: str,
+    day: date,
+    zone: tzinfo,
+    *,
+    without: str | None = None,
 ) -> list[str]:
-    """The texts of a conversation's messages on one local day."""
-    return await repository.texts_of_day(session, tenant_id, key, day, zone)
+    """The texts of a conversation's messages on one local day; ``without``: but for the
+    messages a person's erasure deletes."""
+    return await repository.texts_of_day(session, tenant_id, key, day, zone, without)
+
+
+async def group_days(
+    session: AsyncSession, tenant_id: uuid.UUID, person_id: str, zone: str
+) -> list[tuple[str, date]]:
+    """Each (group id, local day in ``zone``, an IANA name) a person's messages are on."""
+    return await repository.group_days(session, tenant_id, person_id, zone)
 
 
 async def take_quiet(session: AsyncSession, quiet_seconds: float, limit: int) -> list[Any]:

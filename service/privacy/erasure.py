@@ -22,7 +22,13 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db import registry
-from service.db.registry import PERSON_FIELDS, Erasing, PersonalTable, Redaction
+from service.db.registry import (
+    PERSON_FIELDS,
+    Erasing,
+    PersonalTable,
+    Rebuilding,
+    Redaction,
+)
 from service.embedding import Embedder
 from service.models import metadata
 from service.privacy import keys
@@ -101,6 +107,12 @@ async def erase_user(
     await _erase_copies(
         session, tenant_id, "user", user_id, subject, person.needles, PERSON_FIELDS, counts
     )
+    # Then what was made of their words and others' (a group's day digest): which rows drew
+    # on them is told by their rows, so this runs before those go.
+    rebuilding = Rebuilding(session, tenant_id, user_id, embedder, counts)
+    for table in registry.tables():
+        if table.rebuild_user is not None:
+            await table.rebuild_user(rebuilding)
     for table in registry.tables():
         for name, sql in table.erase_user:
             counts[name] = _rowcount(await session.execute(text(sql), p))
