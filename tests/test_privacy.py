@@ -464,6 +464,24 @@ async def test_a_namesake_keeps_the_name_only_where_they_speak(
     assert all(name not in s for texts in said.values() for s in texts), said
 
 
+async def test_a_person_named_like_the_bot_leaves_its_name_in_others_words(
+    running: tuple[AppClient, TenantHandle], db_url: str
+) -> None:
+    """The tenant's bot is in every conversation: a person who goes by its name is not the
+    one meant where someone speaks to it, even before any hand-over names the bot."""
+    client, tenant = running
+    h = tenant.headers
+    bot, victim, friend = f"Bot{uuid.uuid4().hex[:8]}", uuid.uuid4().hex[:10], uuid.uuid4().hex
+    patched = await client.patch("/v1/settings", json={"bot": {"id": "1", "name": bot}}, headers=h)
+    assert patched.status_code == 200, patched.text
+    home = group_of(uuid.uuid4().hex[:8])
+    asked = f"{bot}, remind me of the meeting"
+    await say_in(client, tenant, home, (victim, bot, "hello"), (friend, "Cal", asked))
+    assert (await client.delete(f"/v1/users/{victim}", headers=h)).status_code == 200
+    said = await group_texts(db_url, home["group_id"])
+    assert said["messages"] == [f"Cal: {asked}"]
+
+
 async def test_erasure_keeps_a_floods_copies_one_statement(
     running: tuple[AppClient, TenantHandle], db_url: str
 ) -> None:
