@@ -450,8 +450,10 @@ async def test_a_namesake_keeps_the_name_only_where_they_speak(
         (victim, name, "hello"),
         (friend, friend_name, f"{name} lives on Elm street and is pregnant"),
     )
+    await hand_over(client, tenant, shared, friend, friend_name, f"{name} runs the book club")
     await hand_over(client, tenant, own, friend, friend_name, f"{name} is pregnant")
     before = await group_texts(db_url, shared["group_id"])
+    assert any(f"{name} runs the book club" in e for e in before["events"]), before
     assert (await client.delete(f"/v1/users/{victim}", headers=tenant.headers)).status_code == 200
     kept = await group_texts(db_url, shared["group_id"])
     assert kept["messages"] == sorted(
