@@ -15,6 +15,7 @@ from service.db.engine import Database
 from service.privacy import erasure
 from service.privacy import jobs as privacy_jobs
 from service.privacy import service as privacy
+from service.privacy.redaction import ERASED
 from tests.conftest import (
     ADMIN,
     FAST_QUEUE,
@@ -286,6 +287,201 @@ async def test_a_persons_label_goes_with_them_even_under_a_shared_name(
     assert profile["body"] == "- [已删除用户]和李四(10002)是同事\n"
     memories = (await client.get("/v1/memories?group_id=g7", headers=h)).json()
     assert [m["content"] for m in memories] == ["[已删除用户]负责周报"]
+
+
+def group_of(group_id: str) -> dict[str, str]:
+    """A group conversation's context, named at random."""
+    return {**GROUP, "group_id": group_id, "group_name": f"群{uuid.uuid4().hex[:6]}"}
+
+
+async def say_in(
+    client: AppClient, tenant: TenantHandle, group: dict[str, str], *said: tuple[str, str, str]
+) -> None:
+    messages = [
+        {"message_id": uuid.uuid4().hex, "sender_id": who, "sender_name": name, "text": text}
+        for who, name, text in said
+    ]
+    posted = await client.post(
+        "/v1/messages", json={**group, "messages": messages}, headers=tenant.headers
+    )
+    assert posted.status_code == 202, posted.text
+
+
+async def hand_over(
+    client: AppClient, tenant: TenantHandle, group: dict[str, str], who: str, name: str, said: str
+) -> None:
+    """A hand-over whose observation becomes an event of the group."""
+    response = await client.post(
+        "/v1/end",
+        json={
+            **group,
+            "sender_id": who,
+            "sender_name": name,
+            "request_id": uuid.uuid4().hex,
+            "observations": [said],
+        },
+        headers=tenant.headers,
+    )
+    assert response.status_code == 202, response.text
+    await until_finished(client, tenant, response.json()["job_id"])
+
+
+async def member_profile(
+    client: AppClient, tenant: TenantHandle, group: str, who: str, name: str, body: str
+) -> None:
+    document = (
+        f'---\nentity_type: member\nentity_id: "{who}"\ngroup_id: "{group}"\nname: {name}\n'
+        f'tags: []\nupdated_at: "2026-01-01T00:00:00+08:00"\n---\n{body}\n'
+    )
+    put = await client.put(
+        f"/v1/profiles/member/{group}/{who}", json={"document": document}, headers=tenant.headers
+    )
+    assert put.status_code == 200, put.text
+
+
+async def rows_naming(db_url: str, needle: str) -> list[tuple[str, str | None]]:
+    """Every row of every table whose text or JSON holds the needle, as JSON, with the group
+    of a memory's history (its memory's)."""
+    async with raw_connection(db_url) as conn:
+        tables = await conn.fetch(
+            "SELECT table_name FROM information_schema.tables"
+            " WHERE table_schema = 'public' AND table_type = 'BASE TABLE'"
+        )
+        found = []
+        for t in tables:
+            table = t["table_name"]
+            sql = f'SELECT to_jsonb(x)::text AS j, NULL AS g FROM "{table}" AS x'
+            if table == "memory_history":
+                sql = (
+                    "SELECT to_jsonb(x)::text AS j, m.group_id AS g FROM memory_history AS x"
+                    " LEFT JOIN memories AS m ON m.tenant_id = x.tenant_id AND m.id = x.memory_id"
+                )
+            where = " WHERE strpos(to_jsonb(x)::text, $1) > 0"
+            found += [(f"{table}: {r['j']}", r["g"]) for r in await conn.fetch(sql + where, needle)]
+    return found
+
+
+async def group_texts(db_url: str, group_id: str) -> dict[str, list[str]]:
+    """What a group's messages, events, memories and profiles say, as stored."""
+    async with raw_connection(db_url) as conn:
+        queries = {
+            "messages": "SELECT sender_name || ': ' || text AS s FROM messages"
+            " WHERE conversation_key = 'g:' || $1",
+            "events": "SELECT text AS s FROM events WHERE conversation_key = 'g:' || $1",
+            "memories": "SELECT content AS s FROM memories WHERE group_id = $1",
+            "profiles": "SELECT document AS s FROM profiles WHERE group_id = $1"
+            " OR (entity_type = 'group' AND entity_id = $1)",
+        }
+        return {
+            table: sorted(r["s"] for r in await conn.fetch(sql, group_id))
+            for table, sql in queries.items()
+        }
+
+
+async def api_texts(client: AppClient, tenant: TenantHandle, group: str, who: str) -> str:
+    """What the API shows of a group's events and memories and a member's profile."""
+    h = tenant.headers
+    events = (await client.get(f"/v1/events?group_id={group}", headers=h)).json()
+    memories = (await client.get(f"/v1/memories?group_id={group}", headers=h)).json()
+    profile = (await client.get(f"/v1/profiles/member/{group}/{who}", headers=h)).json()
+    return json.dumps([events, memories, profile], ensure_ascii=False)
+
+
+async def test_a_stranger_under_a_persons_name_shields_nothing_of_theirs(
+    running: tuple[AppClient, TenantHandle], db_url: str
+) -> None:
+    """Someone in another group posts under the victim's display name; erasing the victim
+    still takes the name out of what was said about them in their own group, and leaves
+    the stranger's words in the stranger's group as they were."""
+    client, tenant = running
+    h = tenant.headers
+    victim, friend, stranger = (uuid.uuid4().hex[:10] for _ in range(3))
+    name, friend_name = f"Vic{uuid.uuid4().hex[:8]}", f"Cal{uuid.uuid4().hex[:8]}"
+    home, away = group_of(uuid.uuid4().hex[:8]), group_of(uuid.uuid4().hex[:8])
+    gossip = f"{name} lives on Elm street and is pregnant"
+    await say_in(
+        client, tenant, home, (victim, name, f"hi, I am {name}"), (friend, friend_name, gossip)
+    )
+    await hand_over(client, tenant, home, friend, friend_name, gossip)
+    memory = {"scope": "GROUP", "group_id": home["group_id"], "content": gossip}
+    assert (await client.post("/v1/memories", json=memory, headers=h)).status_code == 201
+    await member_profile(client, tenant, home["group_id"], friend, friend_name, f"- {gossip}")
+    await say_in(client, tenant, away, (stranger, name, f"I am {name}"), (stranger, name, "hi"))
+    await hand_over(client, tenant, away, stranger, name, f"{name} likes tea")
+    await member_profile(client, tenant, away["group_id"], stranger, name, f"- {name} likes tea")
+    stranger_rows = await group_texts(db_url, away["group_id"])
+    assert (await client.delete(f"/v1/users/{victim}", headers=h)).status_code == 200
+    said = await group_texts(db_url, home["group_id"])
+    redacted = gossip.replace(name, ERASED)
+    assert said["messages"] == [f"{friend_name}: {redacted}"]
+    assert redacted in said["events"] and set(said["memories"]) == {redacted}
+    assert all(name not in s for texts in said.values() for s in texts), said
+    shown = await api_texts(client, tenant, home["group_id"], friend)
+    assert redacted in shown and name not in shown
+    # No row anywhere names them but the stranger's own, in the stranger's group.
+    await audit.flush()
+    for row, group in await rows_naming(db_url, name):
+        assert away["group_id"] in row or stranger in row or group == away["group_id"], row
+    assert await group_texts(db_url, away["group_id"]) == stranger_rows
+
+
+async def test_a_namesake_keeps_the_name_only_where_they_speak(
+    running: tuple[AppClient, TenantHandle], db_url: str
+) -> None:
+    """The victim shares a group with someone of the same display name: what is said there
+    keeps the name (it may be the namesake's) and the namesake's words stay theirs; in the
+    victim's other group, where no one else goes by it, the name goes."""
+    client, tenant = running
+    victim, namesake, friend = (uuid.uuid4().hex[:10] for _ in range(3))
+    name, friend_name = f"Vic{uuid.uuid4().hex[:8]}", f"Cal{uuid.uuid4().hex[:8]}"
+    shared, own = group_of(uuid.uuid4().hex[:8]), group_of(uuid.uuid4().hex[:8])
+    await say_in(
+        client,
+        tenant,
+        shared,
+        (victim, name, "hello"),
+        (namesake, name, f"I am {name} too"),
+        (friend, friend_name, f"{name} runs the book club"),
+    )
+    await say_in(
+        client,
+        tenant,
+        own,
+        (victim, name, "hello"),
+        (friend, friend_name, f"{name} lives on Elm street and is pregnant"),
+    )
+    await hand_over(client, tenant, shared, friend, friend_name, f"{name} runs the book club")
+    await hand_over(client, tenant, own, friend, friend_name, f"{name} is pregnant")
+    before = await group_texts(db_url, shared["group_id"])
+    assert any(f"{name} runs the book club" in e for e in before["events"]), before
+    assert (await client.delete(f"/v1/users/{victim}", headers=tenant.headers)).status_code == 200
+    kept = await group_texts(db_url, shared["group_id"])
+    assert kept["messages"] == sorted(
+        [f"{name}: I am {name} too", f"{friend_name}: {name} runs the book club"]
+    )
+    assert kept["events"] == before["events"]
+    said = await group_texts(db_url, own["group_id"])
+    assert said["messages"] == [f"{friend_name}: {ERASED} lives on Elm street and is pregnant"]
+    assert f"{ERASED} is pregnant" in said["events"]
+    assert all(name not in s for texts in said.values() for s in texts), said
+
+
+async def test_a_person_named_like_the_bot_leaves_its_name_in_others_words(
+    running: tuple[AppClient, TenantHandle], db_url: str
+) -> None:
+    """The tenant's bot is in every conversation: a person who goes by its name is not the
+    one meant where someone speaks to it, even before any hand-over names the bot."""
+    client, tenant = running
+    h = tenant.headers
+    bot, victim, friend = f"Bot{uuid.uuid4().hex[:8]}", uuid.uuid4().hex[:10], uuid.uuid4().hex
+    patched = await client.patch("/v1/settings", json={"bot": {"id": "1", "name": bot}}, headers=h)
+    assert patched.status_code == 200, patched.text
+    home = group_of(uuid.uuid4().hex[:8])
+    asked = f"{bot}, remind me of the meeting"
+    await say_in(client, tenant, home, (victim, bot, "hello"), (friend, "Cal", asked))
+    assert (await client.delete(f"/v1/users/{victim}", headers=h)).status_code == 200
+    said = await group_texts(db_url, home["group_id"])
+    assert said["messages"] == [f"Cal: {asked}"]
 
 
 async def test_erasure_keeps_a_floods_copies_one_statement(

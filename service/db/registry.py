@@ -66,6 +66,10 @@ class Redaction:
     """An erasure of a person as seen by the aggregates whose rows may name them.
 
     ``redactor`` finds and replaces the person's names (``service.privacy.redaction``);
+    ``redactor_in`` gives the redactor of a text said in one of their conversations (by its
+    key): a name someone else goes by there is kept there. ``redactor`` is the one of a text
+    of no single conversation (a peer's own profile or memory): it keeps every name someone
+    else goes by in any of the person's conversations.
     ``scope`` binds ``:t`` (the tenant), ``:keys`` (the group conversations the person took
     part in), ``:groups``, ``:peers`` (the people they spoke with) and ``:needles`` (for
     ``names_filter``); ``counts`` gets ``<table>_redacted`` for each row changed.
@@ -75,6 +79,7 @@ class Redaction:
     tenant_id: uuid.UUID
     person_id: str
     redactor: Any
+    redactor_in: Callable[[str], Any]
     embedder: Any
     keep: int
     scope: dict[str, Any]
@@ -154,9 +159,12 @@ class PersonalTable:
     exports every row unless ``tenant_export`` is False. ``size_*`` are cheap counts of
     indexed rows that size an export or an erasure.
 
-    ``own_names``, ``shared_names``, ``conversations`` and ``peers`` are SELECTs of one
-    column (``name``, ``name``, ``key``, ``id``) that ``service.privacy.people`` unites to
-    find who a person is (see there for what each binds).
+    ``own_names``, ``conversations`` and ``peers`` are SELECTs of one column (``name``,
+    ``key``, ``id``), ``namesakes`` of two (``name``, ``key``), that
+    ``service.privacy.people`` unites to find who a person is (see there for what each
+    binds). ``shared_names`` (a name someone goes by anywhere in the tenant) is read by
+    nothing: a name used outside the person's conversations says nothing of whom a text in
+    them means, so only ``namesakes`` keep a name from being redacted.
     """
 
     table: str
@@ -180,6 +188,7 @@ class PersonalTable:
     size_tenant: str | None = None
     own_names: tuple[str, ...] = ()
     shared_names: tuple[str, ...] = ()
+    namesakes: tuple[str, ...] = ()
     conversations: tuple[str, ...] = ()
     peers: tuple[str, ...] = ()
 

@@ -20,14 +20,14 @@ async def redact_events(r: Redaction) -> None:
     """Others' events in the person's conversations lose the person's names in their text,
     source and metadata; searchable again at once (vector, terms; a flood's copies stay
     unindexed and out of the scan)."""
-    redactor = r.redactor
     changed: list[dict[str, Any]] = []
     for row in await r.rows(
-        "SELECT id, text, source_text, metadata FROM events WHERE tenant_id = :t"
+        "SELECT id, conversation_key, text, source_text, metadata FROM events WHERE tenant_id = :t"
         " AND conversation_key = ANY(:keys) AND ("
         f"{names_filter('text')} OR {names_filter('source_text')}"
         f" OR {names_filter('metadata::text')})"
     ):
+        redactor = r.redactor_in(row.conversation_key)
         new = {
             "text": redactor.text(row.text),
             "source_text": redactor.text(row.source_text) if row.source_text else row.source_text,

@@ -69,16 +69,22 @@ async def rebuild_digests(r: Rebuilding) -> None:
         r.count("memories_rebuilt")
 
 
+def _redactor(r: Redaction, group_id: str | None) -> Any:
+    """A group's memory is its conversation's; a peer's global memory is of none."""
+    return r.redactor_in(f"g:{group_id}") if group_id is not None else r.redactor
+
+
 async def redact_memories(r: Redaction) -> None:
     """Memories of the person's groups and of the people they spoke with lose the person's
     names (a new vector where the content changed), and so does the history of those
     memories."""
-    redactor = r.redactor
     changed = []
     for row in await r.rows(
-        f"SELECT id, content, evidence FROM memories WHERE tenant_id = :t AND {_IN_SCOPE}"
+        "SELECT id, group_id, content, evidence FROM memories"
+        f" WHERE tenant_id = :t AND {_IN_SCOPE}"
         f" AND ({names_filter('content')} OR {names_filter('evidence::text')})"
     ):
+        redactor = _redactor(r, row.group_id)
         content, evidence = redactor.text(row.content), redactor.json(row.evidence)
         if (content, evidence) != (row.content, row.evidence):
             changed.append((row, content, evidence))
@@ -103,12 +109,14 @@ async def redact_memories(r: Redaction) -> None:
         )
         r.count("memories_redacted")
     for row in await r.rows(
-        "SELECT id, old_content, new_content, reason, cause FROM memory_history"
-        " WHERE tenant_id = :t AND memory_id IN"
-        f" (SELECT id FROM memories WHERE tenant_id = :t AND {_IN_SCOPE})"
-        f" AND ({names_filter('old_content')} OR {names_filter('new_content')}"
-        f" OR {names_filter('reason')} OR {names_filter('cause::text')})"
+        "SELECT h.id, m.group_id, h.old_content, h.new_content, h.reason, h.cause"
+        " FROM memory_history AS h JOIN (SELECT id, group_id FROM memories"
+        f" WHERE tenant_id = :t AND {_IN_SCOPE}) AS m ON m.id = h.memory_id"
+        f" WHERE h.tenant_id = :t AND ({names_filter('h.old_content')}"
+        f" OR {names_filter('h.new_content')} OR {names_filter('h.reason')}"
+        f" OR {names_filter('h.cause::text')})"
     ):
+        redactor = _redactor(r, row.group_id)
         new = (
             redactor.json(row.old_content),
             redactor.json(row.new_content),

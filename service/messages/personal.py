@@ -22,12 +22,12 @@ async def redact_messages(r: Redaction) -> None:
     the embedding job, which nothing queues here, a quiet group's message stayed without a
     vector until its next message came."""
     changed = [
-        (row, r.redactor.text(row.text))
+        (row, r.redactor_in(row.conversation_key).text(row.text))
         for row in await r.rows(
             "SELECT conversation_key, message_id, sender_name, text FROM messages"
             f" WHERE tenant_id = :t AND conversation_key = ANY(:keys) AND {names_filter('text')}"
         )
-        if r.redactor.mentions(row.text)
+        if r.redactor_in(row.conversation_key).mentions(row.text)
     ]
     if not changed:
         return
@@ -74,9 +74,11 @@ CONVERSATIONS = PersonalTable(
     ),
     export_group="SELECT * FROM conversations WHERE tenant_id = :t AND conversation_key = :k",
     export_section="conversation",
-    shared_names=(
-        "SELECT group_name AS name FROM conversations"
-        " WHERE tenant_id = :t AND group_name = ANY(:names)",
+    # A group named like the person: the name in its texts may be the group's.
+    namesakes=(
+        "SELECT btrim(group_name) AS name, conversation_key AS key FROM conversations"
+        " WHERE tenant_id = :t AND conversation_key = ANY(:keys)"
+        " AND btrim(group_name) = ANY(:names)",
     ),
 )
 
@@ -114,9 +116,11 @@ MESSAGES = PersonalTable(
         "SELECT sender_name AS name FROM messages"
         " WHERE tenant_id = :t AND sender_id = :u AND sender_name IS NOT NULL",
     ),
-    shared_names=(
-        "SELECT sender_name AS name FROM messages"
-        " WHERE tenant_id = :t AND sender_name = ANY(:names) AND sender_id IS DISTINCT FROM :u",
+    # Someone else who speaks in the conversation under the name.
+    namesakes=(
+        "SELECT btrim(sender_name) AS name, conversation_key AS key FROM messages"
+        " WHERE tenant_id = :t AND conversation_key = ANY(:keys)"
+        " AND btrim(sender_name) = ANY(:names) AND sender_id IS DISTINCT FROM :u",
     ),
     conversations=(
         "SELECT conversation_key AS key FROM messages WHERE tenant_id = :t AND sender_id = :u",

@@ -122,6 +122,7 @@ async def erase_user(
             tenant_id=tenant_id,
             person_id=user_id,
             redactor=person.redactor,
+            redactor_in=person.redactor_in,
             embedder=embedder,
             keep=keep,
             scope={
@@ -129,7 +130,7 @@ async def erase_user(
                 "keys": person.conversations,
                 "groups": person.groups,
                 "peers": person.peers,
-                "needles": person.needles,
+                "needles": person.mention_needles,
             },
             counts=counts,
         )

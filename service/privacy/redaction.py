@@ -5,7 +5,9 @@ written by someone else that names them. The text stays (it is another person's 
 the name is replaced by a marker. A name is only replaced where it is known to be theirs:
 
 - it is a display name they used themselves (their messages, their profiles);
-- nobody else in the tenant goes by it;
+- nobody else goes by it in the conversation the text is in (a genuine namesake there may
+  be the one meant); someone in a conversation of which the person was never part names
+  no one the text could mean, so a name used there shields nothing;
 - it can be told apart from ordinary words: it has at least two letters (Han or kana: two
   characters), is not an English function word ("is", "the"), not a number (ids are never
   matched as text: "2" is in "Alice has 2 cats"), and it is matched as a whole word where its

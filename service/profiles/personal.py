@@ -3,6 +3,8 @@ found, exported, erased and redacted (see ``service.db.registry``)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import text
 
 from service.db.registry import PersonalTable, Redaction, names_filter
@@ -27,15 +29,25 @@ _REACH = (
 _OWN = "entity_id = :u AND entity_type IN ('user', 'member', 'private')"
 
 
+def _redactor(r: Redaction, row: Any) -> Any:
+    """A group's and its members' profiles are that group's conversation's; a peer's own
+    profile is of none."""
+    if row.entity_type == "group":
+        return r.redactor_in(f"g:{row.entity_id}")
+    if row.entity_type == "member":
+        return r.redactor_in(f"g:{row.group_id}")
+    return r.redactor
+
+
 async def redact_profiles(r: Redaction) -> None:
     """Profiles in the person's reach get a new version without the name, and their kept
     revisions are redacted too; the front matter is kept byte for byte (see
     ``Redactor.document``)."""
-    redactor = r.redactor
     for row in await r.rows(
-        f"SELECT profile_key, document, version FROM profiles WHERE tenant_id = :t AND {_REACH}"
-        f" AND {names_filter('document')}"
+        "SELECT profile_key, entity_type, entity_id, group_id, document, version FROM profiles"
+        f" WHERE tenant_id = :t AND {_REACH} AND {names_filter('document')}"
     ):
+        redactor = _redactor(r, row)
         if not redactor.mentions(row.document):
             continue
         # The front matter is rebuilt by the renderer from the parsed profile, never edited
@@ -58,11 +70,13 @@ async def redact_profiles(r: Redaction) -> None:
         if version is not None:
             r.count("profiles_redacted")
     for row in await r.rows(
-        "SELECT profile_key, version, document FROM profile_revisions WHERE tenant_id = :t"
-        " AND profile_key IN (SELECT profile_key FROM profiles"
-        f" WHERE tenant_id = :t AND {_REACH}) AND {names_filter('document')}"
+        "SELECT r.profile_key, r.version, r.document, p.entity_type, p.entity_id, p.group_id"
+        " FROM profile_revisions AS r JOIN (SELECT profile_key, entity_type, entity_id,"
+        f" group_id FROM profiles WHERE tenant_id = :t AND {_REACH}) AS p"
+        " ON p.profile_key = r.profile_key"
+        f" WHERE r.tenant_id = :t AND {names_filter('r.document')}"
     ):
-        document = redactor.document(row.document)
+        document = _redactor(r, row).document(row.document)
         if document != row.document:
             await r.session.execute(
                 text(
@@ -114,9 +128,14 @@ PROFILES = PersonalTable(
         "SELECT name FROM profiles"
         " WHERE tenant_id = :t AND entity_id = :u AND entity_type IN ('user', 'member', 'private')",
     ),
-    shared_names=(
-        "SELECT name FROM profiles WHERE tenant_id = :t AND name = ANY(:names)"
-        " AND NOT (entity_id = :u AND entity_type IN ('user', 'member', 'private'))",
+    # The person's group named like them, or another member of it going by the name there.
+    namesakes=(
+        "SELECT btrim(name) AS name, 'g:' || entity_id AS key FROM profiles"
+        " WHERE tenant_id = :t AND entity_type = 'group' AND entity_id = ANY(:groups)"
+        " AND btrim(name) = ANY(:names)",
+        "SELECT btrim(name) AS name, 'g:' || group_id AS key FROM profiles"
+        " WHERE tenant_id = :t AND entity_type = 'member' AND group_id = ANY(:groups)"
+        " AND entity_id <> :u AND btrim(name) = ANY(:names)",
     ),
     conversations=(
         "SELECT 'g:' || group_id AS key FROM profiles"

@@ -11,6 +11,12 @@ TENANTS = PersonalTable(
         "settings": "the tenant's configuration",
     },
     tenant_key="id",
+    # The tenant's bot takes part in every conversation: its name, spoken to, is the bot's.
+    namesakes=(
+        "SELECT btrim(settings -> 'bot' ->> 'name') AS name, k AS key"
+        " FROM tenants, unnest(CAST(:keys AS text[])) AS k"
+        " WHERE id = :t AND btrim(settings -> 'bot' ->> 'name') = ANY(:names)",
+    ),
 )
 
 API_KEYS = PersonalTable(

@@ -14,11 +14,12 @@ async def redact_todos(r: Redaction) -> None:
     """Others' todos in the person's conversations lose the person's names in their
     description and evidence."""
     for row in await r.rows(
-        "SELECT id, description, evidence FROM todos WHERE tenant_id = :t"
+        "SELECT id, conversation_key, description, evidence FROM todos WHERE tenant_id = :t"
         f" AND conversation_key = ANY(:keys) AND ({names_filter('description')}"
         f" OR {names_filter('evidence::text')})"
     ):
-        description, evidence = r.redactor.text(row.description), r.redactor.json(row.evidence)
+        redactor = r.redactor_in(row.conversation_key)
+        description, evidence = redactor.text(row.description), redactor.json(row.evidence)
         if (description, evidence) != (row.description, row.evidence):
             await r.session.execute(
                 text(
