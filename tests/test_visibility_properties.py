@@ -101,7 +101,7 @@ class Origin:
 
     def __str__(self) -> str:
         consent = ", marked shareable" if self.shareable else ""
-        return f"a {self.via} turn in {self.said_in}{consent}"
+        return f"{self.said_in} by /v1/{self.via}{consent}"
 
 
 @dataclass
@@ -152,10 +152,12 @@ def worlds(draw: st.DrawFn, consent: bool) -> World:
                 + (PHONE if sensitive else "")
                 + f"我喜欢{draw(st.sampled_from(LIKES))} {mark}"
             )
-            marked = consent and via == "end" and where.group_id is None and draw(st.booleans())
+            # Consent is an object of the private turn's own; ``shareable: false`` is none.
+            given = consent and via == "end" and where.group_id is None and draw(st.booleans())
+            marked = given and draw(st.booleans())
             if via == "messages":
                 text = draw(st.sampled_from(["记住：", "remember that "])) + text
-            items.append({"text": text, "shareable": True} if marked else text)
+            items.append({"text": text, "shareable": marked} if given else text)
             world.origins[mark] = Origin(where, shareable=marked and not sensitive, via=via)
         world.turns.append((where, items, via))
     return world
@@ -276,17 +278,19 @@ def is_profile_read(label: str) -> bool:
     return "profile" in label and "context" not in label
 
 
-async def check_every_read(client: AppClient, tenant: TenantHandle, world: World) -> set[str]:
+async def check_every_read(
+    client: AppClient, tenant: TenantHandle, world: World
+) -> dict[str, set[Conversation]]:
     """Ask every read path from every conversation; each marker found must be visible there.
-    Returns the markers seen anywhere."""
-    seen: set[str] = set()
+    Returns the conversations each marker was seen from."""
+    seen: dict[str, set[Conversation]] = {}
     for asker in world.conversations():
         members = set(world.groups.get(asker.group_id or "", []))
         for label, path, body in read_requests(asker, world):
             answer = await read(client, tenant, path, body)
             found = set(MARKER.findall(json.dumps(answer, ensure_ascii=False)))
-            seen |= found
             for mark in sorted(found):
+                seen.setdefault(mark, set()).add(asker)
                 origin = world.origins.get(mark)
                 assert origin is not None, f"{label} from {asker}: unknown marker {mark}"
                 assert origin.visible_from(asker, members, is_profile_read(label)), (
@@ -311,10 +315,19 @@ async def _visibility(app: AppClient, world: World) -> None:
     await hand_over(app, tenant, world)
     await drain(app, tenant)
     seen = await check_every_read(app, tenant, world)
-    # The reads reach what was said: each private chat and group with a turn shows some of it.
+    # The reads reach what was said: each turn's conversation shows some of it, and a turn
+    # marked shareable reaches its person speaking in a group they are in.
     for where, items, via in world.turns:
         own = {m for m, o in world.origins.items() if o.said_in == where}
-        assert own & seen, f"no read found what was said in {where} ({via}): {items}"
+        assert any(where in seen.get(m, ()) for m in own), (
+            f"no read from {where} found what was said there by /v1/{via}: {items}"
+        )
+        shared = {m for m in own if world.origins[m].shareable}
+        theirs = {Conversation(g, where.user_id) for g, ms in world.groups.items()}
+        if shared and any(where.user_id in ms for ms in world.groups.values()):
+            assert any(theirs & seen.get(m, set()) for m in shared), (
+                f"no read from {where.user_id}'s groups found what they marked shareable: {items}"
+            )
 
 
 @EXAMPLES
