@@ -315,9 +315,13 @@ async def _visibility(app: AppClient, world: World) -> None:
     await hand_over(app, tenant, world)
     await drain(app, tenant)
     seen = await check_every_read(app, tenant, world)
-    # The reads reach what was said: each turn's conversation shows some of it, and a turn
-    # marked shareable reaches its person speaking in a group they are in.
+    # The reads reach what was said: each handed-over turn's conversation shows some of it,
+    # and a turn marked shareable reaches its person speaking in a group they are in. (A
+    # message is remembered only if the rules find a fact in it that is no longer relative:
+    # "don't share this" still says "this".)
     for where, items, via in world.turns:
+        if via != "end":
+            continue
         own = {m for m, o in world.origins.items() if o.said_in == where}
         assert any(where in seen.get(m, ()) for m in own), (
             f"no read from {where} found what was said there by /v1/{via}: {items}"

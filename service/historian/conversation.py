@@ -26,6 +26,8 @@ class Conversation:
     # The items the person marked as theirs to be known beyond this chat: only these may be
     # written where the person's other conversations read them (GLOBAL).
     shareable: frozenset[int] = frozenset()
+    # Item index → the message it was read from (the message stream): its provenance.
+    sources: dict[int, str] = field(default_factory=dict)
 
     @property
     def filter(self) -> ScopeFilter:

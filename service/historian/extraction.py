@@ -129,6 +129,7 @@ def extraction_material(
     participants: dict[str, str | None] = {}
     items: list[tuple[str, str]] = []
     speakers: dict[int, str] = {}  # item → its sender: a personal fact stays theirs
+    sources: dict[int, str] = {}  # item → its message
     days: set[date] = set()
     group_name = None
     for message in unread:
@@ -148,6 +149,8 @@ def extraction_material(
             items.append(
                 (absolutize(stripped, Situation(local, who, Person(None, None), None)), stripped)
             )
+        if len(items) > before:
+            sources[before] = message.message_id
         if len(items) > before and message.sender_id:
             speakers[before] = message.sender_id
     speaker = (
@@ -163,6 +166,7 @@ def extraction_material(
         participants=participants or ({ident: None} if kind == "p" else {}),
         moment=moment,
         speakers=speakers,
+        sources=sources,
     )
     return conversation, items, days
 
@@ -231,6 +235,9 @@ class Extractor:
                     plan,
                     {"by": "job", "job_id": job.job.id},
                     {"message_ids": [m.message_id for m in unread][:200]},
+                    # What is made of one item names its own message only: an erasure of
+                    # its sender takes it, and no one else's.
+                    [{"message_ids": [conversation.sources[n]]} for n in range(len(items))],
                 )
                 if conversation.group_id and not any(
                     op.tool == "write_summary" for op in plan.operations

@@ -29,6 +29,44 @@ async def _zone(r: Rebuilding) -> ZoneInfo:
     return ZoneInfo(name or DEFAULT_TIMEZONE)
 
 
+# Memories made from the person's own turns or messages (their evidence names one): they go
+# with the person, as the events and messages they were made from do. A memory's messages
+# are those of its conversation (message ids are unique per conversation only). Day digests,
+# made of everyone's words, are made again instead (``rebuild_digests``).
+_DERIVED = """
+    SELECT id FROM memories AS m
+    WHERE m.tenant_id = :t AND m.summary_day IS NULL
+      AND (m.evidence -> 'event_ids' ?| ARRAY(
+             SELECT id FROM events
+             WHERE tenant_id = :t AND (user_id = :u OR sender_id = :u OR conversation_key = :pk))
+           OR EXISTS (
+             SELECT 1 FROM messages AS g
+             WHERE g.tenant_id = :t AND (g.sender_id = :u OR g.conversation_key = :pk)
+               AND g.conversation_key = CASE WHEN m.group_id IS NOT NULL
+                                             THEN 'g:' || m.group_id ELSE 'p:' || m.user_id END
+               AND m.evidence -> 'message_ids' ? g.message_id))
+"""
+
+
+async def erase_derived(r: Rebuilding) -> None:
+    """Every memory whose evidence names the person's events or messages, with its history."""
+    params = {
+        "t": r.tenant_id,
+        "u": r.person_id,
+        "pk": conversation_key("private", None, r.person_id),
+    }
+    for row in (await r.session.execute(text(_DERIVED), params)).all():
+        await repository.erase(r.session, r.tenant_id, int(row.id))
+        r.count("memories_derived_erased")
+
+
+async def rebuild_user(r: Rebuilding) -> None:
+    """The person's memories by provenance: those made of their words alone go, the day
+    digests made of several people's are made again without them."""
+    await erase_derived(r)
+    await rebuild_digests(r)
+
+
 async def rebuild_digests(r: Rebuilding) -> None:
     """Each group's day digest of a day the person spoke in that group is made again of the
     others' messages of the day (deleted, history and all, where none remain); its history
@@ -163,7 +201,7 @@ MEMORIES = PersonalTable(
         ),
         ("memories", "DELETE FROM memories WHERE tenant_id = :t AND group_id = :g"),
     ),
-    rebuild_user=rebuild_digests,
+    rebuild_user=rebuild_user,
     redact=redact_memories,
     export_user=f"""
            SELECT id, scope, user_id, group_id, category, content, confidence, importance,
