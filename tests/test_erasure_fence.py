@@ -12,6 +12,9 @@ import pytest
 
 from service.app import create_app
 from service.historian.memories import MemoryKeeper
+from service.queue import repository
+from service.queue.worker import JobContext, Worker
+from service.runtime import Runtime
 from tests.conftest import (
     FAST_QUEUE,
     AppClient,
@@ -198,3 +201,107 @@ async def test_the_erased_persons_own_end_job_under_way_writes_nothing(
     response = await client.get(f"/v1/jobs/{handed.json()['job_id']}", headers=tenant.headers)
     assert response.status_code == 404  # the erasure took the job with it
     assert await traces(db_url, tenant, [user_id, words]) == []
+
+
+# ---------------------------------------------------------------- any job kind
+
+
+@pytest.fixture
+async def app(db_url: str) -> AsyncIterator[tuple[AppClient, TenantHandle]]:
+    """The app without its worker: the tests run a worker of their own kinds."""
+    settings = make_settings(db_url, cognitive={"queue": FAST_QUEUE})
+    async with serve_app(create_app(settings, migrate=False, run_worker=False)) as client:
+        yield client, await new_tenant(client, f"t-{uuid.uuid4().hex[:8]}")
+
+
+def worker_of(client: AppClient, kind: str, handler: Any) -> Worker:
+    rt: Runtime = client.app.state.runtime
+    settings = rt.settings.cognitive.queue.model_copy(update={"concurrency": 1})
+    return Worker(rt.db, {kind: handler}, settings, poll_interval=0.05)
+
+
+async def queued(client: AppClient, tenant: TenantHandle, kind: str) -> int:
+    rt: Runtime = client.app.state.runtime
+    async with rt.db.tenant(uuid.UUID(tenant.id)) as session:
+        job_id, _ = await repository.enqueue(session, uuid.UUID(tenant.id), kind, {})
+    return job_id
+
+
+async def about(db_url: str, user_id: str) -> list[str]:
+    """The jobs that name the person in their payload."""
+    async with raw_connection(db_url) as conn:
+        rows = await conn.fetch(
+            "SELECT kind FROM jobs WHERE payload -> 'context' ->> 'sender_id' = $1", user_id
+        )
+    return [r["kind"] for r in rows]
+
+
+async def test_a_job_of_any_kind_that_read_before_an_erasure_runs_again_after_it(
+    app: tuple[AppClient, TenantHandle], db_url: str
+) -> None:
+    client, tenant = app
+    user_id, _, _ = person()
+    reached, release = asyncio.Event(), asyncio.Event()
+    runs: list[int] = []
+
+    async def reads_then_writes(ctx: JobContext) -> None:
+        runs.append(ctx.job.attempts)
+        async with ctx.transaction():
+            pass  # what the job read of the person, before their erasure
+        if len(runs) == 1:
+            reached.set()
+            await release.wait()
+        async with ctx.finishing() as session:
+            await repository.enqueue(
+                session, ctx.job.tenant_id, "test.about", {"context": {"sender_id": user_id}}
+            )
+
+    job_id = await queued(client, tenant, "test.any")
+    worker = worker_of(client, "test.any", reads_then_writes)
+    running = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(reached.wait(), timeout=30)
+        await erase(client, tenant, user_id)
+        release.set()
+        job = await until_finished(client, tenant, job_id)
+    finally:
+        await worker.stop()
+        await running
+
+    assert job["status"] == "done" and job["attempts"] == 1, job
+    assert job["result"] == {"erasures_fenced": 1}, job
+    assert runs == [1, 1]  # the attempt the erasure stopped was not counted
+    assert await about(db_url, user_id) == ["test.about"]  # the second run's write alone
+
+
+async def test_an_erasure_waits_for_a_job_writing_and_erases_what_it_wrote(
+    app: tuple[AppClient, TenantHandle], db_url: str
+) -> None:
+    client, tenant = app
+    user_id, _, _ = person()
+    reached, release = asyncio.Event(), asyncio.Event()
+
+    async def writes(ctx: JobContext) -> None:
+        async with ctx.finishing() as session:
+            await repository.enqueue(
+                session, ctx.job.tenant_id, "test.about", {"context": {"sender_id": user_id}}
+            )
+            reached.set()
+            await release.wait()  # the write is made, not yet committed
+
+    job_id = await queued(client, tenant, "test.writes")
+    worker = worker_of(client, "test.writes", writes)
+    running = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(reached.wait(), timeout=30)
+        erasing = asyncio.create_task(erase(client, tenant, user_id))
+        await asyncio.sleep(0.5)  # the erasure under way meanwhile
+        release.set()
+        await erasing
+        job = await until_finished(client, tenant, job_id)
+    finally:
+        await worker.stop()
+        await running
+
+    assert job["status"] == "done", job
+    assert await about(db_url, user_id) == []
