@@ -9,7 +9,10 @@ them is kept and loses the name (see ``redaction``); it is never deleted, and no
 matched by a pattern built from an id or a name, so a name like "is", "2", "%" or "tags"
 touches nobody else's data.
 
-The ``jobs`` table's part is declared by the queue (``service.queue.personal``).
+The ``jobs`` table's part is declared by the queue (``service.queue.personal``). A person's
+or a group's erasure holds its tenant's erasure fence (``service.queue.repository.erasing``)
+from its first statement: a job that read the tenant's rows before it writes nothing after
+it, and one writing as it starts commits first, its rows erased here with the rest.
 """
 
 from __future__ import annotations
