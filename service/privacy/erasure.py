@@ -9,7 +9,10 @@ them is kept and loses the name (see ``redaction``); it is never deleted, and no
 matched by a pattern built from an id or a name, so a name like "is", "2", "%" or "tags"
 touches nobody else's data.
 
-The ``jobs`` table's part is declared by the queue (``service.queue.personal``).
+The ``jobs`` table's part is declared by the queue (``service.queue.personal``). A person's
+or a group's erasure holds its tenant's erasure fence (``service.queue.repository.erasing``)
+from its first statement: a job that read the tenant's rows before it writes nothing after
+it, and one writing as it starts commits first, its rows erased here with the rest.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from service.embedding import Embedder
 from service.models import metadata
 from service.privacy import keys
 from service.privacy.people import find_person
+from service.queue import repository as fence
 
 # The column of a group's rows in an export document.
 GROUP_FIELDS = ("group_id",)
@@ -98,6 +102,10 @@ async def erase_user(
 
     ``spare_job``: the erasure's own job, which scrubs its payload itself.
     """
+    # Before anything is read: a job's transaction under way in the tenant commits first
+    # (and what it wrote is erased here), and none that read the person's rows before this
+    # erasure commits after it (see ``service.queue.repository.erased_since``).
+    await fence.erasing(session, tenant_id)
     person = await find_person(session, tenant_id, user_id)
     key = await keys.secret(session)
     subject = keys.keyed_hash(key, tenant_id, "user", user_id)
@@ -148,6 +156,7 @@ async def erase_group(
     session: AsyncSession, tenant_id: uuid.UUID, group_id: str, *, requested_by: str | None
 ) -> dict[str, int]:
     """Erase a group: its conversation, events, memos, memories, profiles, todos, jobs."""
+    await fence.erasing(session, tenant_id)  # as a person's (see ``erase_user``)
     p = {"t": tenant_id, "g": group_id, "k": f"g:{group_id}"}
     subject = await keys.subject_hash(session, tenant_id, "group", group_id)
     counts: dict[str, int] = {}

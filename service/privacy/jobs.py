@@ -27,10 +27,11 @@ class Eraser:
     settings: Settings
 
     async def run_erase(self, job: JobContext) -> dict[str, Any]:
-        """Erase the person, then scrub the job's own payload, in the job's last transaction."""
+        """Erase the person, then scrub the job's own payload, in the job's last transaction
+        (the erasure takes the tenant's erasure fence itself, exclusively)."""
         payload = EraseUserPayload.of(job.job.payload)
         tenant_id = job.job.tenant_id
-        async with job.finishing() as session:
+        async with job.finishing(fenced=False) as session:
             counts = await service.erase_user(
                 session,
                 tenant_id,
@@ -52,7 +53,7 @@ class Eraser:
         """Erase the group, then scrub the job's own payload, in the job's last transaction."""
         payload = EraseGroupPayload.of(job.job.payload)
         tenant_id = job.job.tenant_id
-        async with job.finishing() as session:
+        async with job.finishing(fenced=False) as session:
             counts = await service.erase_group(
                 session, tenant_id, payload.group_id, requested_by=payload.requested_by
             )

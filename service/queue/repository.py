@@ -38,6 +38,9 @@ class ClaimedJob:
     created_at: datetime
     # What an earlier run of a long job recorded of its work (``checkpoint``), else None.
     progress: dict[str, Any] | None = None
+    # The tenant's latest tombstone when the job was claimed (0: none), see ``erased_since``;
+    # None for a job not claimed from the queue, which no fence guards.
+    erasure_mark: int | None = None
 
 
 # A job's turn, the claim's order after priority: a virtual time, its run_after or one step
@@ -238,7 +241,8 @@ async def claim_jobs(
         "kinds": kinds or None,
         "skip": skip or None,
     }
-    rows = await session.execute(_CLAIM, params)
+    rows = list(await session.execute(_CLAIM, params))
+    marks = {t: await erasure_mark(session, t) for t in {r.tenant_id for r in rows}}
     return [
         ClaimedJob(
             tenant_id=r.tenant_id,
@@ -249,9 +253,58 @@ async def claim_jobs(
             max_attempts=r.max_attempts,
             created_at=r.created_at,
             progress=r.progress,
+            erasure_mark=marks[r.tenant_id],
         )
         for r in rows
     ]
+
+
+# The erasure fence: a job that read a tenant's rows before a person's or a group's erasure
+# writes nothing after it. Under READ COMMITTED each statement sees what had committed when
+# it began, so the fence is a lock and an order, not a look at timestamps (a tombstone's
+# created_at is its transaction's start, which may come before a job that still read the
+# person's rows, the erasure not having committed yet):
+# - an erasure takes its tenant's lock exclusively before its first statement (``erasing``)
+#   and holds it to its commit: one erasure of a tenant at a time, and none while a job's
+#   transaction holds the lock shared;
+# - the claim reads the tenant's latest tombstone id, the job's mark, after taking the job's
+#   row. Every tombstone committed later has a greater id: it was inserted either later (ids
+#   grow) or by the one erasure under way, which took the lock after every earlier tombstone
+#   of the tenant committed. An erasure that touches the job's own row (deletes it, redacts
+#   its payload) waits for the claim's commit, so it cannot fall between the two;
+# - every transaction a job opens through its context takes the lock shared, then, in a
+#   statement of its own (whose snapshot begins after the lock is held), looks for a
+#   tombstone past the mark. None: every erasure either committed before the job's rows were
+#   read, or waits for this commit and then finds (and erases) what it wrote. One: the job
+#   read rows from before that erasure, and must not write them.
+_FENCE_KEY = "hashtextextended('memoria.erasures/' || CAST(:tenant_id AS text), 0)"
+_ERASING = text(f"SELECT pg_advisory_xact_lock({_FENCE_KEY})")
+_FENCED = text(f"SELECT pg_advisory_xact_lock_shared({_FENCE_KEY})")
+# By the primary key (tenant_id, id): one index probe, however many tombstones.
+_ERASURE_MARK = text("SELECT max(id) FROM erasures WHERE tenant_id = :tenant_id")
+_ERASED_SINCE = text(
+    "SELECT EXISTS (SELECT FROM erasures WHERE tenant_id = :tenant_id AND id > :mark)"
+)
+
+
+async def erasing(session: AsyncSession, tenant_id: uuid.UUID) -> None:
+    """Hold the tenant's erasure fence for the caller's transaction: an erasure's first
+    statement (it then waits for the jobs' transactions under way in the tenant)."""
+    await session.execute(_ERASING, {"tenant_id": str(tenant_id)})
+
+
+async def erasure_mark(session: AsyncSession, tenant_id: uuid.UUID) -> int:
+    """The tenant's latest tombstone id, 0 when it has none."""
+    found = await session.execute(_ERASURE_MARK, {"tenant_id": tenant_id})
+    return int(found.scalar_one() or 0)
+
+
+async def erased_since(session: AsyncSession, tenant_id: uuid.UUID, mark: int) -> bool:
+    """Whether a person or a group of the tenant was erased after ``mark``; the caller's
+    transaction then holds the fence shared, so no erasure commits before it does."""
+    await session.execute(_FENCED, {"tenant_id": str(tenant_id)})
+    found = await session.execute(_ERASED_SINCE, {"tenant_id": tenant_id, "mark": mark})
+    return bool(found.scalar_one())
 
 
 # Renew the leases of every job this worker still holds; a job missing from RETURNING was
@@ -437,6 +490,29 @@ async def release(session: AsyncSession, job: ClaimedJob, worker: str) -> bool:
     """Put a held job back in the queue untouched."""
     params = {"tenant_id": job.tenant_id, "id": job.id, "worker": worker}
     return _rowcount(await session.execute(_RELEASE, params)) == 1
+
+
+# Give back a job the erasure fence stopped: it runs again at once, on the rows as the
+# erasure left them, its attempt not counted (the erasure was not the job's failure). The
+# times it was stopped are kept in its result (a later run's progress) and its error.
+_RERUN = text(
+    """
+    UPDATE jobs
+    SET status = 'queued', attempts = GREATEST(attempts - 1, 0), run_after = now(),
+        lease_owner = NULL, lease_expires_at = NULL, updated_at = now(),
+        result = COALESCE(result, '{}'::jsonb) || jsonb_build_object('erasures_fenced',
+                 COALESCE(CAST(result ->> 'erasures_fenced' AS int), 0) + 1),
+        last_error = :error
+    WHERE tenant_id = :tenant_id AND id = :id AND status = 'running' AND lease_owner = :worker
+    """
+)
+
+
+async def rerun(session: AsyncSession, job: ClaimedJob, worker: str, error: str) -> bool:
+    """Put a held job back in the queue to run again from the start; False when it is gone
+    (an erasure deleted it) or was taken over."""
+    params = {"tenant_id": job.tenant_id, "id": job.id, "worker": worker, "error": error}
+    return _rowcount(await session.execute(_RERUN, params)) == 1
 
 
 # Jobs whose worker died: the lease ran out with no heartbeat. They go back to the queue

@@ -45,6 +45,32 @@ class JobInterrupted(Exception):
     to the queue, to go on where it stopped."""
 
 
+class ErasedMeanwhile(Exception):
+    """A person or a group of the job's tenant was erased after the job was claimed: what it
+    read may be theirs, so none of it is written (see ``repository.erased_since``)."""
+
+
+# Why a fenced job is queued again (its last_error until it is done).
+RERUN_NOTE = "a person or group of the tenant was erased while the job ran; it runs again"
+
+
+def with_notes(job: ClaimedJob, result: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The job's result, noting the runs the erasure fence stopped before this one."""
+    fenced = (job.progress or {}).get("erasures_fenced")
+    if not fenced:
+        return result
+    return {**(result or {}), "erasures_fenced": fenced}
+
+
+async def fence(session: AsyncSession, jobs: list[ClaimedJob]) -> None:
+    """The erasure fence in a transaction of these jobs (one tenant's): it holds the
+    tenant's fence shared until it ends, and ``ErasedMeanwhile`` if an erasure came after
+    any of their claims."""
+    marks = [job.erasure_mark for job in jobs if job.erasure_mark is not None]
+    if marks and await repository.erased_since(session, jobs[0].tenant_id, min(marks)):
+        raise ErasedMeanwhile(f"jobs {[job.id for job in jobs]}: {RERUN_NOTE}")
+
+
 @dataclass
 class JobContext:
     """What a handler gets besides the job: tenant transactions and a way to finish in one."""
@@ -64,18 +90,25 @@ class JobContext:
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncSession]:
-        """A transaction in the job's tenant (row-level security applies)."""
+        """A transaction in the job's tenant (row-level security applies), behind the
+        erasure fence: ``ErasedMeanwhile`` if a person or a group of the tenant was erased
+        after the job was claimed, and no erasure commits before this transaction ends."""
         async with self.db.tenant(self.job.tenant_id) as session:
+            await fence(session, [self.job])
             yield session
 
     @asynccontextmanager
-    async def finishing(self) -> AsyncIterator[AsyncSession]:
+    async def finishing(self, *, fenced: bool = True) -> AsyncIterator[AsyncSession]:
         """The job's last transaction: its writes and the job's completion commit together.
 
         If the lease was lost meanwhile, ``LeaseLost`` rolls the writes back, so a job that a
-        second worker took over never has its effects applied twice.
+        second worker took over never has its effects applied twice. Behind the erasure
+        fence (see ``transaction``), but for an erasure's own job (``fenced=False``), which
+        takes the fence itself.
         """
         async with self.db.tenant(self.job.tenant_id) as session:
+            if fenced:
+                await fence(session, [self.job])
             yield session
             await self.complete_in(session)
 
@@ -99,7 +132,8 @@ class JobContext:
 
     async def complete_in(self, session: AsyncSession) -> None:
         """Mark the job done in the caller's transaction, so it commits with the job's writes."""
-        if not await repository.complete(session, self.job, self.worker_id, self.result):
+        result = with_notes(self.job, self.result)
+        if not await repository.complete(session, self.job, self.worker_id, result):
             raise LeaseLost(f"job {self.job.id}: lease lost before completion")
         self.finished = True
 
@@ -151,8 +185,10 @@ class BatchContext:
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncSession]:
-        """A transaction in the batch's tenant."""
+        """A transaction in the batch's tenant, behind the erasure fence (see
+        ``JobContext.transaction``) for all its jobs."""
         async with self.db.tenant(self.tenant_id) as session:
+            await fence(session, self.jobs)
             yield session
 
     @asynccontextmanager
@@ -160,10 +196,14 @@ class BatchContext:
         """The last transaction of these jobs: the writes, then every job marked done with
         its context's ``result``, in one statement. If any lease was lost meanwhile,
         ``LeaseLost`` rolls the whole transaction back (the handler may then finish the
-        others one by one)."""
+        others one by one); so does ``ErasedMeanwhile`` (the erasure fence, see
+        ``JobContext.transaction``)."""
         async with self.db.tenant(self.tenant_id) as session:
+            await fence(session, [self.contexts[i].job for i in job_ids])
             yield session
-            results = {i: self.contexts[i].result for i in job_ids}
+            results = {
+                i: with_notes(self.contexts[i].job, self.contexts[i].result) for i in job_ids
+            }
             completed = await repository.complete_many(
                 session, self.tenant_id, self.worker_id, results
             )
@@ -424,6 +464,8 @@ class Worker:
                         log.warning("worker %s: %s", self.id, error)
                     elif isinstance(error, JobInterrupted):
                         await self._release(job)
+                    elif isinstance(error, ErasedMeanwhile):
+                        await self._rerun(job)
                     else:
                         await self._record_failure(job, error)
                 elif context.job(job.id).finished:
@@ -460,7 +502,8 @@ class Worker:
             if not context.finished:
                 context.result = result if result is not None else context.result
                 async with self.db.tenant(job.tenant_id) as session:
-                    if not await repository.complete(session, job, self.id, context.result):
+                    noted = with_notes(job, context.result)
+                    if not await repository.complete(session, job, self.id, noted):
                         raise LeaseLost(f"job {job.id}: lease lost before completion")
             self._done(job)
         except asyncio.CancelledError:
@@ -471,6 +514,8 @@ class Worker:
             log.info("job %s (%s): stopped for the shutdown, queued again", job.id, job.kind)
         except LeaseLost as exc:
             log.warning("worker %s: %s", self.id, exc)
+        except ErasedMeanwhile:
+            await self._rerun(job)
         except Exception as exc:
             await self._record_failure(job, exc)
         finally:
@@ -529,6 +574,23 @@ class Worker:
         with contextlib.suppress(Exception):
             async with self.db.system() as session:
                 await repository.release(session, job, self.id)
+
+    async def _rerun(self, job: ClaimedJob) -> None:
+        """Queue a job the erasure fence stopped again, to run on the rows as the erasure
+        left them (if the erasure deleted the job, nothing is left to run)."""
+        try:
+            async with self.db.system() as session:
+                queued = await repository.rerun(session, job, self.id, RERUN_NOTE)
+        except Exception as exc:
+            # Its lease runs out and it is reclaimed: it runs again all the same.
+            log.warning("job %s (%s): could not be queued again: %s", job.id, job.kind, exc)
+            return
+        log.info(
+            "job %s (%s): %s",
+            job.id,
+            job.kind,
+            RERUN_NOTE if queued else "stopped by an erasure, which took it (or it was taken over)",
+        )
 
     async def _reclaim(self) -> None:
         async with self.db.system() as session:
