@@ -3,14 +3,16 @@ found, exported, erased and redacted (see ``service.db.registry``)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from sqlalchemy import text
 
-from service.db.registry import PersonalTable, Redaction, names_filter
+from service.context import conversation_key
+from service.db.registry import PersonalTable, Rebuilding, Redaction, names_filter
 from service.profiles import repository as profiles
 from service.profiles.consolidate import digest
-from service.profiles.document import parse
+from service.profiles.document import parse, render
 from service.profiles.models import EMBEDDED as _PROFILE_DIGEST
 
 # The profiles of the person's groups, of fellow members and of the people they spoke with.
@@ -37,6 +39,104 @@ def _redactor(r: Redaction, row: Any) -> Any:
     if row.entity_type == "member":
         return r.redactor_in(f"g:{row.group_id}")
     return r.redactor
+
+
+# A word of a text: a run of four or more letters or digits, or two Han characters.
+_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9_'-]{3,}|[\u4e00-\u9fff]{2,}")
+
+
+def _words(text_: str) -> set[str]:
+    words: set[str] = set()
+    for run in _WORD.findall(text_):
+        if run[0].isascii():
+            words.add(run.lower())
+        else:
+            words.update(run[i : i + 2] for i in range(len(run) - 1))
+    return words
+
+
+# What the person and everyone else said in a group: its messages and its events (the
+# events' own texts and what they were rewritten from).
+_SAID_IN_GROUP = """
+    SELECT (sender_id = :u OR user_id = :u) AS theirs, text FROM messages
+    WHERE tenant_id = :t AND conversation_key = :k
+    UNION ALL
+    SELECT (sender_id = :u OR user_id = :u) AS theirs, text || ' ' || source_text FROM events
+    WHERE tenant_id = :t AND conversation_key = :k
+"""
+_THEIR_GROUPS = """
+    SELECT DISTINCT conversation_key FROM messages
+    WHERE tenant_id = :t AND (sender_id = :u OR user_id = :u) AND conversation_key LIKE 'g:%'
+    UNION
+    SELECT DISTINCT conversation_key FROM events
+    WHERE tenant_id = :t AND (sender_id = :u OR user_id = :u) AND conversation_key LIKE 'g:%'
+"""
+
+
+def _without(body: str, only_theirs: set[str]) -> str:
+    """The body less every line holding a word nobody but the person said."""
+    return "\n".join(line for line in body.split("\n") if not (_words(line) & only_theirs))
+
+
+async def rebuild_profiles(r: Rebuilding) -> None:
+    """The profiles of the person's groups (the group's own, the other members') lose every
+    line holding a word only the person said in that group, and so do their kept revisions:
+    such a line was made of the person's words. Changed in place, so no revision keeps it."""
+    params: dict[str, Any] = {"t": r.tenant_id, "u": r.person_id}
+    for (key,) in (await r.session.execute(text(_THEIR_GROUPS), params)).all():
+        theirs: set[str] = set()
+        others: set[str] = set()
+        said = await r.session.execute(text(_SAID_IN_GROUP), {**params, "k": key})
+        for row in said:
+            (theirs if row.theirs else others).update(_words(row.text or ""))
+        only = theirs - others
+        if not only:
+            continue
+        group = key.removeprefix("g:")
+        if conversation_key("group", group, None) != key:
+            continue
+        found = await r.session.execute(
+            text(
+                "SELECT profile_key, document FROM profiles WHERE tenant_id = :t"
+                " AND ((entity_type = 'group' AND entity_id = :g)"
+                " OR (entity_type = 'member' AND group_id = :g AND entity_id <> :u))"
+            ),
+            {**params, "g": group},
+        )
+        for row in found.all():
+            profile = parse(row.document, stored=True)
+            body = _without(profile.body, only)
+            if body != profile.body:
+                profile.body = body
+                [vector] = await r.embedder.passages([digest(body)])
+                await r.session.execute(
+                    text(
+                        "UPDATE profiles SET document = :d, body = :b, embedding = :e"
+                        " WHERE tenant_id = :t AND profile_key = :k"
+                    ),
+                    {**params, "k": row.profile_key, "d": render(profile), "b": body, "e": vector},
+                )
+                r.count("profiles_rebuilt")
+            revisions = await r.session.execute(
+                text(
+                    "SELECT version, document FROM profile_revisions"
+                    " WHERE tenant_id = :t AND profile_key = :k"
+                ),
+                {**params, "k": row.profile_key},
+            )
+            for revision in revisions.all():
+                old = parse(revision.document, stored=True)
+                kept = _without(old.body, only)
+                if kept != old.body:
+                    old.body = kept
+                    await r.session.execute(
+                        text(
+                            "UPDATE profile_revisions SET document = :d"
+                            " WHERE tenant_id = :t AND profile_key = :k AND version = :v"
+                        ),
+                        {**params, "k": row.profile_key, "v": revision.version, "d": render(old)},
+                    )
+                    r.count("profile_revisions_rebuilt")
 
 
 async def redact_profiles(r: Redaction) -> None:
@@ -111,6 +211,7 @@ PROFILES = PersonalTable(
             " AND entity_id = :g) OR (entity_type = 'member' AND group_id = :g))",
         ),
     ),
+    rebuild_user=rebuild_profiles,
     redact=redact_profiles,
     export_user=f"""
            SELECT entity_type, entity_id, group_id, name, tags, document, version, updated_at,
