@@ -30,6 +30,20 @@ async def _redact_jobs(r: Redaction) -> None:
             r.count("jobs_redacted")
 
 
+# A finished job's result counts the profiles it wrote by their keys, which hold the ids of
+# the people they describe: a person's own (user, private, member) keys leave every result.
+# A member key's ids are escaped ('%' and ':'), so its last ':' ends the group's id.
+_THEIR_KEY = """(k IN ('user:' || :u, 'private:' || :u)
+    OR (k LIKE 'member:%' AND right(k, length(replace(replace(:u, '%', '%25'), ':', '%3A')) + 1)
+        = ':' || replace(replace(:u, '%', '%25'), ':', '%3A')))"""
+_PROFILE_KEYS_OF_PERSON = f"""
+    UPDATE jobs SET result = jsonb_set(result, '{{profiles}}', COALESCE((
+        SELECT jsonb_object_agg(k, v) FROM jsonb_each(result -> 'profiles') AS e(k, v)
+        WHERE NOT {_THEIR_KEY}), '{{}}'::jsonb))
+    WHERE tenant_id = :t AND jsonb_typeof(result -> 'profiles') = 'object'
+      AND EXISTS (SELECT 1 FROM jsonb_object_keys(result -> 'profiles') AS e(k) WHERE {_THEIR_KEY})
+"""
+
 JOBS = PersonalTable(
     table="jobs",
     personal=("payload", "result", "last_error"),
@@ -40,7 +54,10 @@ JOBS = PersonalTable(
         "dedupe_key": "a key made of ids that runs a job once",
     },
     # Their hand-overs, their private chat's jobs, an export or erasure of them.
-    erase_user=(("jobs", repository.DELETE_JOBS_OF_PERSON),),
+    erase_user=(
+        ("jobs", repository.DELETE_JOBS_OF_PERSON),
+        ("job_results_scrubbed", _PROFILE_KEYS_OF_PERSON),
+    ),
     erase_group=(("jobs", repository.DELETE_JOBS_OF_GROUP),),
     redact=_redact_jobs,
     export_user=f"""
