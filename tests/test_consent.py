@@ -8,21 +8,27 @@ event and profile searches, the profile itself, and the same through the tools.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from alembic import command
 
 from service.app import create_app
+from service.db.migrate import alembic_config
+from service.settings import Settings
 from tests.conftest import (
     FAST_QUEUE,
     AppClient,
+    DatabaseFactory,
     TenantHandle,
     llm_settings,
     make_settings,
     new_tenant,
+    raw_connection,
     serve_app,
     until_finished,
     wait_for,
@@ -412,3 +418,67 @@ async def test_a_private_chat_builds_a_profile_only_that_chat_reads(
     assert erased.status_code in (200, 202), erased.text
     gone = await client.get(f"/v1/profiles/private/{user}", headers=tenant.headers)
     assert gone.status_code == 404
+
+
+async def test_the_upgrade_narrows_what_words_made_global(databases: DatabaseFactory) -> None:
+    """A GLOBAL memory the historian made before consent was recorded goes to the narrowest
+    visibility its sources fit: its person's private chat, or the person in the group it was
+    learned in; one written as GLOBAL through the API (no such evidence) stays."""
+    url = await databases.create_empty()
+    config = alembic_config(url, Settings())
+    await asyncio.to_thread(command.upgrade, config, "0028_profile_keys")
+    tenant = uuid.uuid4()
+    user = f"u{uuid.uuid4().hex[:6]}"
+    group, other = f"g{uuid.uuid4().hex[:6]}", f"g{uuid.uuid4().hex[:6]}"
+    async with raw_connection(url) as conn:
+        await conn.execute("INSERT INTO tenants (id, name) VALUES ($1, 't')", tenant)
+        for event_id, key, kind, group_id in (
+            ("e-private", f"p:{user}", "private", None),
+            ("e-group", f"g:{group}", "group", group),
+            ("e-other", f"g:{other}", "group", other),
+        ):
+            await conn.execute(
+                "INSERT INTO events (tenant_id, id, conversation_key, request_type, group_id,"
+                " user_id, sender_id, request_id, end_seq, kind, perspective, text, source_text,"
+                " is_absolute, occurred_at, timezone)"
+                " VALUES ($1, $2, $3, $4, $5, $6, $6, $2, 1, 'observation', 'third', 'x', 'x',"
+                " true, now(), 'UTC')",
+                tenant, event_id, key, kind, group_id, user,
+            )  # fmt: skip
+        for message_id, key, kind, group_id in (
+            ("m-private", f"p:{user}", "private", None),
+            ("m-group", f"g:{group}", "group", group),
+        ):
+            await conn.execute(
+                "INSERT INTO messages (tenant_id, conversation_key, message_id, request_type,"
+                " group_id, user_id, sender_id, text, sent_at)"
+                " VALUES ($1, $2, $3, $4, $5, $6, $6, 'x', now())",
+                tenant, key, message_id, kind, group_id, user,
+            )  # fmt: skip
+        evidences = {
+            "private event": {"event_ids": ["e-private"]},
+            "private message": {"message_ids": ["m-private"]},
+            "group event": {"event_ids": ["e-group"]},
+            "group message": {"message_ids": ["m-group"]},
+            "two groups": {"event_ids": ["e-other", "e-group"]},
+            "the api": {},
+            "unknown ids": {"event_ids": ["e-gone"], "message_ids": ["m-gone"]},
+        }
+        for content, evidence in evidences.items():
+            await conn.execute(
+                "INSERT INTO memories (tenant_id, scope, user_id, category, content, evidence)"
+                " VALUES ($1, 'GLOBAL', $2, 'FACT', $3, $4::jsonb)",
+                tenant, user, content, json.dumps(evidence),
+            )  # fmt: skip
+        await asyncio.to_thread(command.upgrade, config, "head")
+        rows = await conn.fetch("SELECT content, scope, group_id, user_id FROM memories")
+    found = {r["content"]: (r["scope"], r["group_id"], r["user_id"]) for r in rows}
+    assert found == {
+        "private event": ("PRIVATE", None, user),
+        "private message": ("PRIVATE", None, user),
+        "group event": ("MEMBER_IN_GROUP", group, user),
+        "group message": ("MEMBER_IN_GROUP", group, user),
+        "two groups": ("MEMBER_IN_GROUP", min(group, other), user),
+        "the api": ("GLOBAL", None, user),
+        "unknown ids": ("GLOBAL", None, user),
+    }
