@@ -13,6 +13,7 @@ masked, at the characters of the original text.
 
 from __future__ import annotations
 
+import bisect
 import re
 import unicodedata
 from dataclasses import dataclass
@@ -154,15 +155,21 @@ def _luhn(digits: str) -> bool:
 
 def _find(text: str, normal: Normalised) -> list[Finding]:
     found: list[Finding] = []
-    claimed: list[tuple[int, int]] = []
+    # The spans taken so far, disjoint and sorted: a match overlaps one only if it overlaps
+    # the last to start before it ends, so a text of thousands of numbers is no quadratic
+    # search of every earlier finding.
+    starts: list[int] = []
+    ends: list[int] = []
     for kind, pattern in _FINDERS:
         for match in pattern.finditer(normal.text):
             value = match.group(0)
             if kind == "bank_card" and not _luhn(re.sub(r"\D", "", value)):
                 continue
-            if any(start < match.end() and match.start() < end for start, end in claimed):
+            at = bisect.bisect_left(starts, match.end())
+            if at and ends[at - 1] > match.start():
                 continue
-            claimed.append(match.span())
+            starts.insert(at, match.start())
+            ends.insert(at, match.end())
             start, end = normal.span(*match.span())
             found.append(Finding(kind, start, end, text[start:end], value))
     return sorted(found, key=lambda f: f.start)
