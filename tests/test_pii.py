@@ -10,6 +10,7 @@ import unicodedata
 import uuid
 from collections.abc import AsyncIterator
 from datetime import date, datetime, timedelta
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -25,11 +26,13 @@ from tests.conftest import (
     FAST_QUEUE,
     AppClient,
     TenantHandle,
+    llm_settings,
     make_settings,
     new_tenant,
     serve_app,
     until_finished,
 )
+from tests.fake_llm import FakeLLM, Reply, tool
 
 ZERO_WIDTH = ["\u200b", "\u200c", "\u200d", "\u2060", "\ufeff"]
 
@@ -340,3 +343,53 @@ async def test_the_mask_policy_masks_every_disguised_form(
     )
     assert memory.status_code == 201, memory.text
     assert memory.json()["content"] == f"{user} {people[0][1]}"
+
+
+async def test_a_group_fact_the_model_files_as_global_stays_out_of_global(
+    db_url: str, llm: FakeLLM
+) -> None:
+    """The memory step's model, told in a group, files each form as a GLOBAL memory (read in
+    every conversation of the person) from an item the person marked shareable; none becomes
+    one, while a harmless fact does."""
+    settings = make_settings(
+        db_url, cognitive={"queue": {**FAST_QUEUE, "job_max_retries": 0}}, **llm_settings(llm)
+    )
+    user, group = uuid.uuid4().hex[:10], uuid.uuid4().hex[:10]
+    harmless = f"用户A({user}) 喜欢攀岩"
+    calls = [
+        ("add_memory", {"content": f"用户A({user}) {typed}", "scope": "GLOBAL", "item": 0})
+        for typed, *_ in FORMS
+    ] + [("add_memory", {"content": harmless, "scope": "GLOBAL", "item": 0})]
+
+    def answer(request: dict[str, Any]) -> Reply:
+        name = request["tools"][0]["function"]["name"]
+        if name == "submit_rewrite":
+            return tool("submit_rewrite", {"rewrites": [{"index": 0, "text": harmless}]})
+        if name == "add_memory" and request["messages"][-1]["role"] == "user":
+            return Reply(tool_calls=calls)
+        return Reply(content="nothing to change")
+
+    llm.default = answer
+    async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
+        tenant = await new_tenant(client)
+        response = await client.post(
+            "/v1/end",
+            json={
+                "request_type": "group",
+                "group_id": group,
+                "group_name": "攀岩群",
+                "sender_id": user,
+                "sender_name": "用户A",
+                "bot_id": "20002",
+                "timestamp": "2026-02-21T23:30:00+08:00",
+                "observations": [{"text": "我喜欢攀岩", "shareable": True}],
+            },
+            headers=tenant.headers,
+        )
+        assert response.status_code == 202, response.text
+        job = await until_finished(client, tenant, response.json()["job_id"])
+        assert job["status"] == "done", job
+        listed = await client.get(
+            f"/v1/memories/?user_id={user}&scope=GLOBAL", headers=tenant.headers
+        )
+        assert [m["content"] for m in listed.json()] == [harmless], job["result"]["notes"]
