@@ -423,7 +423,8 @@ async def test_a_private_chat_builds_a_profile_only_that_chat_reads(
 async def test_the_upgrade_narrows_what_words_made_global(databases: DatabaseFactory) -> None:
     """A GLOBAL memory the historian made before consent was recorded goes to the narrowest
     visibility its sources fit: its person's private chat, or the person in the group it was
-    learned in; one written as GLOBAL through the API (no such evidence) stays."""
+    learned in, or where that cannot be told, the private chat; one written as GLOBAL through
+    the API (no such evidence) stays."""
     url = await databases.create_empty()
     config = alembic_config(url, Settings())
     await asyncio.to_thread(command.upgrade, config, "0028_profile_keys")
@@ -480,5 +481,5 @@ async def test_the_upgrade_narrows_what_words_made_global(databases: DatabaseFac
         "group message": ("MEMBER_IN_GROUP", group, user),
         "two groups": ("MEMBER_IN_GROUP", min(group, other), user),
         "the api": ("GLOBAL", None, user),
-        "unknown ids": ("GLOBAL", None, user),
+        "unknown ids": ("PRIVATE", None, user),
     }

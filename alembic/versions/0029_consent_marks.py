@@ -6,8 +6,9 @@ from a private chat's fact when its words seemed to consent ("可以告诉大家
 explicit mark on the observation, which no stored memory has. So each GLOBAL memory made from
 the conversations (its evidence names their events or messages) becomes the narrowest
 visibility its sources fit: PRIVATE when learned in the person's private chat, MEMBER_IN_GROUP
-of the group it was learned in otherwise. A GLOBAL memory with no such evidence was written as
-GLOBAL through the API, an explicit act, and stays.
+of the group it was learned in otherwise, and PRIVATE where its sources are gone (where it
+was learned cannot be told). A GLOBAL memory with no such evidence was written as GLOBAL
+through the API, an explicit act, and stays.
 
 Revision ID: 0029_consent_marks
 Revises: 0028_profile_keys
@@ -65,9 +66,19 @@ _GROUP_ORIGIN = f"""
     """
 
 
+# Made from the conversations, but their sources are gone (erased, or never kept): where it
+# was learned cannot be told, and the narrowest visibility its person has is their own chat.
+_LOST_ORIGIN = f"""
+    UPDATE memories m SET scope = 'PRIVATE'
+    WHERE m.scope = 'GLOBAL'
+      AND (EXISTS ({_ids("event_ids")}) OR EXISTS ({_ids("message_ids")}))
+    """
+
+
 def upgrade() -> None:
     op.execute(_PRIVATE_ORIGIN)
     op.execute(_GROUP_ORIGIN)
+    op.execute(_LOST_ORIGIN)
 
 
 def downgrade() -> None:
