@@ -44,6 +44,19 @@ def tool(name: str, arguments: Any) -> Reply:
     return Reply(tool_calls=[(name, arguments)])
 
 
+def quiet(request: dict[str, Any]) -> Reply:
+    """The historian's model once a script runs out: the rewrite keeps the rule drafts, and
+    no profile or memory changes."""
+    if request["tools"][0]["function"]["name"] == "submit_rewrite":
+        prompt = request["messages"][1]["content"]
+        items = [json.loads(x) for x in prompt.splitlines() if x.startswith('{"index"')]
+        return tool(
+            "submit_rewrite",
+            {"rewrites": [{"index": i["index"], "text": i["draft"]} for i in items]},
+        )
+    return Reply(content="nothing to change")
+
+
 def hash_vector(text: str, dim: int) -> list[float]:
     """A deterministic unit vector for a text (same text → same vector)."""
     seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")

@@ -33,7 +33,7 @@ from tests.conftest import (
     until_finished,
     wait_for,
 )
-from tests.fake_llm import FakeLLM, Reply, tool
+from tests.fake_llm import FakeLLM, Reply, quiet
 
 
 def _token() -> str:
@@ -65,18 +65,6 @@ def _in_group(group: str, user: str, name: str) -> dict[str, Any]:
     }
 
 
-def _quiet(request: dict[str, Any]) -> Reply:
-    """Once the script runs out: the rewrite echoes the drafts, nothing else changes."""
-    if request["tools"][0]["function"]["name"] == "submit_rewrite":
-        prompt = request["messages"][1]["content"]
-        items = [json.loads(x) for x in prompt.splitlines() if x.startswith('{"index"')]
-        return tool(
-            "submit_rewrite",
-            {"rewrites": [{"index": i["index"], "text": i["draft"]} for i in items]},
-        )
-    return Reply(content="nothing to change")
-
-
 @pytest.fixture
 async def offline(db_url: str) -> AsyncIterator[tuple[AppClient, TenantHandle]]:
     settings = make_settings(db_url, cognitive={"queue": FAST_QUEUE})
@@ -89,7 +77,7 @@ async def online(db_url: str, llm: FakeLLM) -> AsyncIterator[tuple[AppClient, Te
     settings = make_settings(
         db_url, cognitive={"queue": {**FAST_QUEUE, "job_max_retries": 0}}, **llm_settings(llm)
     )
-    llm.default = _quiet
+    llm.default = quiet
     async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
         yield client, await new_tenant(client)
 
@@ -234,7 +222,7 @@ async def test_the_model_cannot_file_an_unmarked_item_as_global(
 
     def memory_step(request: dict[str, Any]) -> Reply:
         if request["tools"][0]["function"]["name"] != "add_memory":
-            return _quiet(request)
+            return quiet(request)
         if any(m["role"] == "tool" for m in request["messages"]):
             return Reply(content="done")
         return Reply(
@@ -269,7 +257,7 @@ async def test_the_model_cannot_file_an_unmarked_item_as_global(
     notes = " | ".join(job["result"]["notes"])
     assert notes.count("marked shareable") == 2, notes
     assert job["result"]["memory"] == {"added": 1}
-    llm.default = _quiet
+    llm.default = quiet
     await _end(
         client, tenant, **_in_group(group, user, name), observations=[f"{name}来了"], force=True
     )

@@ -36,7 +36,7 @@ from tests.conftest import (
     until_finished,
     wait_for,
 )
-from tests.fake_llm import FakeLLM, Reply, tool
+from tests.fake_llm import FakeLLM, Reply, quiet, tool
 
 GROUP = {
     "request_type": "group",
@@ -48,18 +48,6 @@ GROUP = {
     "bot_name": "小助手",
     "timestamp": "2026-02-21T23:30:00+08:00",
 }
-
-
-def quiet(request: dict[str, Any]) -> Reply:
-    """Default answers once the script runs out: rewrite echo, no profile or memory change."""
-    if request["tools"][0]["function"]["name"] == "submit_rewrite":
-        prompt = request["messages"][1]["content"]
-        items = [json.loads(x) for x in prompt.splitlines() if x.startswith('{"index"')]
-        return tool(
-            "submit_rewrite",
-            {"rewrites": [{"index": i["index"], "text": i["draft"]} for i in items]},
-        )
-    return Reply(content="nothing to change")
 
 
 @pytest.fixture

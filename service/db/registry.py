@@ -162,8 +162,7 @@ class PersonalTable:
     ``own_names``, ``conversations`` and ``peers`` are SELECTs of one column (``name``,
     ``key``, ``id``), ``namesakes`` of two (``name``, ``key``), that
     ``service.privacy.people`` unites to find who a person is (see there for what each
-    binds). ``shared_names`` (a name someone goes by anywhere in the tenant) is read by
-    nothing: a name used outside the person's conversations says nothing of whom a text in
+    binds). A name used outside the person's conversations says nothing of whom a text in
     them means, so only ``namesakes`` keep a name from being redacted.
     """
 
@@ -187,7 +186,6 @@ class PersonalTable:
     size_group: str | None = None
     size_tenant: str | None = None
     own_names: tuple[str, ...] = ()
-    shared_names: tuple[str, ...] = ()
     namesakes: tuple[str, ...] = ()
     conversations: tuple[str, ...] = ()
     peers: tuple[str, ...] = ()

@@ -74,18 +74,23 @@ JOBS = PersonalTable(
                        OR payload ->> 'conversation_key' = ANY(:keys))
                       AND {names_filter("payload::text")}))
            ORDER BY id""",
-    # The names in the context of their hand-overs; the names of others and of the bot.
+    # The names in the context of their hand-overs.
     own_names=(
         """SELECT payload -> 'context' ->> 'sender_name' AS name FROM jobs
     WHERE tenant_id = :t AND payload -> 'context' ->> 'sender_id' = :u
       AND payload -> 'context' ->> 'sender_name' IS NOT NULL""",
     ),
-    shared_names=(
-        """SELECT payload -> 'context' ->> 'sender_name' AS name FROM jobs
-    WHERE tenant_id = :t AND payload -> 'context' ->> 'sender_name' = ANY(:names)
+    # Another sender, or the bot, going by the name in a hand-over of one of their groups.
+    namesakes=(
+        """SELECT btrim(payload -> 'context' ->> 'sender_name') AS name,
+           'g:' || (payload -> 'context' ->> 'group_id') AS key FROM jobs
+    WHERE tenant_id = :t AND payload -> 'context' ->> 'group_id' = ANY(:groups)
+      AND btrim(payload -> 'context' ->> 'sender_name') = ANY(:names)
       AND payload -> 'context' ->> 'sender_id' IS DISTINCT FROM :u""",
-        """SELECT payload -> 'context' ->> 'bot_name' AS name FROM jobs
-    WHERE tenant_id = :t AND payload -> 'context' ->> 'bot_name' = ANY(:names)""",
+        """SELECT btrim(payload -> 'context' ->> 'bot_name') AS name,
+           'g:' || (payload -> 'context' ->> 'group_id') AS key FROM jobs
+    WHERE tenant_id = :t AND payload -> 'context' ->> 'group_id' = ANY(:groups)
+      AND btrim(payload -> 'context' ->> 'bot_name') = ANY(:names)""",
     ),
 )
 
