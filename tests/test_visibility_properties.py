@@ -10,8 +10,10 @@ answer holds is traced back to the turn it came from.
 Without an LLM a private turn stays in its private chat unless it is marked shareable and is
 not sensitive; then it may also reach its person's own turns in groups (and the groups that
 read their user profile), never another person's private chat. A group turn stays in its
-group. No wording decides anything. Erasing a person leaves no row holding their id or their
-words, and every other turn's words where they were.
+group. No wording decides anything. A person's export holds only what their own
+conversations may see. (The MCP server forwards every tool to the tools route, bound to the
+conversation it was started for: the tools read here are what it reads.) Erasing a person
+leaves no row holding their id or their words, and every other turn's words where they were.
 """
 
 from __future__ import annotations
@@ -300,10 +302,25 @@ async def check_every_read(
     return seen
 
 
+async def check_exports(client: AppClient, tenant: TenantHandle, world: World) -> None:
+    """A person's export (what they are given of their data) holds only what one of their
+    own conversations may see: never another person's private chat."""
+    for person in world.names:
+        response = await client.get(f"/v1/users/{person}/export", headers=tenant.headers)
+        assert response.status_code == 200, f"export of {person}: {response.text}"
+        theirs = [c for c in world.conversations() if c.user_id == person]
+        for mark in sorted(set(MARKER.findall(response.text))):
+            origin = world.origins[mark]
+            assert any(
+                origin.visible_from(c, set(world.groups.get(c.group_id or "", [])), True)
+                for c in theirs
+            ), f"the export of {person} shows {mark}, said in {origin}"
+
+
 # Each example is a tenant read dozens of times over HTTP: shrinking one took minutes, and a
 # failure already names the path, the conversation and the turn the item came from.
 EXAMPLES = settings(
-    max_examples=6,
+    max_examples=10,
     deadline=None,
     phases=[Phase.explicit, Phase.reuse, Phase.generate],
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
@@ -315,6 +332,7 @@ async def _visibility(app: AppClient, world: World) -> None:
     await hand_over(app, tenant, world)
     await drain(app, tenant)
     seen = await check_every_read(app, tenant, world)
+    await check_exports(app, tenant, world)
     # The reads reach what was said: each handed-over turn's conversation shows some of it,
     # and a turn marked shareable reaches its person speaking in a group they are in. (A
     # message is remembered only if the rules find a fact in it that is no longer relative:
