@@ -14,6 +14,7 @@ masked, at the characters of the original text.
 from __future__ import annotations
 
 import bisect
+import functools
 import re
 import unicodedata
 from dataclasses import dataclass
@@ -69,20 +70,39 @@ def normalise(text: str) -> Normalised:
         return Normalised(text, None)
     out: list[str] = []
     origin: list[int] = []
-    for index, char in enumerate(text):
-        if char.isascii():
-            piece = char
-        elif char in _IGNORED:
+    for run in _RUNS.finditer(text):
+        start = run.start()
+        if run.group(1) is not None:  # ASCII stays as it is, a run at a time
+            out.append(run.group(1))
+            origin.extend(range(start, run.end()))
             continue
-        elif char in _DASHES:
-            piece = "-"
-        elif char.isdecimal():
-            piece = str(unicodedata.decimal(char))
-        else:
-            piece = unicodedata.normalize("NFKC", char)
-        out.append(piece)
-        origin.extend([index] * len(piece))
+        for index, char in enumerate(run.group(2), start):
+            piece = _PIECES.get(char)
+            if piece is None:
+                piece = _piece(char)
+                if len(_PIECES) < 65_536:
+                    _PIECES[char] = piece
+            if len(piece) == 1:
+                out.append(piece)
+                origin.append(index)
+            elif piece:
+                out.append(piece)
+                origin.extend([index] * len(piece))
     return Normalised("".join(out), origin)
+
+
+_RUNS = re.compile(r"([\x00-\x7f]+)|([^\x00-\x7f]+)")
+_PIECES: dict[str, str] = {}  # a character → what it reads as (a bounded cache)
+
+
+def _piece(char: str) -> str:
+    if char in _IGNORED:
+        return ""
+    if char in _DASHES:
+        return "-"
+    if char.isdecimal():
+        return str(unicodedata.decimal(char))
+    return unicodedata.normalize("NFKC", char)
 
 
 # The patterns run over normalised text, where a digit is 0-9 and a dash is "-". Between
@@ -144,14 +164,12 @@ class Finding:
     value: str
 
 
+_DOUBLED = (0, 2, 4, 6, 8, 1, 3, 5, 7, 9)  # a digit doubled, its digits summed
+
+
 def _luhn(digits: str) -> bool:
-    total = 0
-    for n, ch in enumerate(reversed(digits)):
-        d = int(ch)
-        if n % 2 == 1:
-            d = d * 2 - 9 if d > 4 else d * 2
-        total += d
-    return total % 10 == 0
+    values = [ord(ch) - 48 for ch in reversed(digits)]
+    return (sum(values[0::2]) + sum(_DOUBLED[d] for d in values[1::2])) % 10 == 0
 
 
 def _find(text: str, normal: Normalised) -> list[Finding]:
@@ -163,11 +181,11 @@ def _find(text: str, normal: Normalised) -> list[Finding]:
     ends: list[int] = []
     for kind, pattern in _FINDERS:
         for match in pattern.finditer(normal.text):
-            value = match.group(0)
-            if kind == "bank_card" and not _luhn(re.sub(r"\D", "", value)):
-                continue
             at = bisect.bisect_left(starts, match.end())
             if at and ends[at - 1] > match.start():
+                continue  # (before the checksum: a card number is mostly an id found first)
+            value = match.group(0)
+            if kind == "bank_card" and not _luhn(re.sub(r"\D", "", value)):
                 continue
             starts.insert(at, match.start())
             ends.insert(at, match.end())
@@ -176,9 +194,17 @@ def _find(text: str, normal: Normalised) -> list[Finding]:
     return sorted(found, key=lambda f: f.start)
 
 
+# The last few texts read: a text is checked, then masked or classified, in a row (the
+# historian's screen, a profile's check), and each reading is linear but not cheap.
+@functools.lru_cache(maxsize=4)
+def _read(text: str) -> tuple[Normalised, tuple[Finding, ...]]:
+    normal = normalise(text)
+    return normal, tuple(_find(text, normal))
+
+
 def find(text: str) -> list[Finding]:
     """Every piece of personal data found, left to right, without overlaps."""
-    return _find(text, normalise(text))
+    return list(_read(text)[1])
 
 
 def mask_one(value: str) -> str:
@@ -247,8 +273,8 @@ def sensitive(text: str) -> list[str]:
     """The sensitive categories of a text, sorted: ``health`` and the kinds of personal data
     ``find`` sees (phone, email, id_number, bank_card, address). What holds any of them is
     never shared beyond the conversation it was said in."""
-    normal = normalise(text)
-    kinds = {f.kind for f in _find(text, normal)}
+    normal, findings = _read(text)
+    kinds = {f.kind for f in findings}
     if _HEALTH.search(normal.text):
         kinds.add("health")
     return sorted(kinds)
