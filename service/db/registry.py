@@ -107,6 +107,7 @@ class Rebuilding:
     person_id: str
     embedder: Any
     counts: dict[str, int]
+    names: tuple[str, ...] = ()  # the names they went by: redacted where found, not removed
 
     def count(self, name: str) -> None:
         """One more row counted under ``name``."""

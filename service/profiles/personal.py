@@ -56,13 +56,23 @@ def _words(text_: str) -> set[str]:
 
 
 # What the person and everyone else said in a group: its messages and its events (the
-# events' own texts and what they were rewritten from).
+# events' own texts and what they were rewritten from). The names people go by there (the
+# senders', the profiles') are nobody's words: a line naming someone loses only the name.
 _SAID_IN_GROUP = """
-    SELECT (sender_id = :u OR user_id = :u) AS theirs, text FROM messages
+    SELECT (sender_id IS NOT DISTINCT FROM :u OR user_id IS NOT DISTINCT FROM :u) AS theirs,
+           text FROM messages
     WHERE tenant_id = :t AND conversation_key = :k
     UNION ALL
-    SELECT (sender_id = :u OR user_id = :u) AS theirs, text || ' ' || source_text FROM events
+    SELECT (sender_id IS NOT DISTINCT FROM :u OR user_id IS NOT DISTINCT FROM :u) AS theirs,
+           text || ' ' || source_text FROM events
     WHERE tenant_id = :t AND conversation_key = :k
+    UNION ALL
+    SELECT DISTINCT false AS theirs, sender_name FROM messages
+    WHERE tenant_id = :t AND conversation_key = :k AND sender_name IS NOT NULL
+    UNION ALL
+    SELECT false AS theirs, name FROM profiles
+    WHERE tenant_id = :t AND ((entity_type = 'group' AND entity_id = :g)
+                              OR (entity_type = 'member' AND group_id = :g))
 """
 _THEIR_GROUPS = """
     SELECT DISTINCT conversation_key FROM messages
@@ -84,16 +94,17 @@ async def rebuild_profiles(r: Rebuilding) -> None:
     such a line was made of the person's words. Changed in place, so no revision keeps it."""
     params: dict[str, Any] = {"t": r.tenant_id, "u": r.person_id}
     for (key,) in (await r.session.execute(text(_THEIR_GROUPS), params)).all():
-        theirs: set[str] = set()
-        others: set[str] = set()
-        said = await r.session.execute(text(_SAID_IN_GROUP), {**params, "k": key})
-        for row in said:
-            (theirs if row.theirs else others).update(_words(row.text or ""))
-        only = theirs - others
-        if not only:
-            continue
         group = key.removeprefix("g:")
         if conversation_key("group", group, None) != key:
+            continue
+        theirs: set[str] = set()
+        others: set[str] = set()
+        said = await r.session.execute(text(_SAID_IN_GROUP), {**params, "k": key, "g": group})
+        for row in said:
+            (theirs if row.theirs else others).update(_words(row.text or ""))
+        # Their names and id are no words of theirs to remove either.
+        only = theirs - others - _words(" ".join([*r.names, r.person_id]))
+        if not only:
             continue
         found = await r.session.execute(
             text(
