@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from service.memories.scope import ScopeFilter
+from service.visibility import Viewer
 
 
 @dataclass
@@ -30,11 +30,11 @@ class Conversation:
     sources: dict[int, str] = field(default_factory=dict)
 
     @property
-    def filter(self) -> ScopeFilter:
+    def filter(self) -> Viewer:
         """What this conversation may read and write."""
         if self.request_type == "private":
-            return ScopeFilter(None, self.speaker_id, ("PRIVATE", "GLOBAL"))
-        return ScopeFilter(self.group_id, None)
+            return Viewer(None, self.speaker_id, ("PRIVATE", "GLOBAL"))
+        return Viewer(self.group_id, None)
 
     def bind(self, scope: str, user_id: str | None) -> tuple[str | None, str | None]:
         """(user_id, group_id) of a new memory of ``scope`` about ``user_id``."""

@@ -37,9 +37,9 @@ from service.historian.prompts import MEMORY_SYSTEM, memory_prompt
 from service.llm import ChatModel
 from service.memories import service as memories
 from service.memories.digest import day_summary
-from service.privacy import pii
 from service.settings import Settings
 from service.todos import service as todos
+from service.visibility import derive
 
 __all__ = [
     "Conversation",
@@ -48,7 +48,6 @@ __all__ = [
     "Plan",
     "day_summary",
     "guess_category",
-    "private_scope",
     "reminder_time",
 ]
 
@@ -74,15 +73,6 @@ def guess_category(text: str) -> str:
     if _PROFILE.search(text):
         return "PROFILE"
     return "FACT"
-
-
-def private_scope(text: str, shareable: bool) -> str:
-    """The scope of a fact told in a private chat: PRIVATE, unless the person marked it as
-    theirs to be known elsewhere and it is not sensitive (health, ids, contact data), then
-    GLOBAL. No wording decides it: "千万不要告诉大家" names everyone as much as "告诉大家"."""
-    if shareable and not pii.sensitive(text):
-        return "GLOBAL"
-    return "PRIVATE"
 
 
 def reminder_time(text: str, zone: tzinfo, default_hour: int) -> datetime | None:
@@ -182,7 +172,10 @@ class MemoryKeeper:
                 conversation.speakers.get(index) if in_group else None
             ) or conversation.speaker_id
             if conversation.request_type == "private":
-                scope = private_scope(text, index in conversation.shareable)
+                # PRIVATE, or GLOBAL where the person marked it and it is not sensitive. No
+                # wording decides it: "千万不要告诉大家" names everyone as "告诉大家" does.
+                marked = index in conversation.shareable
+                scope = derive(conversation.key, None, marked=marked, text=text).scope
             else:
                 scope = "GROUP" if about_the_group(text) else "MEMBER_IN_GROUP"
             if scope != "GROUP" and not who:

@@ -21,9 +21,9 @@ from service.historian.conversation import Conversation, Operation
 from service.historian.gate import gate
 from service.memories import service as memories
 from service.memories.models import CATEGORIES, SCOPES
-from service.privacy import pii
 from service.settings import MemorySettings
 from service.todos import service as todos
+from service.visibility import derive
 
 
 @dataclass(frozen=True)
@@ -158,7 +158,8 @@ def _check_global(content: str, item: Any, scene: Scene) -> int:
             "a GLOBAL memory is made only from a new item the person marked shareable, "
             f"named by item (marked: {marked}); what else is said stays where it was said"
         )
-    if pii.sensitive(content):
+    person = scene.conversation.speaker_id
+    if derive(scene.conversation.key, person, marked=True, text=content).scope != "GLOBAL":
         raise Invalid(
             "a GLOBAL memory is read in every group; health, id and contact data stay "
             "PRIVATE or MEMBER_IN_GROUP"
@@ -207,13 +208,15 @@ def _check_add_memory(args: dict[str, Any], scene: Scene) -> dict[str, Any]:
 
 async def _apply_add_memory(writing: Writing, args: dict[str, Any]) -> str:
     conversation = writing.conversation
-    if args["scope"] == "GLOBAL" and pii.sensitive(args["content"]):
-        # Sensitive facts never go to GLOBAL: they stay where they were said, with the member
-        # in a group, in the private chat otherwise.
-        private = conversation.group_id is None
-        args = {**args, "scope": "PRIVATE" if private else "MEMBER_IN_GROUP"}
-        writing.notes.append(f"add_memory: sensitive, kept as {args['scope']}")
     user_id, group_id = conversation.bind(args["scope"], args.get("user_id"))
+    if args["scope"] == "GLOBAL":
+        # Never wider than what it is made from: a sensitive fact stays where it was said,
+        # with the member in a group, in the private chat otherwise.
+        ceiling = derive(conversation.key, user_id, marked=True, text=args["content"])
+        if ceiling.scope != "GLOBAL":
+            args = {**args, "scope": ceiling.scope}
+            user_id, group_id = ceiling.user_id, ceiling.group_id
+            writing.notes.append(f"add_memory: sensitive, kept as {args['scope']}")
     _, created = await memories.add(
         writing.session,
         writing.tenant_id,

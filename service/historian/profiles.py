@@ -26,6 +26,7 @@ from service.profiles.consolidate import within_budget
 from service.profiles.document import Profile, ProfileKey, parse, render
 from service.profiles.service import Fact
 from service.settings import Settings
+from service.visibility import Viewer, derive
 
 log = logging.getLogger("service.historian")
 
@@ -347,11 +348,13 @@ def _renamed(current: Profile | None, target: Target, moment: datetime) -> Profi
     return profiles.renamed(current, target.name, moment)
 
 
-def for_everyone(facts: list[Fact]) -> list[Fact]:
-    """The facts a user profile may take: it is read in every conversation of the person, so
-    only what the person marked as theirs to be known beyond the chat it was said in, and
-    never a sensitive one (health, ids, contact data)."""
-    return [f for f in facts if f.shareable and not pii.sensitive(f.text)]
+def for_everyone(facts: list[Fact], key: str, person: str) -> list[Fact]:
+    """The facts a user profile may take: it is read in every conversation of the person
+    (GLOBAL), so only those ``derive`` lets reach there, what the person marked as theirs to
+    be known beyond the chat ``key`` it was said in and not sensitive."""
+    return [
+        f for f in facts if derive(key, person, marked=f.shareable, text=f.text).scope == "GLOBAL"
+    ]
 
 
 def private_targets(person: str | None, name: str | None, facts: list[Fact]) -> list[Target]:
@@ -367,7 +370,7 @@ def private_targets(person: str | None, name: str | None, facts: list[Fact]) -> 
             "只在与本人的私聊中读取 read only in the person's own private chat",
         )
     ]
-    public = for_everyone(facts)
+    public = for_everyone(facts, Viewer.private(person).conversation_key, person)
     if public:
         targets.append(Target(ProfileKey("user", person), name, public))
     return targets
@@ -399,12 +402,13 @@ def end_targets(context: Any, facts: list[Fact], llm: bool) -> list[Target]:
             "群的主题、规则、文化 the group's topics, rules and culture",
         )
     )
-    if llm and sender and for_everyone(facts):
+    public = for_everyone(facts, context.conversation_key, sender) if llm and sender else []
+    if sender and public:
         targets.append(
             Target(
                 ProfileKey("user", sender),
                 context.sender_name,
-                for_everyone(facts),
+                public,
                 "只写跨群稳定且不敏感的特征；群内信息留在成员侧写 "
                 "only stable, non-sensitive traits true everywhere",
             )

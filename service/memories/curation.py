@@ -18,6 +18,7 @@ from service.errors import Invalid, NotFound
 from service.memories import repository
 from service.memories.models import Memory
 from service.memories.schemas import ForgetRequest, ForgetResult, MemoryCreate, MemoryPatch
+from service.memories.scope import MEMORY
 from service.memories.service import (
     add,
     change,
@@ -165,7 +166,8 @@ async def forget(
         raise Invalid("give ids, a category or a query", field="ids")
     conditions = []
     if data.group_id or data.user_id:
-        conditions.append(conversation_filter(data.group_id, data.user_id, data.scopes).where())
+        reader = conversation_filter(data.group_id, data.user_id, data.scopes)
+        conditions.append(reader.where(MEMORY))
     elif data.scopes:
         conditions.append(Memory.scope.in_(data.scopes))
     if data.ids:

@@ -19,10 +19,11 @@ from service.memories.models import CATEGORIES, SCOPES, Memory
 from service.memories.schemas import (
     MemorySearch,
 )
-from service.memories.scope import ScopeFilter as ScopeFilter
+from service.memories.scope import MEMORY
 from service.privacy import pii
 from service.retrieval.terms import near_duplicate
 from service.settings import MemorySettings
+from service.visibility import Viewer
 
 MAX_CONTENT = 2000
 
@@ -53,18 +54,18 @@ def check_binding(scope: str, user_id: str | None, group_id: str | None) -> None
 
 def conversation_filter(
     group_id: str | None, user_id: str | None, scopes: Sequence[str] | None
-) -> ScopeFilter:
+) -> Viewer:
     """The hard scope filter of a request (a conversation, optionally narrowed to scopes): a
     group's (with its person's), or a person's private chat (PRIVATE and GLOBAL)."""
     if not group_id and not user_id:
         raise Invalid("group_id or user_id is required", field="group_id")
-    return ScopeFilter(group_id, user_id, tuple(scopes) if scopes else SCOPES)
+    return Viewer(group_id, user_id, tuple(scopes) if scopes else SCOPES)
 
 
 async def search_in_scope(
     session: AsyncSession,
     tenant_id: uuid.UUID,
-    scope: ScopeFilter,
+    scope: Viewer,
     vector: Vector,
     *,
     limit: int,
@@ -79,7 +80,7 @@ async def search_in_scope(
     memories apart. What is found counts as used, unless ``mark_used`` is off (a search for
     memories to forget).
     """
-    conditions = [scope.where()]
+    conditions = [scope.where(MEMORY)]
     if active_only:
         conditions.append(Memory.is_active.is_(True))
     if categories:
@@ -396,7 +397,7 @@ async def maintain(
 async def consolidate(
     session: AsyncSession,
     tenant_id: uuid.UUID,
-    conversation: ScopeFilter,
+    conversation: Viewer,
     settings: MemorySettings,
     cause: dict[str, Any],
 ) -> int:
@@ -404,7 +405,9 @@ async def consolidate(
     rows = await repository.vectors(
         session,
         tenant_id,
-        where=and_(conversation.where(), Memory.is_active.is_(True), Memory.category != "SUMMARY"),
+        where=and_(
+            conversation.where(MEMORY), Memory.is_active.is_(True), Memory.category != "SUMMARY"
+        ),
     )
     survivors: dict[tuple[Any, ...], list[tuple[int, str, np.ndarray[Any, Any]]]] = {}
     merged = 0

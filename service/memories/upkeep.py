@@ -10,12 +10,12 @@ from sqlalchemy import text
 
 from service.db.engine import Database
 from service.memories import service
-from service.memories.scope import ScopeFilter
 from service.queue import repository as jobs
 from service.queue.payloads import ConsolidatePayload, NoPayload
 from service.queue.worker import JobContext
 from service.settings import Settings
 from service.todos import service as todos
+from service.visibility import Viewer
 
 MAINTAIN_JOB = "memories.maintain"
 CONSOLIDATE_JOB = "memories.consolidate"
@@ -61,8 +61,7 @@ class Upkeep:
     async def run_consolidate(self, job: JobContext) -> dict[str, Any]:
         """Merge near-duplicate memories of a conversation that went quiet."""
         key = ConsolidatePayload.of(job.job.payload).conversation_key
-        kind, _, ident = key.partition(":")
-        scope = ScopeFilter(ident, None) if kind == "g" else ScopeFilter.private(ident)
+        scope = Viewer.of_key(key)
         async with job.finishing() as session:
             merged = await service.consolidate(
                 session,

@@ -24,6 +24,7 @@ from service.profiles.document import ENTITY_TYPES, Profile, ProfileKey, parse, 
 from service.profiles.schemas import ProfileLookup, ProfileSearch
 from service.retrieval.terms import compact
 from service.tenants.service import TenantContext
+from service.visibility import Viewer, of_profile
 
 _TITLES = {
     "user": "# 用户侧写",
@@ -486,7 +487,8 @@ async def visible_key(
     """The key of the profile ``lookup`` names, if ``conversation`` may read it: its own
     group's, that group's members', and the user profiles of its own people and (in a group)
     of the group's members. ``allow_cross`` (a tenant setting) lifts the limit."""
-    group = conversation.group_id if conversation.request_type == "group" else None
+    viewer = Viewer.of(conversation)
+    group = viewer.group_id
     if lookup.entity_type == "member":
         if group is None:
             raise Invalid("member profiles exist only in a group", field="arguments.entity_type")
@@ -495,9 +497,11 @@ async def visible_key(
     if allow_cross:
         return key
     if lookup.entity_type == "group":
-        if lookup.entity_id != group:
+        if not viewer.sees(of_profile("group", lookup.entity_id)):
             raise Forbidden("this conversation may read only its own group's profile")
         return key
+    # A user profile is shown wherever its person is: their own conversations (a group call
+    # serves its sender and its user), and a group they are a member of.
     if lookup.entity_id in people_of(conversation):
         return key
     member = key_of("member", lookup.entity_id, group) if group else None
@@ -526,19 +530,18 @@ async def search(
         return await repository.search(
             session, tenant_id, vector, request.entity_type, request.group_id, top_k
         )
-    group = context.group_id if context.request_type == "group" else None
-    if request.group_id and request.group_id != group and not allow_cross:
+    reach = Viewer.of(context).profile_reach()
+    if request.group_id and request.group_id != reach["group_id"] and not allow_cross:
         raise Forbidden("this conversation may search only its own group", field="group_id")
-    person = context.private_user if group is None else (context.sender_id or context.user_id)
     return await repository.search(
         session,
         tenant_id,
         vector,
         request.entity_type,
-        request.group_id or group,
+        request.group_id or reach["group_id"],
         top_k,
-        person=person,
+        person=reach["person"],
         scoped=not allow_cross,
         contextual=True,
-        private_of=context.private_user if group is None else None,
+        private_of=reach["private_of"],
     )

@@ -30,7 +30,6 @@ from service.ends import service as memos
 from service.errors import Forbidden, Invalid
 from service.llm.rerank import Reranker
 from service.memories import service as memory_rules
-from service.memories.service import ScopeFilter
 from service.profiles import service as profiles
 from service.profiles.document import ProfileKey
 from service.recall.ranking import EventQuery, RankedEvent, lexical_candidates, rank_events
@@ -46,6 +45,7 @@ from service.settings import QuerySettings
 from service.tenants.service import TenantContext
 from service.text import message_content
 from service.todos import service as todos
+from service.visibility import Viewer
 
 SHORT_QUERY = 20
 MEMORY_TOP_K = 5
@@ -78,13 +78,10 @@ def build_query(request: ContextRequest) -> str:
     return query
 
 
-def conversation_scope(context: ConversationContext) -> tuple[list[str], ScopeFilter, str | None]:
-    """(event conversation keys, memory scope filter, the person) of a conversation."""
-    if context.request_type == "group":
-        person = context.sender_id or context.user_id
-        return [context.conversation_key], ScopeFilter(context.group_id, person), person
-    person = context.private_user
-    return [context.conversation_key], ScopeFilter.private(person), person
+def conversation_scope(context: ConversationContext) -> tuple[list[str], Viewer, str | None]:
+    """(event conversation keys, the reader, the person) of a conversation."""
+    viewer = Viewer.of(context)
+    return [viewer.conversation_key], viewer, viewer.user_id
 
 
 def estimate_tokens(text: str) -> int:
@@ -129,14 +126,14 @@ class Reader:
         question's embedding, begun before this transaction opened by the ``/v1/context`` route)."""
         q = tenant.query
         query = build_query(request)
-        keys, scope, person = conversation_scope(request)
+        keys, scope, _ = conversation_scope(request)
         # Times as the people of this conversation read their clocks (the stored texts'
         # dates are local too): an event at 07:27 on the 24th in Shanghai is on the 24th.
         zone = request.zone(tenant.timezone)
         injected = Injected(persona=tenant.overrides.get("persona"))
         if not tenant.cognitive_enabled:
             # Switched off: the short-term memo log only (seed 002, 回退方式).
-            injected.memos = await self._memos(session, tenant, request.conversation_key, q, zone)
+            injected.memos = await self._memos(session, tenant, scope.conversation_key, q, zone)
             return _assemble(query, False, injected, request, q)
         search = EventQuery(
             query,
@@ -149,9 +146,9 @@ class Reader:
 
         async def unembedded() -> None:
             # Everything else that needs no query vector, read while the query is embedded.
-            injected.memos = await self._memos(session, tenant, request.conversation_key, q, zone)
-            injected.todos = await self._todos(session, tenant, request.conversation_key, zone)
-            await self._profiles(session, tenant, request, person, injected)
+            injected.memos = await self._memos(session, tenant, scope.conversation_key, q, zone)
+            injected.todos = await self._todos(session, tenant, scope.conversation_key, zone)
+            await self._profiles(session, tenant, scope, injected)
 
         vector, ranked = await self._ranked(session, tenant, search, unembedded, started=started)
         injected.events = [
@@ -257,26 +254,18 @@ class Reader:
         self,
         session: AsyncSession,
         tenant: TenantContext,
-        request: ContextRequest,
-        person: str | None,
+        viewer: Viewer,
         injected: Injected,
     ) -> None:
-        """The user, group and member profiles of the conversation, where they exist (read
-        in one round trip)."""
-        user = ProfileKey("user", person) if person else None
-        group = member = private = None
-        if request.request_type == "group" and request.group_id:
-            group = ProfileKey("group", request.group_id)
-            if person:
-                member = ProfileKey("member", person, request.group_id)
-        elif person:
-            private = ProfileKey("private", person)
-        wanted = [key for key in (user, group, member, private) if key is not None]
-        rows = await profiles.find_many(session, tenant.tenant_id, wanted)
-        injected.user_profile = self._profile(rows, user)
-        injected.group_profile = self._profile(rows, group)
-        injected.member_profile = self._profile(rows, member)
-        injected.private_profile = self._profile(rows, private)
+        """The profiles the conversation is handed, where they exist (read in one round
+        trip): the person's user profile, the group's and the person's member profile there
+        in a group, the person's private profile in their private chat."""
+        wanted = {kind: ProfileKey(kind, ident, group) for kind, ident, group in viewer.profiles()}
+        rows = await profiles.find_many(session, tenant.tenant_id, list(wanted.values()))
+        injected.user_profile = self._profile(rows, wanted.get("user"))
+        injected.group_profile = self._profile(rows, wanted.get("group"))
+        injected.member_profile = self._profile(rows, wanted.get("member"))
+        injected.private_profile = self._profile(rows, wanted.get("private"))
 
     @staticmethod
     def _profile(rows: dict[str, dict[str, Any]], key: ProfileKey | None) -> ContextItem | None:
@@ -424,24 +413,25 @@ def event_scope(request: EventSearch, q: QuerySettings) -> tuple[list[str], list
     """The conversations a search may read: the caller's, or a named one where allowed."""
     context = request.context
     warnings: list[str] = []
+    group = Viewer(request.target_group_id, None) if request.target_group_id else None
+    person = Viewer.private(request.target_user_id) if request.target_user_id else None
     if context is None:
-        if request.target_group_id:
-            return [f"g:{request.target_group_id}"], warnings
-        if request.target_user_id:
-            return [f"p:{request.target_user_id}"], warnings
-        raise Invalid("give context, target_group_id or target_user_id", field="context")
-    own = context.conversation_key
-    if request.target_group_id and f"g:{request.target_group_id}" != own:
+        named = group or person
+        if named is None:
+            raise Invalid("give context, target_group_id or target_user_id", field="context")
+        return [named.conversation_key], warnings
+    own = Viewer.of(context).conversation_key
+    if group is not None and group.conversation_key != own:
         if not q.allow_cross_group_tools:
             raise Forbidden(
                 "this bot may search only its current conversation "
                 "(allow_cross_group_tools is off for the tenant)"
             )
-        return [f"g:{request.target_group_id}"], warnings
-    if request.target_user_id and context.request_type == "private":
-        if request.target_user_id != context.private_user and not q.allow_cross_group_tools:
+        return [group.conversation_key], warnings
+    if person is not None and context.request_type == "private":
+        if person.conversation_key != own and not q.allow_cross_group_tools:
             raise Forbidden("this bot may search only its current conversation")
-        return [f"p:{request.target_user_id}"], warnings
+        return [person.conversation_key], warnings
     return [own], warnings
 
 
