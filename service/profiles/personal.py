@@ -55,22 +55,23 @@ def _words(text_: str) -> set[str]:
     return words
 
 
-# What the person and everyone else said in a group: its messages and its events (the
-# events' own texts and what they were rewritten from). The names people go by there (the
+# What was said in a group (its messages, its events' texts and what they were rewritten
+# from), by the person (``:mine`` true) or by everyone else. The names people go by there (the
 # senders', the profiles') are nobody's words: a line naming someone loses only the name.
 _SAID_IN_GROUP = """
-    SELECT (sender_id IS NOT DISTINCT FROM :u OR user_id IS NOT DISTINCT FROM :u) AS theirs,
-           text FROM messages
+    SELECT text FROM messages
     WHERE tenant_id = :t AND conversation_key = :k
+      AND (sender_id IS NOT DISTINCT FROM :u OR user_id IS NOT DISTINCT FROM :u) = :mine
     UNION ALL
-    SELECT (sender_id IS NOT DISTINCT FROM :u OR user_id IS NOT DISTINCT FROM :u) AS theirs,
-           text || ' ' || source_text FROM events
+    SELECT text || ' ' || source_text FROM events
     WHERE tenant_id = :t AND conversation_key = :k
-    UNION ALL
-    SELECT DISTINCT false AS theirs, sender_name FROM messages
+      AND (sender_id IS NOT DISTINCT FROM :u OR user_id IS NOT DISTINCT FROM :u) = :mine
+"""
+_NAMES_IN_GROUP = """
+    SELECT DISTINCT sender_name FROM messages
     WHERE tenant_id = :t AND conversation_key = :k AND sender_name IS NOT NULL
-    UNION ALL
-    SELECT false AS theirs, name FROM profiles
+    UNION
+    SELECT name FROM profiles
     WHERE tenant_id = :t AND ((entity_type = 'group' AND entity_id = :g)
                               OR (entity_type = 'member' AND group_id = :g))
 """
@@ -81,11 +82,43 @@ _THEIR_GROUPS = """
     SELECT DISTINCT conversation_key FROM events
     WHERE tenant_id = :t AND (sender_id = :u OR user_id = :u) AND conversation_key LIKE 'g:%'
 """
+# The group's profiles other than the person's own (erased with them), and their revisions.
+_GROUP_PROFILES = """
+    SELECT profile_key, document, NULL::int AS version FROM profiles
+    WHERE tenant_id = :t AND ((entity_type = 'group' AND entity_id = :g)
+                              OR (entity_type = 'member' AND group_id = :g AND entity_id <> :u))
+    UNION ALL
+    SELECT r.profile_key, r.document, r.version FROM profile_revisions AS r
+    JOIN profiles AS p ON p.tenant_id = r.tenant_id AND p.profile_key = r.profile_key
+    WHERE r.tenant_id = :t AND ((p.entity_type = 'group' AND p.entity_id = :g)
+                                OR (p.entity_type = 'member' AND p.group_id = :g
+                                    AND p.entity_id <> :u))
+"""
 
 
 def _without(body: str, only_theirs: set[str]) -> str:
     """The body less every line holding a word nobody but the person said."""
     return "\n".join(line for line in body.split("\n") if not (_words(line) & only_theirs))
+
+
+async def _only_theirs(r: Rebuilding, key: str, group: str) -> set[str]:
+    """The words of the person's that nobody else said in the group (nor is a name there).
+    The others' texts are read only until every word of the person's is found among them."""
+    params: dict[str, Any] = {"t": r.tenant_id, "u": r.person_id, "k": key, "g": group}
+    only: set[str] = set()
+    for said in await r.session.execute(text(_SAID_IN_GROUP), {**params, "mine": True}):
+        only.update(_words(said.text or ""))
+    only -= _words(" ".join([*r.names, r.person_id]))
+    for (name,) in await r.session.execute(text(_NAMES_IN_GROUP), params):
+        only -= _words(name or "")
+    if only:
+        others = await r.session.stream(text(_SAID_IN_GROUP), {**params, "mine": False})
+        async for said in others:
+            only -= _words(said.text or "")
+            if not only:
+                break
+        await others.close()
+    return only
 
 
 async def rebuild_profiles(r: Rebuilding) -> None:
@@ -97,57 +130,38 @@ async def rebuild_profiles(r: Rebuilding) -> None:
         group = key.removeprefix("g:")
         if conversation_key("group", group, None) != key:
             continue
-        theirs: set[str] = set()
-        others: set[str] = set()
-        said = await r.session.execute(text(_SAID_IN_GROUP), {**params, "k": key, "g": group})
-        for row in said:
-            (theirs if row.theirs else others).update(_words(row.text or ""))
-        # Their names and id are no words of theirs to remove either.
-        only = theirs - others - _words(" ".join([*r.names, r.person_id]))
+        only = await _only_theirs(r, key, group)
         if not only:
             continue
-        found = await r.session.execute(
-            text(
-                "SELECT profile_key, document FROM profiles WHERE tenant_id = :t"
-                " AND ((entity_type = 'group' AND entity_id = :g)"
-                " OR (entity_type = 'member' AND group_id = :g AND entity_id <> :u))"
-            ),
-            {**params, "g": group},
-        )
-        for row in found.all():
+        changed: list[tuple[str, Any, Any]] = []  # (key, version or None, the profile)
+        for row in await r.session.execute(text(_GROUP_PROFILES), {**params, "g": group}):
             profile = parse(row.document, stored=True)
             body = _without(profile.body, only)
             if body != profile.body:
                 profile.body = body
-                [vector] = await r.embedder.passages([digest(body)])
-                await r.session.execute(
-                    text(
-                        "UPDATE profiles SET document = :d, body = :b, embedding = :e"
-                        " WHERE tenant_id = :t AND profile_key = :k"
-                    ),
-                    {**params, "k": row.profile_key, "d": render(profile), "b": body, "e": vector},
-                )
-                r.count("profiles_rebuilt")
-            revisions = await r.session.execute(
+                changed.append((row.profile_key, row.version, profile))
+        current = [(k, p) for k, v, p in changed if v is None]
+        vectors = await r.embedder.passages([digest(p.body) for _, p in current]) if current else []
+        for (profile_key, profile), vector in zip(current, vectors, strict=True):
+            await r.session.execute(
                 text(
-                    "SELECT version, document FROM profile_revisions"
+                    "UPDATE profiles SET document = :d, body = :b, embedding = :e"
                     " WHERE tenant_id = :t AND profile_key = :k"
                 ),
-                {**params, "k": row.profile_key},
+                {**params, "k": profile_key, "d": render(profile), "b": profile.body, "e": vector},
             )
-            for revision in revisions.all():
-                old = parse(revision.document, stored=True)
-                kept = _without(old.body, only)
-                if kept != old.body:
-                    old.body = kept
-                    await r.session.execute(
-                        text(
-                            "UPDATE profile_revisions SET document = :d"
-                            " WHERE tenant_id = :t AND profile_key = :k AND version = :v"
-                        ),
-                        {**params, "k": row.profile_key, "v": revision.version, "d": render(old)},
-                    )
-                    r.count("profile_revisions_rebuilt")
+            r.count("profiles_rebuilt")
+        for profile_key, version, old in changed:
+            if version is None:
+                continue
+            await r.session.execute(
+                text(
+                    "UPDATE profile_revisions SET document = :d"
+                    " WHERE tenant_id = :t AND profile_key = :k AND version = :v"
+                ),
+                {**params, "k": profile_key, "v": version, "d": render(old)},
+            )
+            r.count("profile_revisions_rebuilt")
 
 
 async def redact_profiles(r: Redaction) -> None:
