@@ -12,6 +12,7 @@ import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from alembic import command
 
 from service.app import create_app
 from service.db.migrate import alembic_config
+from service.profiles.document import Profile, ProfileKey, render
 from service.settings import Settings
 from tests.conftest import (
     FAST_QUEUE,
@@ -471,3 +473,73 @@ async def test_the_upgrade_narrows_what_words_made_global(databases: DatabaseFac
         "the api": ("GLOBAL", None, user),
         "unknown ids": ("PRIVATE", None, user),
     }
+
+
+def _document(kind: str, person: str, name: str, body: str, source: str | None) -> str:
+    when = datetime(2026, 3, 1, tzinfo=UTC)
+    return render(Profile(ProfileKey(kind, person), name, [], when, source, body))
+
+
+async def test_the_upgrade_moves_what_the_historian_wrote_to_user_profiles_to_private(
+    databases: DatabaseFactory,
+) -> None:
+    """A user profile the historian wrote (its lines may have come from a private chat, and
+    which cannot be told) becomes its person's private profile, or joins the one they have,
+    with its revisions; one written only through the API stays. Read back over HTTP."""
+    url = await databases.create_empty()
+    config = alembic_config(url, Settings())
+    await asyncio.to_thread(command.upgrade, config, "0029_consent_marks")
+    (alone, alone_name), (both, both_name), (api, api_name) = _person(), _person(), _person()
+    secret, older, told, mine, set_by_api = (_token() for _ in range(5))
+    settings = make_settings(url, cognitive={"queue": FAST_QUEUE})
+    async with serve_app(create_app(settings, migrate=False, run_worker=False)) as client:
+        tenant = await new_tenant(client)
+        async with raw_connection(url) as conn:
+            rows = [
+                ("user", alone, alone_name, f"偷偷准备{secret}", "e-1", 2),
+                ("user", both, both_name, f"喜欢{told}", "e-2", 1),
+                ("private", both, both_name, f"只在私聊说过{mine}", "e-3", 1),
+                ("user", api, api_name, f"运营写的{set_by_api}", None, 1),
+            ]
+            for kind, person, name, body, source, version in rows:
+                document = _document(kind, person, name, body, source)
+                await conn.execute(
+                    "INSERT INTO profiles (tenant_id, profile_key, entity_type, entity_id, name,"
+                    " document, body, source_event_id, version, updated_at)"
+                    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, now())",
+                    uuid.UUID(tenant.id), f"{kind}:{person}", kind, person, name, document,
+                    body, source, version,
+                )  # fmt: skip
+            await conn.execute(
+                "INSERT INTO profile_revisions (tenant_id, profile_key, version, document)"
+                " VALUES ($1, $2, 1, $3)",
+                uuid.UUID(tenant.id), f"user:{alone}",
+                _document("user", alone, alone_name, f"更早的{older}", "e-0"),
+            )  # fmt: skip
+        await asyncio.to_thread(command.upgrade, config, "head")
+
+        async def profile(kind: str, person: str) -> dict[str, Any] | None:
+            found = await client.get(f"/v1/profiles/{kind}/{person}", headers=tenant.headers)
+            assert found.status_code in (200, 404), found.text
+            return found.json() if found.status_code == 200 else None
+
+        assert await profile("user", alone) is None
+        moved = await profile("private", alone)
+        assert moved is not None and secret in moved["body"], moved
+        assert moved["document"].startswith('---\nentity_type: "private"\n'), moved["document"]
+        history = await client.get(
+            f"/v1/profiles/private/{alone}/revisions", headers=tenant.headers
+        )
+        assert history.status_code == 200, history.text
+        [revision] = history.json()
+        assert older in revision["document"]
+        assert revision["document"].startswith('---\nentity_type: "private"\n')
+
+        assert await profile("user", both) is None
+        joined = await profile("private", both)
+        assert joined is not None and mine in joined["body"] and told in joined["body"]
+        assert joined["document"].rstrip().endswith(f"喜欢{told}"), joined["document"]
+
+        kept = await profile("user", api)
+        assert kept is not None and set_by_api in kept["body"]
+        assert await profile("private", api) is None
