@@ -543,3 +543,79 @@ async def test_the_upgrade_moves_what_the_historian_wrote_to_user_profiles_to_pr
         kept = await profile("user", api)
         assert kept is not None and set_by_api in kept["body"]
         assert await profile("private", api) is None
+
+
+async def test_a_memory_the_model_makes_of_one_item_is_erased_only_with_its_sayer(
+    online: tuple[AppClient, TenantHandle], llm: FakeLLM
+) -> None:
+    """In a batch of two people's messages, a memory the model says it made of the second
+    one's message survives the erasure of the first, and goes with the second's."""
+    client, tenant = online
+    group = f"g{uuid.uuid4().hex[:8]}"
+    (first, first_name), (second, second_name) = _person(), _person()
+    said_first, said_second = _token(), _token()
+
+    def memory_step(request: dict[str, Any]) -> Reply:
+        if request["tools"][0]["function"]["name"] != "add_memory":
+            return quiet(request)
+        if any(m["role"] == "tool" for m in request["messages"]):
+            return Reply(content="done")
+        prompt = request["messages"][1]["content"]
+        items = [json.loads(x) for x in prompt.splitlines() if x.startswith('{"item"')]
+        numbered = next(i["item"] for i in items if said_second in json.dumps(i))
+        content = f"{second_name}({second})养了一只叫{said_second}的猫"
+        return Reply(
+            tool_calls=[
+                (
+                    "add_memory",
+                    {
+                        "content": content,
+                        "scope": "MEMBER_IN_GROUP",
+                        "category": "FACT",
+                        "user_id": second,
+                        "item": numbered,
+                    },
+                )
+            ]
+        )
+
+    llm.default = memory_step
+    messages = [
+        (first, first_name, f"记住：我下周去{said_first}出差"),
+        (second, second_name, f"记住：我的猫叫{said_second}"),
+    ]
+    sent = await client.post(
+        "/v1/messages",
+        json={
+            "messages": [
+                {
+                    "message_id": uuid.uuid4().hex,
+                    "request_type": "group",
+                    "group_id": group,
+                    "user_id": who,
+                    "sender_id": who,
+                    "sender_name": name,
+                    "text": said,
+                    "sent_at": f"2026-03-01T11:0{n}:00+08:00",
+                }
+                for n, (who, name, said) in enumerate(messages)
+            ]
+        },
+        headers=tenant.headers,
+    )
+    assert sent.status_code in (200, 202), sent.text
+
+    async def remembered() -> list[dict[str, Any]] | None:
+        found = await client.get(
+            f"/v1/memories?group_id={group}&user_id={second}", headers=tenant.headers
+        )
+        kept = [m for m in found.json() if said_second in m["content"]]
+        return kept or None
+
+    await wait_for(remembered)
+    erased = await client.delete(f"/v1/users/{first}", headers=tenant.headers)
+    assert erased.status_code == 200, erased.text
+    assert await remembered(), "erasing the first sender took the second one's memory"
+    erased = await client.delete(f"/v1/users/{second}", headers=tenant.headers)
+    assert erased.status_code == 200, erased.text
+    assert await remembered() is None

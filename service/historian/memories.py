@@ -274,8 +274,10 @@ class MemoryKeeper:
         for op in plan.operations:
             tool = REGISTRY[op.tool]
             source = evidence
-            if item_evidence is not None and isinstance(op.args.get("item"), int):
-                source = item_evidence[op.args["item"]]
+            item = op.args.get("item")
+            if item_evidence is not None and isinstance(item, int):
+                # A number past the items (a model's slip) keeps the whole batch's provenance.
+                source = item_evidence[item] if 0 <= item < len(item_evidence) else evidence
             writing = Writing(
                 session,
                 tenant_id,

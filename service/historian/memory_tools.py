@@ -142,16 +142,21 @@ def _participant(value: Any, scene: Scene, what: str) -> str | None:
     return person
 
 
+def _item_number(item: Any) -> int | None:
+    """The number of the new item a call names, if it names one."""
+    if isinstance(item, int) and not isinstance(item, bool) and item >= 0:
+        return item
+    if isinstance(item, str) and item.strip().isdecimal() and len(item) < 10:
+        return int(item)
+    return None
+
+
 def _check_global(content: str, item: Any, scene: Scene) -> int:
     """What a GLOBAL memory may say: it is read in every conversation of its person, so it
     is made only from an item the person marked shareable, named by the call, and never
     holds sensitive data. The item's number."""
     shareable = scene.conversation.shareable
-    number: int | None = None
-    if isinstance(item, int) and not isinstance(item, bool):
-        number = item
-    elif isinstance(item, str) and item.strip().isdecimal() and len(item) < 10:
-        number = int(item)
+    number = _item_number(item)
     if number is None or number not in shareable:
         marked = ", ".join(str(n) for n in sorted(shareable)) or "none"
         raise Invalid(
@@ -203,6 +208,10 @@ def _check_add_memory(args: dict[str, Any], scene: Scene) -> dict[str, Any]:
     }
     if scope == "GLOBAL":
         checked["item"] = _check_global(content, args.get("item"), scene)
+    elif _item_number(args.get("item")) is not None:
+        # Its provenance is that item alone: an erasure of whoever said another item of the
+        # batch leaves it.
+        checked["item"] = _item_number(args.get("item"))
     return checked
 
 
@@ -263,6 +272,8 @@ def _check_update_memory(args: dict[str, Any], scene: Scene) -> dict[str, Any]:
     checked: dict[str, Any] = {"memory_id": memory_id, "new_content": content, "reason": reason}
     if scene.known[memory_id].get("scope") == "GLOBAL":
         checked["item"] = _check_global(content, args.get("item"), scene)
+    elif _item_number(args.get("item")) is not None:
+        checked["item"] = _item_number(args.get("item"))
     return checked
 
 

@@ -19,6 +19,8 @@ You maintain the long-term memory of a chat bot by calling tools.
    私聊里得知的信息默认 PRIVATE（只在这个私聊可见）。GLOBAL 只用于标记了 "shareable": true
    的新信息（本人同意让别处知道），并用 item 写明是哪一条；健康、证件号、联系方式等敏感信息
    永远不写 GLOBAL。GLOBAL only for an item marked "shareable": true, named by its item number.
+   add_memory / update_memory 都用 item 写明依据的是哪一条新信息。Name the item every change
+   is made from.
 5. 将来要提醒或要做的事用 add_todo（trigger_time 用绝对时间）；对话说明待办完成或取消时用
    complete_todo / cancel_todo。
 6. 没有值得记的就不调用任何工具。Call nothing if nothing is worth remembering."""
