@@ -6,13 +6,14 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
 from typing import IO
 
 import pytest
 
 from service.app import create_app
 from tests.conftest import make_settings, new_tenant, raw_connection, serve_app, wait_for
-from tests.fake_llm import FakeLLM, Reply, tool
+from tests.fake_llm import FakeLLM, Reply, quiet, tool
 
 
 def start_worker(
@@ -101,3 +102,95 @@ async def test_sigkilled_worker_job_is_reclaimed_and_written_once(
         running = await conn.fetchval("SELECT count(*) FROM jobs WHERE status = 'running'")
     assert [(r["id"], r["text"]) for r in rows] == [("crash-1:1", "张三(10001) 2026-02-22 去北京")]
     assert running == 0
+
+
+@pytest.mark.slow
+async def test_a_job_whose_worker_died_writes_nothing_about_a_person_erased_meanwhile(
+    db_url: str, llm: FakeLLM
+) -> None:
+    """The worker is killed inside a person's end job, the person is erased while the job's
+    lease is still held by the dead worker, and a new worker starts: nothing about
+    the person is written, in any table, after the restart."""
+    tag = uuid.uuid4().hex
+    person, name, words = (
+        str(10**9 + uuid.UUID(tag).int % 10**9),
+        f"名{tag[:6]}",
+        f"暗号{tag[6:18]}",
+    )
+    group = f"g{tag[18:26]}"
+    async with serve_app(
+        create_app(make_settings(db_url), migrate=False, run_worker=False)
+    ) as client:
+        tenant = await new_tenant(client)
+        llm.script(Reply(content="never", delay=60))
+        llm.default = quiet
+        first = start_worker(db_url, llm)
+        try:
+            response = await client.post(
+                "/v1/end",
+                json={
+                    "request_type": "group",
+                    "group_id": group,
+                    "sender_id": person,
+                    "sender_name": name,
+                    "request_id": f"r-{tag[:8]}",
+                    "timestamp": "2026-02-21T23:30:00+08:00",
+                    "observations": [f"{name}({person})说{words}，明天去北京"],
+                    "force": True,
+                },
+                headers=tenant.headers,
+            )
+            assert response.status_code == 202, response.text
+            job_id = response.json()["job_id"]
+
+            async def mid_job() -> bool:
+                job = (await client.get(f"/v1/jobs/{job_id}", headers=tenant.headers)).json()
+                return job["status"] == "running" and len(llm.chat_requests) == 1
+
+            await wait_for(mid_job, timeout=60)
+        finally:
+            first.send_signal(signal.SIGKILL)
+            first.wait(timeout=10)
+
+        erased = await client.delete(f"/v1/users/{person}", headers=tenant.headers)
+        assert erased.status_code == 200, erased.text
+
+        second = start_worker(db_url, llm)
+        try:
+
+            async def settled() -> bool:
+                # The job is gone with the person's hand-overs, or was taken up and finished:
+                # nothing of the tenant is left waiting or held.
+                async with raw_connection(db_url) as conn:
+                    left = await conn.fetchval(
+                        "SELECT count(*) FROM jobs WHERE tenant_id = $1"
+                        " AND status IN ('queued', 'running')",
+                        uuid.UUID(tenant.id),
+                    )
+                return left == 0 and len(llm.chat_requests) >= 1
+
+            await wait_for(settled, timeout=60)
+            assert second.poll() is None, "the new worker died"
+        finally:
+            second.send_signal(signal.SIGTERM)
+            second.wait(timeout=30)
+
+    async with raw_connection(db_url) as conn:
+        tables = await conn.fetch(
+            "SELECT c.relname FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid"
+            " WHERE c.relkind = 'r' AND c.relnamespace = 'public'::regnamespace"
+            " AND a.attname = 'tenant_id' AND NOT a.attisdropped"
+        )
+        found = []
+        for (table,) in tables:
+            rows = await conn.fetch(
+                f'SELECT row_to_json(t)::text AS row FROM "{table}" AS t WHERE tenant_id = $1',
+                uuid.UUID(tenant.id),
+            )
+            found += [
+                f"{table}: {r['row'][:200]}"
+                for r in rows
+                if any(n in r["row"] for n in (person, name, words))
+            ]
+    # The erasure's own receipt names no one: it keeps a keyed hash, not the id.
+    assert found == []
