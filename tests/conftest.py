@@ -24,7 +24,7 @@ from service.app import create_app
 from service.db.engine import normalize_url
 from service.db.migrate import upgrade_to_head
 from service.settings import Settings
-from tests.fake_llm import FakeLLM
+from tests.fake_llm import FakeLLM, quiet
 
 ADMIN_TOKEN = "test-admin-token"
 
@@ -376,3 +376,23 @@ async def until_finished(
         return job if job["status"] in ("done", "failed") else None
 
     return dict(await wait_for(finished))
+
+
+@pytest.fixture
+async def offline(db_url: str) -> AsyncIterator[tuple[AppClient, TenantHandle]]:
+    """The service with no LLM (the historian on its rules), its worker running, one tenant."""
+    settings = make_settings(db_url, cognitive={"queue": FAST_QUEUE})
+    async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
+        yield client, await new_tenant(client)
+
+
+@pytest.fixture
+async def online(db_url: str, llm: FakeLLM) -> AsyncIterator[tuple[AppClient, TenantHandle]]:
+    """The service with the scripted model (quiet once its script runs out, no retries), its
+    worker running, one tenant."""
+    settings = make_settings(
+        db_url, cognitive={"queue": {**FAST_QUEUE, "job_max_retries": 0}}, **llm_settings(llm)
+    )
+    llm.default = quiet
+    async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
+        yield client, await new_tenant(client)

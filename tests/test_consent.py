@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -27,7 +26,6 @@ from tests.conftest import (
     AppClient,
     DatabaseFactory,
     TenantHandle,
-    llm_settings,
     make_settings,
     new_tenant,
     raw_connection,
@@ -65,23 +63,6 @@ def _in_group(group: str, user: str, name: str) -> dict[str, Any]:
         "sender_name": name,
         "timestamp": "2026-03-02T10:00:00+08:00",
     }
-
-
-@pytest.fixture
-async def offline(db_url: str) -> AsyncIterator[tuple[AppClient, TenantHandle]]:
-    settings = make_settings(db_url, cognitive={"queue": FAST_QUEUE})
-    async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
-        yield client, await new_tenant(client)
-
-
-@pytest.fixture
-async def online(db_url: str, llm: FakeLLM) -> AsyncIterator[tuple[AppClient, TenantHandle]]:
-    settings = make_settings(
-        db_url, cognitive={"queue": {**FAST_QUEUE, "job_max_retries": 0}}, **llm_settings(llm)
-    )
-    llm.default = quiet
-    async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
-        yield client, await new_tenant(client)
 
 
 async def _end(client: AppClient, tenant: TenantHandle, **body: Any) -> dict[str, Any]:

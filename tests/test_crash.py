@@ -7,12 +7,20 @@ import signal
 import subprocess
 import sys
 import uuid
-from typing import IO
+from typing import IO, Any
 
 import pytest
 
 from service.app import create_app
-from tests.conftest import make_settings, new_tenant, raw_connection, serve_app, wait_for
+from tests.conftest import (
+    AppClient,
+    TenantHandle,
+    make_settings,
+    new_tenant,
+    raw_connection,
+    serve_app,
+    wait_for,
+)
 from tests.fake_llm import FakeLLM, Reply, quiet, tool
 
 
@@ -38,6 +46,29 @@ def start_worker(
     )
 
 
+async def killed_in_its_job(
+    client: AppClient, tenant: TenantHandle, db_url: str, llm: FakeLLM, turn: dict[str, Any]
+) -> int:
+    """Hand ``turn`` over with a worker process running, and SIGKILL the worker while it is
+    inside the job, waiting on the model (whose first answer hangs). The job's id."""
+    llm.script(Reply(content="never", delay=60))
+    first = start_worker(db_url, llm)
+    try:
+        response = await client.post("/v1/end", json=turn, headers=tenant.headers)
+        assert response.status_code == 202, response.text
+        job_id = int(response.json()["job_id"])
+
+        async def mid_job() -> bool:
+            job = (await client.get(f"/v1/jobs/{job_id}", headers=tenant.headers)).json()
+            return job["status"] == "running" and len(llm.chat_requests) == 1
+
+        await wait_for(mid_job, timeout=60)
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=10)
+    return job_id
+
+
 @pytest.mark.slow
 async def test_sigkilled_worker_job_is_reclaimed_and_written_once(
     db_url: str, llm: FakeLLM
@@ -46,34 +77,17 @@ async def test_sigkilled_worker_job_is_reclaimed_and_written_once(
         create_app(make_settings(db_url), migrate=False, run_worker=False)
     ) as client:
         tenant = await new_tenant(client)
-        # The first rewrite hangs: the worker will be inside the job, waiting on the LLM.
-        llm.script(Reply(content="never", delay=60))
         llm.default = lambda request: Reply(content="no profile change")
-        first = start_worker(db_url, llm)
-        try:
-            response = await client.post(
-                "/v1/end",
-                json={
-                    "request_type": "group",
-                    "group_id": "g1",
-                    "sender_id": "10001",
-                    "sender_name": "张三",
-                    "request_id": "crash-1",
-                    "timestamp": "2026-02-21T23:30:00+08:00",
-                    "observations": ["我明天去北京"],
-                },
-                headers=tenant.headers,
-            )
-            job_id = response.json()["job_id"]
-
-            async def mid_job() -> bool:
-                job = (await client.get(f"/v1/jobs/{job_id}", headers=tenant.headers)).json()
-                return job["status"] == "running" and len(llm.chat_requests) == 1
-
-            await wait_for(mid_job, timeout=60)
-        finally:
-            first.send_signal(signal.SIGKILL)
-            first.wait(timeout=10)
+        turn = {
+            "request_type": "group",
+            "group_id": "g1",
+            "sender_id": "10001",
+            "sender_name": "张三",
+            "request_id": "crash-1",
+            "timestamp": "2026-02-21T23:30:00+08:00",
+            "observations": ["我明天去北京"],
+        }
+        job_id = await killed_in_its_job(client, tenant, db_url, llm, turn)
         job = (await client.get(f"/v1/jobs/{job_id}", headers=tenant.headers)).json()
         assert job["status"] == "running"  # stuck with a dead owner, until its lease runs out
 
@@ -122,35 +136,18 @@ async def test_a_job_whose_worker_died_writes_nothing_about_a_person_erased_mean
         create_app(make_settings(db_url), migrate=False, run_worker=False)
     ) as client:
         tenant = await new_tenant(client)
-        llm.script(Reply(content="never", delay=60))
         llm.default = quiet
-        first = start_worker(db_url, llm)
-        try:
-            response = await client.post(
-                "/v1/end",
-                json={
-                    "request_type": "group",
-                    "group_id": group,
-                    "sender_id": person,
-                    "sender_name": name,
-                    "request_id": f"r-{tag[:8]}",
-                    "timestamp": "2026-02-21T23:30:00+08:00",
-                    "observations": [f"{name}({person})说{words}，明天去北京"],
-                    "force": True,
-                },
-                headers=tenant.headers,
-            )
-            assert response.status_code == 202, response.text
-            job_id = response.json()["job_id"]
-
-            async def mid_job() -> bool:
-                job = (await client.get(f"/v1/jobs/{job_id}", headers=tenant.headers)).json()
-                return job["status"] == "running" and len(llm.chat_requests) == 1
-
-            await wait_for(mid_job, timeout=60)
-        finally:
-            first.send_signal(signal.SIGKILL)
-            first.wait(timeout=10)
+        turn = {
+            "request_type": "group",
+            "group_id": group,
+            "sender_id": person,
+            "sender_name": name,
+            "request_id": f"r-{tag[:8]}",
+            "timestamp": "2026-02-21T23:30:00+08:00",
+            "observations": [f"{name}({person})说{words}，明天去北京"],
+            "force": True,
+        }
+        await killed_in_its_job(client, tenant, db_url, llm, turn)
 
         erased = await client.delete(f"/v1/users/{person}", headers=tenant.headers)
         assert erased.status_code == 200, erased.text

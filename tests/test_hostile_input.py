@@ -4,22 +4,17 @@ names the field. Nothing makes the service answer 5xx or store a changed value."
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import quote
 
 import pytest
 from sqlalchemy import text as sql
 
-from service.app import create_app
 from tests.conftest import (
     ADMIN,
-    FAST_QUEUE,
     AppClient,
     TenantHandle,
-    make_settings,
     new_tenant,
-    serve_app,
     until_finished,
     wait_for,
 )
@@ -50,14 +45,6 @@ def path(value: str) -> str:
 
 
 @pytest.fixture
-async def worker(db_url: str) -> AsyncIterator[tuple[AppClient, TenantHandle]]:
-    """The app with its worker (embedding, the historian), and a tenant."""
-    settings = make_settings(db_url, cognitive={"queue": FAST_QUEUE})
-    async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
-        yield client, await new_tenant(client)
-
-
-@pytest.fixture
 async def tenant(client: AppClient) -> TenantHandle:
     return await new_tenant(client)
 
@@ -71,8 +58,8 @@ def assert_refused(response: Any, field: str, status: int = 422) -> None:
 # --- Stored faithfully -------------------------------------------------------------------
 
 
-async def test_messages_round_trip_exactly(worker: tuple[AppClient, TenantHandle]) -> None:
-    client, tenant = worker
+async def test_messages_round_trip_exactly(offline: tuple[AppClient, TenantHandle]) -> None:
+    client, tenant = offline
     texts = [*HOSTILE, "tabs\tand\r\nCRLF lines\n"]
     for group in IDS[:3]:
         messages = [
@@ -154,9 +141,9 @@ async def test_profiles_round_trip_exactly(client: AppClient, tenant: TenantHand
 
 
 async def test_end_observations_and_names_round_trip_exactly(
-    worker: tuple[AppClient, TenantHandle],
+    offline: tuple[AppClient, TenantHandle],
 ) -> None:
-    client, tenant = worker
+    client, tenant = offline
     # A name that would end the profile's YAML front matter if pasted in unquoted.
     sender_name = '张三"\n---\nentity_id: "999"\n---\n' + HOSTILE[3]
     calls = []
@@ -197,9 +184,9 @@ async def test_end_observations_and_names_round_trip_exactly(
 
 
 async def test_days_off_the_calendar_are_kept_as_said(
-    worker: tuple[AppClient, TenantHandle],
+    offline: tuple[AppClient, TenantHandle],
 ) -> None:
-    client, tenant = worker
+    client, tenant = offline
     turns = [
         ("2026-03-01T10:00:00+08:00", ["我99999999天后去北京", "in 99999999 days I retire"]),
         ("2026-03-01T10:00:00+08:00", ["我喜欢狗", "99999999 weeks ago I swam"]),
@@ -490,12 +477,12 @@ async def test_numbers_and_times_out_of_range_are_refused_by_name(
 
 
 async def test_a_turn_at_the_calendars_first_day_is_read_on_any_clocks(
-    worker: tuple[AppClient, TenantHandle],
+    offline: tuple[AppClient, TenantHandle],
 ) -> None:
     """The first hours of 0001-01-02 on UTC+14 are still 0001-01-01 in UTC, before the
     calendar's first day on clocks 12 hours behind: a turn said then is shown in UTC there,
     where it made every later turn of its conversation read on such clocks a 500."""
-    client, tenant = worker
+    client, tenant = offline
     edge = "0001-01-02T00:00:00+14:00"
     body = {
         **GROUP,
@@ -597,9 +584,9 @@ async def test_an_empty_id_is_no_id(client: AppClient, tenant: TenantHandle) -> 
 
 
 async def test_a_request_id_whose_event_ids_are_another_turns_is_refused(
-    worker: tuple[AppClient, TenantHandle],
+    offline: tuple[AppClient, TenantHandle],
 ) -> None:
-    client, tenant = worker
+    client, tenant = offline
     # Turn ("t", 1) with two observations names its events t:1:1 and t:1:2; turn ("t:1", 1)
     # with one names its event t:1:1 too.
     first = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -13,7 +13,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from zoneinfo import ZoneInfo
 
-import pytest
 from sqlalchemy import text
 
 from service.app import create_app
@@ -48,23 +47,6 @@ GROUP = {
     "bot_name": "小助手",
     "timestamp": "2026-02-21T23:30:00+08:00",
 }
-
-
-@pytest.fixture
-async def offline(db_url: str) -> AsyncIterator[tuple[AppClient, TenantHandle]]:
-    settings = make_settings(db_url, cognitive={"queue": FAST_QUEUE})
-    async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
-        yield client, await new_tenant(client)
-
-
-@pytest.fixture
-async def online(db_url: str, llm: FakeLLM) -> AsyncIterator[tuple[AppClient, TenantHandle]]:
-    settings = make_settings(
-        db_url, cognitive={"queue": {**FAST_QUEUE, "job_max_retries": 0}}, **llm_settings(llm)
-    )
-    llm.default = quiet
-    async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
-        yield client, await new_tenant(client)
 
 
 async def hand_over(client: AppClient, tenant: TenantHandle, **body: Any) -> dict[str, Any]:

@@ -79,13 +79,6 @@ LAUGHS = "l0: &l0 [ha, ha, ha, ha, ha, ha, ha, ha, ha]\n" + "".join(
 
 
 @pytest.fixture
-async def offline(db_url: str) -> AsyncIterator[tuple[AppClient, TenantHandle]]:
-    settings = make_settings(db_url, cognitive={"queue": FAST_QUEUE})
-    async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
-        yield client, await new_tenant(client)
-
-
-@pytest.fixture
 async def online(db_url: str, llm: FakeLLM) -> AsyncIterator[tuple[AppClient, TenantHandle]]:
     settings = make_settings(
         db_url, cognitive={"queue": {**FAST_QUEUE, "job_max_retries": 0}}, **llm_settings(llm)
