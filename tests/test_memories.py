@@ -784,7 +784,9 @@ async def test_a_todo_rescheduled_after_its_delivery_is_delivered_at_its_new_tim
                 return len(received) >= 2
 
             await wait_for(twice, timeout=15)
-            assert (await delivered()) is not None
+            # The delivery is recorded once the webhook has answered: a moment after it was
+            # received.
+            assert await wait_for(delivered, timeout=15) is not None
     assert [datetime.fromisoformat(r["todo"]["trigger_time"]) for r in received][1] == (
         datetime.fromisoformat(again)
     )
