@@ -30,8 +30,8 @@ from typing import Literal, cast
 from sqlalchemy import ColumnElement, and_, false, or_
 from sqlalchemy.orm import QueryableAttribute
 
+from service import pii
 from service.context import ConversationContext, conversation_key
-from service.privacy import pii
 
 Scope = Literal["GLOBAL", "PRIVATE", "GROUP", "MEMBER_IN_GROUP"]
 SCOPES: tuple[Scope, ...] = ("GLOBAL", "PRIVATE", "GROUP", "MEMBER_IN_GROUP")

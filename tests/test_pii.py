@@ -8,7 +8,6 @@ from __future__ import annotations
 import sys
 import unicodedata
 import uuid
-from collections.abc import AsyncIterator
 from datetime import date, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -17,11 +16,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from service import pii
 from service.app import create_app
 from service.errors import Invalid
 from service.historian.conversation import Conversation
 from service.historian.memory_tools import REGISTRY, Scene, validate_call
-from service.privacy import pii
 from tests.conftest import (
     FAST_QUEUE,
     AppClient,
@@ -261,13 +260,6 @@ def test_the_memory_tools_keep_every_form_out_of_a_global_memory() -> None:
 
 
 # -- over HTTP ---------------------------------------------------------------------------------
-
-
-@pytest.fixture
-async def offline(db_url: str) -> AsyncIterator[tuple[AppClient, TenantHandle]]:
-    settings = make_settings(db_url, cognitive={"queue": FAST_QUEUE})
-    async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
-        yield client, await new_tenant(client)
 
 
 async def test_a_global_memory_refuses_every_form(

@@ -20,8 +20,8 @@ from datetime import UTC, datetime
 import pytest
 
 import service
+from service import pii
 from service.historian.absolutize import Person, Situation, absolutize
-from service.privacy import pii
 from service.recall.schemas import ContextRequest
 from service.recall.service import build_query
 from service.text import message_content

@@ -17,10 +17,10 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service import pii
 from service.embedding import Embedder
 from service.errors import Invalid
 from service.llm import ChatModel
-from service.privacy import pii
 from service.profiles import service as profiles
 from service.profiles.consolidate import within_budget
 from service.profiles.document import Profile, ProfileKey, parse, render

@@ -11,6 +11,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service import pii
 from service.context import ConversationContext
 from service.embedding import Embedder
 from service.events import service as events
@@ -28,7 +29,6 @@ from service.historian.rewrite import Item, Outcome, rewrite_with_llm, rule_outc
 from service.historian.rewrite import Situation as PromptSituation
 from service.llm import ChatModel, LLMError
 from service.observability import GATE
-from service.privacy import pii
 from service.profiles import service as profiles
 from service.profiles.document import ProfileKey
 from service.profiles.service import Fact

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from service import pii
 from service.db import statistics
 from service.db.engine import Database
 from service.embedding import Embedder
@@ -31,7 +32,6 @@ from service.importer.coerce import Chat, identifier, text_or_none
 from service.importer.report import Report
 from service.importer.source import ProfileHistory, Skip, Source, StoredEvent
 from service.importer.undefined import FORMAT, read_source
-from service.privacy import pii
 from service.privacy.service import was_erased
 from service.profiles import service as profiles
 from service.profiles.consolidate import digest

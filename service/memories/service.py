@@ -12,6 +12,7 @@ import numpy as np
 from sqlalchemy import and_
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service import pii
 from service.embedding.base import Vector
 from service.errors import Invalid, NotFound
 from service.memories import repository
@@ -20,7 +21,6 @@ from service.memories.schemas import (
     MemorySearch,
 )
 from service.memories.scope import MEMORY
-from service.privacy import pii
 from service.retrieval.terms import near_duplicate
 from service.settings import MemorySettings
 from service.visibility import Viewer

@@ -11,6 +11,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service import pii
 from service.context import conversation_key, in_range
 from service.db import statistics
 from service.db.engine import Database
@@ -19,7 +20,6 @@ from service.errors import Invalid
 from service.messages import repository
 from service.messages.models import passage_text
 from service.messages.schemas import MessageBatch, MessagesStored
-from service.privacy import pii
 from service.privacy.service import was_erased
 from service.queue import repository as jobs
 from service.queue.payloads import ExtractPayload, NoPayload

@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service import pii
 from service.context import ConversationContext, scope_of
 from service.embedding import Embedder
 from service.embedding.base import Vector
 from service.errors import Conflict, Forbidden, Invalid, NotFound
-from service.privacy import pii
 from service.profiles import repository
 from service.profiles.consolidate import Body, digest
 from service.profiles.document import ENTITY_TYPES, Profile, ProfileKey, parse, render
