@@ -222,7 +222,7 @@ class EmbeddedSupervisor:
         if self.state == "failed":
             return (
                 f"database: failed (the embedded PostgreSQL did not start again in"
-                f" {self.policy.attempts} tries; the service exits)"
+                f" {self.policy.attempts} tries)"
             )
         return None
 
@@ -238,7 +238,7 @@ class EmbeddedSupervisor:
                     f"the embedded PostgreSQL in {self.data_dir} did not start again in"
                     f" {self.policy.attempts} tries"
                 )
-                log.critical("%s; stopping the service", reason)
+                log.critical("%s", reason)
                 self.on_give_up(reason)
 
     async def _restart(self) -> bool:
