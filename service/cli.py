@@ -261,12 +261,16 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=int(settings.cognitive.queue.shutdown_seconds) + 10,
     )
     server = _AnnouncingServer(config, lambda url: _announce(settings, runtime, url))
+    runtime.on_fatal = lambda: setattr(server, "should_exit", True)
     try:
         server.run()
     finally:
         if runtime.worker_process is not None:
             # Stopped by the shutdown hook, unless uvicorn never ran it (a failed bind).
             runtime.worker_process.kill()
+    if runtime.fatal is not None:
+        print(f"memoria: {runtime.fatal}", file=sys.stderr)
+        return 1
     return 0 if server.started else 1
 
 

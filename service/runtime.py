@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from service.audit.service import FailedAuthentications
+from service.db.embedded import EmbeddedSupervisor, RestartPolicy
 from service.db.engine import Database
 from service.db.migrate import (
     alembic_config,
@@ -84,6 +85,10 @@ class Runtime:
     config: str | Path | None = None
     wiring: JobWiring | None = None
     on_close: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    # Called once the embedded database is lost for good (serve stops on it); ``fatal`` says why.
+    on_fatal: Callable[[], None] | None = None
+    fatal: str | None = None
+    database_supervisor: EmbeddedSupervisor | None = None
     _worker_task: asyncio.Task[None] | None = field(default=None, repr=False)
     _model_watch: asyncio.Task[None] | None = field(default=None, repr=False)
     _stored_space: tuple[str, int] | None = field(default=None, repr=False)
@@ -140,6 +145,12 @@ class Runtime:
         migrated. A process that ``answers_queries`` (not a worker alone) loads the query
         path of a local model at start."""
         self._warm_queries = answers_queries
+        if self.settings.database_url is None:
+            # The embedded server is this process's to bring back if it dies.
+            self.database_supervisor = EmbeddedSupervisor(
+                self.settings.data_dir, RestartPolicy.of(self.settings.embedded), self._give_up
+            )
+            self.database_supervisor.start()
         if migrate:
             await upgrade_to_head_async(self.db.url, self.settings)
         if await current_revision(self.db) is None:
@@ -219,8 +230,16 @@ class Runtime:
         await self.worker_process.start()
         return self.worker_process
 
+    def _give_up(self, reason: str) -> None:
+        self.fatal = reason
+        if self.on_fatal is not None:
+            self.on_fatal()
+
     async def is_ready(self) -> tuple[bool, str]:
         """Database reachable and migrations at head."""
+        supervisor = self.database_supervisor
+        if supervisor is not None and (down := supervisor.describe()) is not None:
+            return False, down
         try:
             revision = await current_revision(self.db)
         except Exception as exc:
@@ -235,6 +254,9 @@ class Runtime:
 
     async def close(self, timeout: float | None = None) -> None:
         """Stop the worker (finishing or releasing its jobs), then close everything."""
+        if self.database_supervisor is not None:
+            # The embedded server is about to be stopped on purpose, not to be brought back.
+            await self.database_supervisor.stop()
         if self.worker_process is not None:
             await self.worker_process.stop()
         if self.worker is not None:

@@ -268,6 +268,26 @@ class ModelsSettings(_Section):
     )
 
 
+class EmbeddedSettings(_Section):
+    """The embedded PostgreSQL's supervision (``[embedded]``): used when no URL is set."""
+
+    restart_attempts: int = Field(
+        6,
+        ge=1,
+        description="starts tried after the embedded server died, before serve gives up and"
+        " exits non-zero (for a supervisor of its own to act)",
+    )
+    restart_first_delay_seconds: float = Field(
+        0.5, gt=0, description="wait before the first start; doubled after each failed one"
+    )
+    restart_max_delay_seconds: float = Field(
+        30.0, gt=0, description="the longest wait between two starts"
+    )
+    check_seconds: float = Field(
+        0.5, gt=0, description="how often serve looks whether the embedded server still runs"
+    )
+
+
 class Settings(BaseSettings):
     """Everything the service reads from its environment, built once and passed in."""
 
@@ -376,6 +396,7 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
     cognitive: CognitiveSettings = CognitiveSettings()
     models: ModelsSettings = ModelsSettings()
+    embedded: EmbeddedSettings = EmbeddedSettings()
 
     @field_validator("admin_token", "privacy_secret", "read_database_url", mode="before")
     @classmethod

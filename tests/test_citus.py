@@ -7,11 +7,17 @@ Runs only when ``TEST_DATABASE_URL`` points at a Citus coordinator, e.g. the loc
 
 from __future__ import annotations
 
+import asyncio
+import signal
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
+import httpx
 import numpy as np
 import pytest
 from sqlalchemy import text
@@ -21,10 +27,12 @@ from service.app import create_app
 from service.db.engine import Database
 from service.events.repository import _first_pass
 from tests.conftest import (
+    ADMIN_TOKEN,
     FAST_QUEUE,
     AppClient,
     DatabaseFactory,
     TenantHandle,
+    _citus_template,
     database_url,
     make_settings,
     new_tenant,
@@ -32,6 +40,7 @@ from tests.conftest import (
     serve_app,
     until_finished,
 )
+from tests.test_cli import clean_env, free_port, memoria
 
 GROUP = {
     "request_type": "group",
@@ -243,3 +252,85 @@ async def test_explain_shows_the_event_search_is_routed_to_one_shard(
     task_counts = [line.split(":")[1].strip() for line in plan.splitlines() if "Task Count" in line]
     assert task_counts, plan
     assert set(task_counts) == {"1"}, plan
+
+
+def _serve(url: str, port: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "service", "serve", "--port", str(port)],
+        env=clean_env(MEMORIA_DATABASE_URL=url, MEMORIA_ADMIN_TOKEN=ADMIN_TOKEN),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
+def _until_ready(port: int, proc: subprocess.Popen[bytes], limit: float = 120) -> None:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            stderr = proc.stderr.read().decode() if proc.stderr else ""
+            raise AssertionError(f"serve exited with {proc.returncode}:\n{stderr[-3000:]}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError("serve never became ready")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+
+
+async def test_the_readmes_procedure_survives_migrating_again_and_restarting_serve(
+    cluster: DatabaseFactory,
+) -> None:
+    # The README's steps on a database of its own: Citus and pgvector on every node, the
+    # coordinator in the metadata (so the reference tables have a placement, a shard relation,
+    # on the coordinator too), the workers added; then `memoria migrate`, `memoria serve`.
+    name = f"memoria_r_{uuid.uuid4().hex[:12]}"
+    try:
+        await _citus_template(cluster.server_url, cluster.workers, name)
+        url = database_url(cluster.server_url, name)
+        env = clean_env(MEMORIA_DATABASE_URL=url)
+        for attempt in range(2):
+            migrated = await asyncio.to_thread(memoria, "migrate", env=env, timeout=300)
+            assert migrated.returncode == 0, (attempt, migrated.stderr[-3000:])
+        on_coordinator = await fetch(
+            url,
+            "SELECT count(*) AS n FROM citus_shards WHERE citus_table_type = 'reference'"
+            " AND nodeport = $1",
+            make_url(cluster.server_url).port,
+        )
+        assert on_coordinator[0]["n"] > 0, "the coordinator holds no placement: nothing to trip on"
+
+        port = free_port()
+        name_of_tenant = f"t-{uuid.uuid4().hex[:8]}"
+        key = ""
+        for start in range(2):
+            proc = _serve(url, port)
+            try:
+                await asyncio.to_thread(_until_ready, port, proc)
+                async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+                    if start == 0:
+                        created = await client.post(
+                            "/admin/tenants",
+                            json={"name": name_of_tenant},
+                            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+                        )
+                        assert created.status_code == 201, created.text
+                        key = created.json()["api_key"]["key"]
+                    me = await client.get("/v1/tenant", headers={"Authorization": f"Bearer {key}"})
+                    assert me.status_code == 200, me.text
+                    assert me.json()["name"] == name_of_tenant
+            finally:
+                code = await asyncio.to_thread(_stop, proc)
+            assert code == 0, f"serve start {start} stopped with {code}"
+    finally:
+        await cluster.drop(name)

@@ -16,9 +16,11 @@ reach the binaries; ``$MEMORIA_CITUS_CACHE`` overrides both). The hash covers th
 PostgreSQL version, so a new tarball or wheel builds again; a cached build takes no time.
 
 Each node gets pgvector and Citus in every database the cluster prepares (the default
-``postgres`` one, and those made by :meth:`CitusCluster.create_database`), the workers are
-registered with the coordinator, and everything is trusted on 127.0.0.1: a test cluster, not a
-production one.
+``postgres`` one, and those made by :meth:`CitusCluster.create_database`), the coordinator is
+put in the metadata (``citus_set_coordinator_host``, as the README's procedure does, so it holds
+a placement of every reference table: shard relations beside the tables, as on a production
+coordinator), the workers are registered with it, and everything is trusted on 127.0.0.1: a
+test cluster, not a production one.
 """
 
 from __future__ import annotations

