@@ -27,8 +27,7 @@ from tests.conftest import (
     until_finished,
     wait_for,
 )
-from tests.fake_llm import FakeLLM, Reply
-from tests.test_memories import quiet
+from tests.fake_llm import FakeLLM, Reply, quiet, tool
 from tests.test_privacy import leftovers
 
 DAY, NEXT_DAY = "2026-11-23", "2026-11-24"
@@ -225,3 +224,67 @@ async def test_a_digest_the_model_wrote_is_made_again_without_the_erased_members
     assert secret not in after[DAY] and lake in after[DAY], after
     assert "（3 条消息）" in after[DAY], after[DAY]
     assert receipt.json()["counts"]["memories_rebuilt"] == 1
+
+
+def _group_document(group: str, lines: list[str]) -> str:
+    body = "\n".join(["# 群侧写", *lines])
+    return (
+        f'---\nentity_type: group\nentity_id: "{group}"\nname: 群\ntags: []\n'
+        f'updated_at: "2026-11-23T10:00:00+08:00"\n---\n{body}\n'
+    )
+
+
+async def test_a_profile_line_the_model_paraphrased_leaves_with_the_erased_member(
+    online: tuple[AppClient, TenantHandle], llm: FakeLLM
+) -> None:
+    """The model writes what a member said into the group profile in words of its own (none
+    of the member's words): erasing the member takes that line from the profile and every
+    kept revision; the line another member's turn brought stays."""
+    client, tenant = online
+    group = f"g{uuid.uuid4().hex[:10]}"
+    victim, other = (str(random.randrange(10**8, 10**9)) for _ in range(2))
+    # Each turn's line, worded so that it shares no word with what was said.
+    theirs, others = "某位群友迷上了黏土手作", "大家周末常结伴去郊外徒步"
+    turns = [(other, "我们这周六去爬山吧", [others]), (victim, "我最近学做陶艺", [others, theirs])]
+    document: dict[str, str] = {}
+
+    def profile_step(request: dict[str, Any]) -> Reply:
+        if request["tools"][0]["function"]["name"] != "read_profile":
+            return quiet(request)
+        if any(m["role"] == "tool" for m in request["messages"]):
+            return Reply(content="done")
+        arguments = {"entity_type": "group", "entity_id": group, "document": document["next"]}
+        return tool("update_profile", arguments)
+
+    llm.default = profile_step
+    for n, (who, said, lines) in enumerate(turns):
+        document["next"] = _group_document(group, lines)
+        response = await client.post(
+            "/v1/end",
+            json={
+                "request_type": "group",
+                "group_id": group,
+                "sender_id": who,
+                "sender_name": f"N{who[:4]}",
+                "timestamp": f"{DAY}T1{n}:00:00+08:00",
+                "observations": [f"N{who[:4]}({who})说{said}"],
+                "force": True,
+            },
+            headers=tenant.headers,
+        )
+        assert response.status_code == 202, response.text
+        job = await until_finished(client, tenant, response.json()["job_id"])
+        assert job["status"] == "done", job
+    before = await client.get(f"/v1/profiles/group/{group}", headers=tenant.headers)
+    assert before.status_code == 200, before.text
+    assert theirs in before.json()["body"] and others in before.json()["body"]
+
+    erased = await client.delete(f"/v1/users/{victim}", headers=tenant.headers)
+    assert erased.status_code == 200, erased.text
+    after = (await client.get(f"/v1/profiles/group/{group}", headers=tenant.headers)).json()
+    assert theirs not in after["body"], after["body"]
+    assert others in after["body"]
+    history = await client.get(f"/v1/profiles/group/{group}/revisions", headers=tenant.headers)
+    assert history.status_code == 200, history.text
+    assert theirs not in history.text
+    assert any(others in r["document"] for r in history.json())

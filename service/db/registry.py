@@ -108,6 +108,8 @@ class Rebuilding:
     embedder: Any
     counts: dict[str, int]
     names: tuple[str, ...] = ()  # the names they went by: redacted where found, not removed
+    # Their keyed hash (``service.privacy.keys``): how a derived row names whose words it holds.
+    hashed: str = ""
 
     def count(self, name: str) -> None:
         """One more row counted under ``name``."""

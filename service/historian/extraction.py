@@ -29,6 +29,7 @@ from service.memories import service as memories
 from service.memories.upkeep import enqueue_consolidation
 from service.messages import service as messages
 from service.messages.service import EXTRACT_JOB, enqueue_extraction
+from service.privacy.keys import contributors
 from service.profiles import service as profiles
 from service.profiles.document import ProfileKey
 from service.profiles.service import Fact
@@ -225,7 +226,14 @@ class Extractor:
                     targets,
                     staged,
                     moment,
-                    {"by": "job", "job_id": job.job.id, "messages": [mark + 1, unread[-1].seq]},
+                    {
+                        "by": "job",
+                        "job_id": job.job.id,
+                        "messages": [mark + 1, unread[-1].seq],
+                        "people": await contributors(
+                            session, tenant_id, [m.sender_id for m in unread]
+                        ),
+                    },
                     model_decided=calls > 0,
                 )
                 memory_changes = await keeper.apply(

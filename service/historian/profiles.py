@@ -335,11 +335,12 @@ def _folded(steps: list[tuple[int, Step]], changed_by: set[int]) -> Step:
 
 def _cause(causes: list[dict[str, Any]]) -> dict[str, Any]:
     """The cause of a profile written once for several jobs: the last one's, with every
-    job's id."""
+    job's id and everyone whose words went into it (``people``, as keyed hashes)."""
     if len(causes) == 1:
         return causes[0]
     job_ids = [c["job_id"] for c in causes if c.get("job_id") is not None]
-    return {**causes[-1], "job_ids": job_ids}
+    people = sorted({p for c in causes for p in c.get("people", [])})
+    return {**causes[-1], "job_ids": job_ids, "people": people}
 
 
 def _renamed(current: Profile | None, target: Target, moment: datetime) -> Profile | None:

@@ -29,6 +29,7 @@ from service.historian.rewrite import Item, Outcome, rewrite_with_llm, rule_outc
 from service.historian.rewrite import Situation as PromptSituation
 from service.llm import ChatModel, LLMError
 from service.observability import GATE
+from service.privacy.keys import contributors
 from service.profiles import service as profiles
 from service.profiles.document import ProfileKey
 from service.profiles.service import Fact
@@ -159,6 +160,13 @@ class KnownVectors:
 
     async def close(self) -> None:
         """Nothing to release: the embedder belongs to the process."""
+
+
+def _speaker(context: ConversationContext) -> str | None:
+    """Who a turn's observations come from: its sender, or the private chat's person."""
+    if context.sender_id:
+        return context.sender_id
+    return context.private_user if context.request_type == "private" else None
 
 
 @dataclass
@@ -442,6 +450,9 @@ class Historian:
                     "by": "job",
                     "job_id": work.job.job.id,
                     "event_id": work.ids[0] if work.ids else None,
+                    # Whose words the new text is made of: an erasure of them drops the lines
+                    # this change brought, however the model worded them.
+                    "people": await contributors(session, tenant_id, [_speaker(work.context)]),
                 },
                 work.profile_calls > 0,
             )

@@ -118,7 +118,7 @@ async def erase_user(
     # Then what was made of their words and others' (a group's day digest): which rows drew
     # on them is told by their rows, so this runs before those go.
     rebuilding = Rebuilding(
-        session, tenant_id, user_id, embedder, counts, tuple(person.unshared.names)
+        session, tenant_id, user_id, embedder, counts, tuple(person.unshared.names), subject
     )
     for table in registry.tables():
         if table.rebuild_user is not None:

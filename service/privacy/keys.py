@@ -60,6 +60,15 @@ def keyed_hash(key: bytes, tenant_id: uuid.UUID, kind: str, subject: str) -> str
     return hmac.new(key, message, hashlib.sha256).hexdigest()
 
 
+async def contributors(
+    session: AsyncSession, tenant_id: uuid.UUID, people: list[str | None]
+) -> list[str]:
+    """The keyed hashes of the people a derived text is made of (sorted, once each): how a
+    profile's revision names them, so an erasure finds what they brought and no id is kept."""
+    key = await secret(session)
+    return sorted({keyed_hash(key, tenant_id, "user", p) for p in people if p})
+
+
 async def subject_hash(session: AsyncSession, tenant_id: uuid.UUID, kind: str, subject: str) -> str:
     """The keyed hash that names ``subject`` in tombstones, exports and the audit trail."""
     return keyed_hash(await secret(session), tenant_id, kind, subject)

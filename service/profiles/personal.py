@@ -3,7 +3,9 @@ found, exported, erased and redacted (see ``service.db.registry``)."""
 
 from __future__ import annotations
 
+import itertools
 import re
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import text
@@ -12,7 +14,7 @@ from service.context import conversation_key
 from service.db.registry import PersonalTable, Rebuilding, Redaction, names_filter
 from service.profiles import repository as profiles
 from service.profiles.consolidate import digest
-from service.profiles.document import parse, render
+from service.profiles.document import Profile, parse, render
 from service.profiles.models import EMBEDDED as _PROFILE_DIGEST
 
 # The profiles of the person's groups, of fellow members and of the people they spoke with.
@@ -82,23 +84,35 @@ _THEIR_GROUPS = """
     SELECT DISTINCT conversation_key FROM events
     WHERE tenant_id = :t AND (sender_id = :u OR user_id = :u) AND conversation_key LIKE 'g:%'
 """
-# The group's profiles other than the person's own (erased with them), and their revisions.
+# The group's profiles other than the person's own (erased with them), and their revisions:
+# each text with its version, and what replaced it (whose words the next version brought).
 _GROUP_PROFILES = """
-    SELECT profile_key, document, NULL::int AS version FROM profiles
+    SELECT profile_key, document, version, NULL::jsonb AS replaced_by, true AS current
+    FROM profiles
     WHERE tenant_id = :t AND ((entity_type = 'group' AND entity_id = :g)
                               OR (entity_type = 'member' AND group_id = :g AND entity_id <> :u))
     UNION ALL
-    SELECT r.profile_key, r.document, r.version FROM profile_revisions AS r
+    SELECT r.profile_key, r.document, r.version, r.replaced_by, false AS current
+    FROM profile_revisions AS r
     JOIN profiles AS p ON p.tenant_id = r.tenant_id AND p.profile_key = r.profile_key
     WHERE r.tenant_id = :t AND ((p.entity_type = 'group' AND p.entity_id = :g)
                                 OR (p.entity_type = 'member' AND p.group_id = :g
                                     AND p.entity_id <> :u))
 """
+_THEIR_EVENTS = """
+    SELECT id FROM events
+    WHERE tenant_id = :t AND conversation_key = :k AND (sender_id = :u OR user_id = :u)
+"""
 
 
-def _without(body: str, only_theirs: set[str]) -> str:
-    """The body less every line holding a word nobody but the person said."""
-    return "\n".join(line for line in body.split("\n") if not (_words(line) & only_theirs))
+def _without(body: str, only_theirs: set[str], brought: set[str]) -> str:
+    """The body less every line the person's changes brought, and every line holding a word
+    nobody but the person said."""
+    return "\n".join(
+        line
+        for line in body.split("\n")
+        if line.strip() not in brought and not (_words(line) & only_theirs)
+    )
 
 
 async def _only_theirs(r: Rebuilding, key: str, group: str) -> set[str]:
@@ -121,26 +135,69 @@ async def _only_theirs(r: Rebuilding, key: str, group: str) -> set[str]:
     return only
 
 
+Made = Callable[[dict[str, Any], str | None], bool]
+
+
+def _made_by(hashed: str, events: set[str]) -> Made:
+    """Whether a change (what replaced a text, and the event the new text names) was made of
+    the person's words: their keyed hash among its ``people``, or their event as its source."""
+
+    def made(cause: dict[str, Any], source_event_id: str | None) -> bool:
+        return (bool(hashed) and hashed in cause.get("people", ())) or (
+            source_event_id is not None and source_event_id in events
+        )
+
+    return made
+
+
+def _brought(rows: list[Any], texts: dict[int, Profile], theirs: Made) -> set[str]:
+    """The lines the person's changes brought to one profile, from its kept texts in order of
+    version: a change made of their words brought the lines of the new text the old one
+    lacks, however the model worded them; a first version made of their words, all of its
+    lines."""
+    lines: set[str] = set()
+    first = texts[rows[0].version]
+    if rows[0].version == 1 and theirs({}, first.source_event_id):
+        lines |= _lines(first.body)
+    for older, newer in itertools.pairwise(rows):
+        if newer.version != older.version + 1:
+            continue  # a gap in what is kept: which change brought what cannot be told
+        if theirs(older.replaced_by or {}, texts[newer.version].source_event_id):
+            lines |= _lines(texts[newer.version].body) - _lines(texts[older.version].body)
+    return lines
+
+
+def _lines(body: str) -> set[str]:
+    return {line.strip() for line in body.split("\n") if line.strip()}
+
+
 async def rebuild_profiles(r: Rebuilding) -> None:
     """The profiles of the person's groups (the group's own, the other members') lose every
-    line holding a word only the person said in that group, and so do their kept revisions:
-    such a line was made of the person's words. Changed in place, so no revision keeps it."""
+    line their changes brought (``_brought``) and every line holding a word only they said in
+    that group, and so do the kept revisions. Changed in place, so no revision keeps it."""
     params: dict[str, Any] = {"t": r.tenant_id, "u": r.person_id}
     for (key,) in (await r.session.execute(text(_THEIR_GROUPS), params)).all():
         group = key.removeprefix("g:")
         if conversation_key("group", group, None) != key:
             continue
         only = await _only_theirs(r, key, group)
-        if not only:
-            continue
-        changed: list[tuple[str, Any, Any]] = []  # (key, version or None, the profile)
+        said = await r.session.execute(text(_THEIR_EVENTS), {**params, "k": key})
+        theirs = _made_by(r.hashed, {event_id for (event_id,) in said})
+        kept: dict[str, list[Any]] = {}
         for row in await r.session.execute(text(_GROUP_PROFILES), {**params, "g": group}):
-            profile = parse(row.document, stored=True)
-            body = _without(profile.body, only)
-            if body != profile.body:
-                profile.body = body
-                changed.append((row.profile_key, row.version, profile))
-        current = [(k, p) for k, v, p in changed if v is None]
+            kept.setdefault(row.profile_key, []).append(row)
+        changed: list[tuple[str, Any, Profile]] = []  # (key, the row, its text made again)
+        for profile_key, rows in kept.items():
+            rows.sort(key=lambda row: row.version)
+            texts = {row.version: parse(row.document, stored=True) for row in rows}
+            brought = _brought(rows, texts, theirs)
+            for row in rows:
+                profile = texts[row.version]
+                body = _without(profile.body, only, brought)
+                if body != profile.body:
+                    profile.body = body
+                    changed.append((profile_key, row, profile))
+        current = [(k, p) for k, row, p in changed if row.current]
         vectors = await r.embedder.passages([digest(p.body) for _, p in current]) if current else []
         for (profile_key, profile), vector in zip(current, vectors, strict=True):
             await r.session.execute(
@@ -151,15 +208,15 @@ async def rebuild_profiles(r: Rebuilding) -> None:
                 {**params, "k": profile_key, "d": render(profile), "b": profile.body, "e": vector},
             )
             r.count("profiles_rebuilt")
-        for profile_key, version, old in changed:
-            if version is None:
+        for profile_key, row, old in changed:
+            if row.current:
                 continue
             await r.session.execute(
                 text(
                     "UPDATE profile_revisions SET document = :d"
                     " WHERE tenant_id = :t AND profile_key = :k AND version = :v"
                 ),
-                {**params, "k": profile_key, "v": version, "d": render(old)},
+                {**params, "k": profile_key, "v": row.version, "d": render(old)},
             )
             r.count("profile_revisions_rebuilt")
 
@@ -278,7 +335,9 @@ PROFILE_REVISIONS = PersonalTable(
     table="profile_revisions",
     ids=("profile_key",),
     personal=("document",),
-    not_personal={"replaced_by": "what replaced the version: a code and a job or key id"},
+    not_personal={
+        "replaced_by": "what replaced the version: a code, a job or key id, keyed hashes"
+    },
     export_user=f"""
            SELECT r.profile_key, r.version, r.document, r.replaced_by, r.created_at,
                   (p.entity_id = :u AND p.entity_type IN ('user', 'member', 'private')) AS own
