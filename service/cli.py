@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import uvicorn
+from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from service import mcp_server
@@ -200,6 +201,9 @@ def _run(argv: list[str] | None) -> int:
         print(f"memoria: bad configuration: {exc}", file=sys.stderr)
         return 2
     configure_logging(_log_level(settings, args.command), settings.log_format)
+    if args.command not in CREATES_DATABASE and (refusal := _no_data(settings)):
+        print(f"memoria: {refusal}", file=sys.stderr)
+        return 1
     if args.command not in ("serve", "worker"):
         # SIGTERM stops a one-shot command as Ctrl-C does: its work is cancelled between two
         # statements, the embedding thread stops at its next chunk, and the exit hooks run
@@ -220,6 +224,44 @@ def _run(argv: list[str] | None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+# Only these make a database where there is none: every other command works on the service's
+# data, and one run from another folder would otherwise start an empty server there.
+CREATES_DATABASE = ("serve", "migrate")
+
+
+def _no_data(settings: Settings) -> str | None:
+    """Why a command that works on the service's data cannot run here, or ``None``.
+
+    The embedded server keeps its data under ``data_dir`` (``MEMORIA_DATA_DIR``, relative to
+    the working folder as ``serve`` reads it); a folder without a PostgreSQL data directory
+    holds no service's data. A database at ``database_url`` is checked once connected.
+    """
+    if settings.database_url:
+        return None
+    where = settings.data_dir.resolve()
+    if (where / "PG_VERSION").is_file():
+        return None
+    return (
+        f"no Memoria database in {where} (MEMORIA_DATA_DIR, default ./data/pg under the folder "
+        "`memoria serve` runs in; or MEMORIA_DATABASE_URL); `memoria migrate` creates one"
+    )
+
+
+async def _require_schema(db: Database, settings: Settings) -> None:
+    """Refuse, in one line, a database that holds no Memoria schema (never migrated)."""
+    async with db.system() as session:
+        found = await session.scalar(text("SELECT to_regclass('alembic_version') IS NOT NULL"))
+    if not found:
+        where = (
+            make_url(settings.database_url).render_as_string(hide_password=True)
+            if settings.database_url
+            else str(settings.data_dir.resolve())
+        )
+        raise ConfigurationError(
+            f"the database at {where} holds no Memoria schema; `memoria migrate` creates it"
+        )
 
 
 def _log_level(settings: Settings, command: str) -> str:
@@ -450,6 +492,7 @@ async def _until_orphaned(parent_pid: int, stopped: asyncio.Event) -> None:
 async def _admin(settings: Settings, args: argparse.Namespace) -> int:
     db = Database.from_settings(settings)
     try:
+        await _require_schema(db, settings)
         handler = _ADMIN[(args.command, getattr(args, "action", None))]
         await handler(db, settings, args)
     finally:
@@ -571,6 +614,7 @@ class ProgressBar:
 async def _reembed(settings: Settings, args: argparse.Namespace) -> int:
     db = Database.from_settings(settings)
     try:
+        await _require_schema(db, settings)
         if args.cancel:
             run = await reembed.cancel(db)
             print(f"cancelled run {run.id}; the stored vectors stay {run.previous_model!r}")

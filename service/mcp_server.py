@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hmac
 import json
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -20,11 +20,12 @@ import httpx
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp.types import CallToolResult, InputRequiredResult
+from mcp.types import CallToolResult, InputRequiredResult, TextContent
 from pydantic import Field
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.client import MemoriaAPIError, MemoriaClient
+from service.recall import tools
 
 T = TypeVar("T")
 
@@ -35,8 +36,6 @@ INSTRUCTIONS = (
     "works within the one conversation this server was started for (a group or a private "
     "chat); no argument names another."
 )
-
-TopK = Annotated[int | None, Field(default=None, ge=1, le=200, description="how many results")]
 
 
 NO_CONVERSATION = (
@@ -82,21 +81,103 @@ class BoundServer(MCPServer[Any]):
     for those of the group or person it tried to name.
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._forwarded: dict[str, tuple[Forward, tuple[str, ...]]] = {}
+
+    def forward(self, name: str, api_name: str, description: str, forward: Forward) -> None:
+        """Offer the API's tool ``api_name`` as ``name``: its schema listed, its arguments
+        sent on as given, for the API to read by that same schema."""
+
+        async def listed() -> str:  # never called: ``call_tool`` forwards
+            raise NotImplementedError
+
+        self.add_tool(listed, name=name, description=description, structured_output=False)
+        registered = self._tool_manager.get_tool(name)
+        assert registered is not None
+        registered.parameters = forwarded_parameters(api_name)
+        # An older name is read as the API reads it, unless it names a conversation.
+        older = tools.BY_NAME[api_name].older_names
+        self._forwarded[name] = (
+            forward,
+            tuple(n for n in older if n not in ("group_id", "user_id")),
+        )
+
     async def call_tool(
         self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
     ) -> CallToolResult | InputRequiredResult:
         """Call a tool by name, its arguments first checked against its declared ones."""
         tool = self._tool_manager.get_tool(name)
+        forward, older = self._forwarded.get(name, (None, ()))
         if tool is not None:
             declared = tool.parameters.get("properties", {})
-            unknown = sorted(set(arguments) - set(declared))
+            unknown = sorted(set(arguments) - set(declared) - set(older))
             if unknown:
                 raise ToolError(
                     f"{name} takes no argument {', '.join(unknown)} (it takes "
                     f"{', '.join(declared) or 'none'}): the conversation is the one this "
                     "server was started for, and no argument can name another"
                 )
+        if forward is not None:
+            return CallToolResult(content=[TextContent(type="text", text=await forward(arguments))])
         return await super().call_tool(name, arguments, context)
+
+
+# The tools a model calls through ``POST /v1/tools/call``, under their MCP names. Their
+# arguments are that route's (one schema for every surface), less those that name a group:
+# the conversation is the one the server was started for.
+FORWARDED = {
+    "search_events": (
+        "cognitive_search_events",
+        "Search past events of this conversation by meaning, optionally within a time range "
+        "(ISO 8601); recent events rank higher. / 搜索历史事件记忆",
+    ),
+    "get_profile": (
+        "cognitive_get_profile",
+        "The profile of a user, of the current group, or of a member of the current group "
+        "(Markdown). / 获取用户、群聊或群成员的侧写",
+    ),
+    "search_profiles": (
+        "cognitive_search_profiles",
+        "Find profiles (people, groups) by meaning, e.g. a trait or an interest. / 语义搜索侧写",
+    ),
+    "search_memories": (
+        "cognitive_search_memories",
+        "Search the long-term memories visible in this conversation (preferences, facts, "
+        "profile traits, summaries). / 搜索当前会话可见的长期记忆",
+    ),
+    "end": (
+        "end",
+        "End the turn and hand it to memory: memo = what you did this turn (short, may be "
+        "empty); observations = new facts about people or the group, one sentence each. "
+        "/ 结束本轮对话并交给记忆系统",
+    ),
+}
+NAMES_A_GROUP = ("group_id", "target_group_id")
+
+
+def forwarded_parameters(api_name: str) -> dict[str, Any]:
+    """The JSON schema an MCP client sees for a forwarded tool: the API's, less the
+    arguments that name a group."""
+    parameters = tools.BY_NAME[api_name].parameters()
+    properties = parameters["properties"]
+    return {
+        **parameters,
+        "properties": {k: v for k, v in properties.items() if k not in NAMES_A_GROUP},
+        "required": [k for k in parameters["required"] if k not in NAMES_A_GROUP],
+    }
+
+
+Forward = Callable[[dict[str, Any]], Awaitable[str]]
+
+
+def _forwarder(client: MemoriaClient, api_name: str, context: dict[str, Any]) -> Forward:
+    async def forward(arguments: dict[str, Any]) -> str:
+        given = {k: v for k, v in arguments.items() if v is not None}
+        result = await _api(client.call_tool(api_name, given, context))
+        return result.content
+
+    return forward
 
 
 def build_server(client: MemoriaClient, conversation: Conversation) -> MCPServer:
@@ -104,71 +185,8 @@ def build_server(client: MemoriaClient, conversation: Conversation) -> MCPServer
     within ``conversation``."""
     context = conversation.context()
     server = BoundServer("memoria", instructions=INSTRUCTIONS, version="0.1.0", log_level="WARNING")
-
-    async def forward(name: str, arguments: dict[str, Any]) -> str:
-        given = {k: v for k, v in arguments.items() if v is not None}
-        result = await _api(client.call_tool(name, given, context))
-        return result.content
-
-    @server.tool(
-        description="Search past events of this conversation by meaning, optionally within a "
-        "time range (ISO 8601); recent events rank higher. / 搜索历史事件记忆"
-    )
-    async def search_events(
-        query: Annotated[str, Field(description="what to recall")],
-        time_from: Annotated[str | None, Field(description="ISO 8601 start")] = None,
-        time_to: Annotated[str | None, Field(description="ISO 8601 end")] = None,
-        target_user_id: Annotated[str | None, Field(description="only events of this user")] = None,
-        top_k: TopK = None,
-    ) -> str:
-        arguments = {
-            "query": query,
-            "time_from": time_from,
-            "time_to": time_to,
-            "target_user_id": target_user_id,
-            "top_k": top_k,
-        }
-        return await forward("cognitive_search_events", arguments)
-
-    @server.tool(
-        description="The profile of a user, of the current group, or of a member of the "
-        "current group (Markdown). / 获取用户、群聊或群成员的侧写"
-    )
-    async def get_profile(
-        entity_type: Annotated[Literal["user", "group", "member"], Field(description="whose")],
-        entity_id: Annotated[str, Field(description="the user id or the group id")],
-    ) -> str:
-        arguments = {"entity_type": entity_type, "entity_id": entity_id}
-        return await forward("cognitive_get_profile", arguments)
-
-    @server.tool(
-        description="Find profiles (people, groups) by meaning, e.g. a trait or an interest. "
-        "/ 语义搜索侧写"
-    )
-    async def search_profiles(
-        query: Annotated[str, Field(description="what to look for")],
-        entity_type: Annotated[
-            Literal["user", "group", "member"] | None, Field(description="only this kind")
-        ] = None,
-        top_k: TopK = None,
-    ) -> str:
-        arguments = {"query": query, "entity_type": entity_type, "top_k": top_k}
-        return await forward("cognitive_search_profiles", arguments)
-
-    @server.tool(
-        description="Search the long-term memories visible in this conversation (preferences, "
-        "facts, profile traits, summaries). / 搜索当前会话可见的长期记忆"
-    )
-    async def search_memories(
-        query: Annotated[str, Field(description="what to look for")],
-        categories: Annotated[
-            list[Literal["PROFILE", "PREFERENCE", "FACT", "SUMMARY"]] | None,
-            Field(description="only these categories"),
-        ] = None,
-        top_k: TopK = None,
-    ) -> str:
-        arguments = {"query": query, "categories": categories, "top_k": top_k}
-        return await forward("cognitive_search_memories", arguments)
+    for name, (api_name, description) in FORWARDED.items():
+        server.forward(name, api_name, description, _forwarder(client, api_name, context))
 
     @server.tool(
         description="Remember one durable fact, stated absolutely (names and dates, no 'I', "
@@ -220,25 +238,6 @@ def build_server(client: MemoriaClient, conversation: Conversation) -> MCPServer
                 "duplicate": created.duplicate,
             },
             ensure_ascii=False,
-        )
-
-    @server.tool(
-        description="End the turn and hand it to memory: memo = what you did this turn (short, "
-        "may be empty); observations = new facts about people or the group, one sentence each. "
-        "/ 结束本轮对话并交给记忆系统"
-    )
-    async def end(
-        memo: Annotated[str, Field(max_length=4000, description="what you did this turn")] = "",
-        observations: Annotated[
-            list[str] | None, Field(description="new facts, one sentence each")
-        ] = None,
-        force: Annotated[bool, Field(description="store even if relative words remain")] = False,
-    ) -> str:
-        accepted = await _api(
-            client.end(context, memo=memo, observations=observations or [], force=force)
-        )
-        return accepted.model_dump_json(
-            include={"enqueued", "job_id", "event_ids", "memo_recorded", "duplicate", "warnings"}
         )
 
     return server

@@ -10,6 +10,7 @@ cannot drift apart.
 
 from __future__ import annotations
 
+import json
 import random
 import uuid
 from collections.abc import Awaitable, Callable, Generator
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import httpx
+from pydantic import ValidationError
 
 from service.client.errors import MemoriaAPIError
 from service.client.requests import Call, job_call, parse_streamed
@@ -95,16 +97,28 @@ def send_headers(call: Call[Any], request_id: str) -> dict[str, str]:
 
 def streams_into_sink(call: Call[Any], response: httpx.Response) -> bool:
     """Whether the transport streams this answer's body into the call's sink (else reads it)."""
-    return call.sink is not None and not response.is_error and response.status_code != 202
+    return call.sink is not None and response.is_success and response.status_code != 202
 
 
 def read_answer(call: Call[T], response: httpx.Response) -> T | Accepted:
-    """The outcome of a read answer: its parsed result, an ``Accepted`` export, or the error."""
-    if response.is_error:
+    """The outcome of a read answer: its parsed result, an ``Accepted`` export, or the error.
+
+    The service answers every route itself, never with a redirect: a 3xx comes from something
+    in front of it (a proxy, a login page, ``http://`` sent to ``https://``), and neither it
+    nor a success whose body is not JSON holds an answer to parse.
+    """
+    if not response.is_success:
         raise MemoriaAPIError.from_response(response)
-    if call.sink is not None:  # not streamed: a large export, written by a job first
-        return Accepted(response.json())
-    return call.parse(response)
+    try:
+        if call.sink is not None:  # not streamed: a large export, written by a job first
+            return Accepted(response.json())
+        return call.parse(response)
+    except json.JSONDecodeError:
+        raise MemoriaAPIError.not_json(response) from None
+    except ValidationError as exc:
+        if any(e["type"] == "json_invalid" for e in exc.errors()):
+            raise MemoriaAPIError.not_json(response) from None
+        raise
 
 
 def run_call(call: Call[T], retry: RetryPolicy) -> Plan[T]:

@@ -53,6 +53,9 @@ class MemoriaAPIError(Exception):
                 body=body,
             )
         text = response.text.strip()[:500] or response.reason_phrase
+        if response.is_redirect:
+            where = response.headers.get("location") or "nowhere"
+            text = f"redirected to {where}: the base URL must be the service's own ({text})"
         return cls(
             response.status_code,
             f"http_{response.status_code}",
@@ -61,6 +64,19 @@ class MemoriaAPIError(Exception):
             request_id,
             retry_after=retry_after,
             body=body,
+        )
+
+    @classmethod
+    def not_json(cls, response: httpx.Response) -> MemoriaAPIError:
+        """A success answer whose body is not the JSON the route returns (something other
+        than the service answered, or the body was cut)."""
+        shown = response.text.strip()[:200] or "an empty body"
+        return cls(
+            response.status_code,
+            "not_json",
+            f"the answer is not JSON: {shown}",
+            None,
+            response.headers.get("x-request-id"),
         )
 
     @classmethod

@@ -72,6 +72,10 @@ def consented(observations: Any) -> list[int]:
     return marked
 
 
+# The names the original bot's end tool gave memo and observations, still read by EndRequest.
+OLDER_END_NAMES = ("action_summary", "summary", "new_info")
+
+
 class EndRequest(ConversationContext):
     """The end of a bot turn: what the bot did (``memo``) and what it learned (``observations``).
 

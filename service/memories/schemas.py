@@ -103,13 +103,15 @@ class MemorySearch(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    query: str = Field(min_length=1, max_length=4000)
+    query: str = Field(min_length=1, max_length=4000, description="搜索内容 / what to look for")
     group_id: str | None = Field(default=None, max_length=128)
     user_id: str | None = Field(default=None, max_length=128)
     scopes: list[Scope] | None = None
-    categories: list[Category] | None = None
+    categories: list[Category] | None = Field(
+        default=None, description="限定类别 / only these categories"
+    )
     include_inactive: bool = False
-    top_k: int = Field(default=12, ge=1, le=200)
+    top_k: int = Field(default=12, ge=1, le=200, description="返回条数 / how many results")
 
 
 class ForgetRequest(BaseModel):

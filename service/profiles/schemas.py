@@ -58,10 +58,22 @@ class ProfileSearch(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    query: str = Field(min_length=1, max_length=4000)
-    entity_type: Literal["user", "group", "member", "private"] | None = None
-    group_id: str | None = Field(default=None, max_length=ID_MAX)
-    top_k: int | None = Field(default=None, ge=1, le=200)
+    query: str = Field(min_length=1, max_length=4000, description="搜索关键词 / what to look for")
+    entity_type: Literal["user", "group", "member", "private"] | None = Field(
+        default=None,
+        description="限定类型（默认：用户和群） / only this kind (default: users and groups)",
+    )
+    group_id: str | None = Field(
+        default=None,
+        max_length=ID_MAX,
+        description="也查这个群的成员侧写 / also the member profiles of this group",
+    )
+    top_k: int | None = Field(
+        default=None,
+        ge=1,
+        le=200,
+        description="返回条数（默认 8） / how many results (default 8, a tenant setting)",
+    )
     context: ConversationContext | None = None
 
 
@@ -71,8 +83,12 @@ class ProfileLookup(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    entity_type: Literal["user", "group", "member"]
-    entity_id: str = Field(min_length=1, max_length=ID_MAX)
+    entity_type: Literal["user", "group", "member"] = Field(
+        description="user、group 或 member / user, group or member"
+    )
+    entity_id: str = Field(
+        min_length=1, max_length=ID_MAX, description="用户 ID 或群 ID / user id or group id"
+    )
 
 
 class ProfileHit(ProfileInfo):

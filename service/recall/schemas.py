@@ -8,8 +8,6 @@ from typing import Any
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from service.context import ID_MAX, ConversationContext, Moment, _as_id
-from service.ends.schemas import MAX_ITEM_CHARS, MAX_OBSERVATIONS, loose_bool
-from service.memories.schemas import Category
 
 
 class ContextRequest(ConversationContext):
@@ -62,21 +60,32 @@ class EventSearch(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    query: str = Field(min_length=1, max_length=4000)
+    query: str = Field(
+        min_length=1,
+        max_length=4000,
+        description="搜索关键词或语义描述 / keywords or a description",
+    )
     # ``group_id`` / ``user_id`` as the memory and message searches name them.
     target_user_id: str | None = Field(
         default=None,
         max_length=ID_MAX,
         validation_alias=AliasChoices("target_user_id", "user_id"),
+        description="限定用户 ID / only events of this user",
     )
     target_group_id: str | None = Field(
         default=None,
         max_length=ID_MAX,
         validation_alias=AliasChoices("target_group_id", "group_id"),
+        description="限定群 ID / only events of this group",
     )
-    top_k: int | None = Field(default=None, ge=1, le=200)
-    time_from: Moment | None = None
-    time_to: Moment | None = None
+    top_k: int | None = Field(
+        default=None,
+        ge=1,
+        le=200,
+        description="返回条数（默认 12） / how many results (default 12, a tenant setting)",
+    )
+    time_from: Moment | None = Field(default=None, description="起始时间 / start time, ISO 8601")
+    time_to: Moment | None = Field(default=None, description="截止时间 / end time, ISO 8601")
     context: ConversationContext | None = None
 
     @field_validator("target_user_id", "target_group_id", mode="before")
@@ -115,46 +124,6 @@ class Persona(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     text: str = Field(min_length=1, max_length=20_000)
-
-
-class EndArguments(BaseModel):
-    """The ``end`` tool's own arguments; the conversation comes from the call's context."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    memo: str = Field(default="", max_length=MAX_ITEM_CHARS)
-    # Strings or {"text", "shareable"} objects, read by ``EndRequest`` as POST /v1/end reads them.
-    observations: list[Any] = Field(default_factory=list, max_length=MAX_OBSERVATIONS)
-    shareable: list[int] = Field(default_factory=list, max_length=MAX_OBSERVATIONS)
-    force: bool = False
-
-    @field_validator("memo", mode="before")
-    @classmethod
-    def _memo(cls, value: Any) -> Any:
-        return "" if value is None else value
-
-    @field_validator("observations", mode="before")
-    @classmethod
-    def _observations(cls, value: Any) -> Any:
-        if value is None:
-            return []
-        return [value] if isinstance(value, str | dict) else value
-
-    @field_validator("force", mode="before")
-    @classmethod
-    def _force(cls, value: Any) -> Any:
-        return loose_bool(value)
-
-
-class MemoryArguments(BaseModel):
-    """``cognitive_search_memories``' arguments (``POST /v1/memories/search`` within the
-    call's conversation)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    query: str = Field(min_length=1, max_length=4000)
-    categories: list[Category] | None = None
-    top_k: int | None = Field(default=None, ge=1, le=200)
 
 
 class ToolCall(BaseModel):

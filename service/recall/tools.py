@@ -7,139 +7,133 @@ A bot hands its LLM these definitions and forwards whatever the LLM calls to
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.context import ConversationContext, check_json
 from service.db.engine import Database
 from service.embedding import Embedder
-from service.ends.schemas import EndRequest
+from service.ends.schemas import OLDER_END_NAMES, EndRequest
 from service.ends.service import accept_end
 from service.errors import Invalid, NotFound, field_of
 from service.llm.rerank import Reranker
 from service.memories import service as memory_rules
+from service.memories.schemas import MemorySearch
 from service.profiles import service as profile_rules
 from service.profiles.schemas import ProfileLookup, ProfileSearch
-from service.recall.schemas import EndArguments, EventSearch, MemoryArguments
+from service.recall.schemas import EventSearch
 from service.recall.service import Reader, conversation_scope
 from service.settings import Settings
 from service.tenants.service import TenantContext
 
 
-def _function(
-    name: str, zh: str, en: str, properties: dict[str, Any], required: list[str]
-) -> dict[str, Any]:
-    return {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": f"{zh} / {en}",
-            "parameters": {"type": "object", "properties": properties, "required": required},
-        },
-    }
+@dataclass(frozen=True)
+class Tool:
+    """One memory tool: the schema of the REST route it mirrors, and which of that schema's
+    fields the model gives (the others are the call's conversation).
 
+    The arguments are read by that schema, and the definition the model sees is cut from that
+    schema's JSON schema, so a default, a limit or an older name cannot differ between
+    ``POST /v1/tools/call`` and the REST route.
+    """
 
-def _p(kind: str, zh: str, en: str, **extra: Any) -> dict[str, Any]:
-    return {"type": kind, "description": f"{zh} / {en}", **extra}
+    name: str
+    description: str
+    schema: type[BaseModel]
+    arguments: tuple[str, ...]
+    # Names the schema still reads but no longer advertises.
+    older_names: tuple[str, ...] = ()
 
+    def parameters(self) -> dict[str, Any]:
+        """The JSON schema of the arguments: the schema's own, for these fields only."""
+        full = self.schema.model_json_schema()
+        definitions = full.get("$defs", {})
+        properties = {k: _inline(full["properties"][k], definitions) for k in self.arguments}
+        required = [k for k in full.get("required", []) if k in self.arguments]
+        return {"type": "object", "properties": properties, "required": required}
 
-DEFINITIONS = [
-    _function(
-        "cognitive_search_events",
-        "搜索历史事件记忆，用于回忆之前发生过的事情（支持时间范围硬过滤 + 时间衰减加权排序）",
-        "Search past events to recall what happened (hard time-range filter, recency-weighted)",
-        {
-            "query": _p("string", "搜索关键词或语义描述", "keywords or a description"),
-            "target_user_id": _p("string", "限定用户 ID", "only events of this user"),
-            "target_group_id": _p("string", "限定群 ID", "only events of this group"),
-            "top_k": _p("integer", "返回条数", "how many results", minimum=1, maximum=200),
-            "time_from": _p("string", "起始时间（ISO 格式）", "start time, ISO 8601"),
-            "time_to": _p("string", "截止时间（ISO 格式）", "end time, ISO 8601"),
-        },
-        ["query"],
-    ),
-    _function(
-        "cognitive_get_profile",
-        "获取指定用户、群聊或群成员的侧写",
-        "Get the profile of a user, a group, or a member of the current group",
-        {
-            "entity_type": _p(
-                "string",
-                "user、group 或 member",
-                "user, group or member",
-                enum=["user", "group", "member"],
-            ),
-            "entity_id": _p("string", "用户 ID 或群 ID", "user id or group id"),
-        },
-        ["entity_type", "entity_id"],
-    ),
-    _function(
-        "cognitive_search_profiles",
-        "语义搜索用户/群聊侧写，用于查找具有特定特征的用户或群",
-        "Search profiles by meaning, to find people or groups with some trait",
-        {
-            "query": _p("string", "搜索关键词", "what to look for"),
-            "entity_type": _p(
-                "string", "限定类型", "only this kind", enum=["user", "group", "member"]
-            ),
-            "top_k": _p(
-                "integer",
-                "返回条数（默认 8）",
-                "how many results (default 8)",
-                minimum=1,
-                maximum=200,
-            ),
-        },
-        ["query"],
-    ),
-    _function(
-        "cognitive_search_memories",
-        "搜索当前会话可见的长期记忆（偏好、事实、画像、摘要）",
-        "Search the long-term memories visible in this conversation",
-        {
-            "query": _p("string", "搜索内容", "what to look for"),
-            "categories": {
-                "type": "array",
-                "items": {"type": "string", "enum": ["PROFILE", "PREFERENCE", "FACT", "SUMMARY"]},
-                "description": "限定类别 / only these categories",
+    def definition(self) -> dict[str, Any]:
+        """The OpenAI function-calling definition."""
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters(),
             },
-            "top_k": _p("integer", "返回条数", "how many results", minimum=1, maximum=200),
-        },
-        ["query"],
+        }
+
+    def check_names(self, arguments: dict[str, Any]) -> None:
+        """Refuse, by name, an argument the model may not give (the conversation's fields)."""
+        for key in arguments:
+            if key not in self.arguments and key not in self.older_names:
+                raise Invalid(
+                    f"{self.name} takes no argument {key!r} (it takes "
+                    f"{', '.join(self.arguments)}); the conversation is the call's context",
+                    field=f"arguments.{key}",
+                )
+
+
+def _inline(schema: Any, definitions: dict[str, Any]) -> Any:
+    """``schema`` with every ``$ref`` to ``definitions`` replaced by what it names."""
+    if isinstance(schema, dict):
+        ref = schema.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/$defs/"):
+            named = _inline(definitions[ref.removeprefix("#/$defs/")], definitions)
+            return {**named, **{k: v for k, v in schema.items() if k != "$ref"}}
+        return {k: _inline(v, definitions) for k, v in schema.items()}
+    if isinstance(schema, list):
+        return [_inline(v, definitions) for v in schema]
+    return schema
+
+
+TOOLS = (
+    Tool(
+        "cognitive_search_events",
+        "搜索历史事件记忆，用于回忆之前发生过的事情（支持时间范围硬过滤 + 时间衰减加权排序） / "
+        "Search past events to recall what happened (hard time-range filter, recency-weighted)",
+        EventSearch,
+        ("query", "target_user_id", "target_group_id", "top_k", "time_from", "time_to"),
+        ("user_id", "group_id"),
     ),
-    _function(
+    Tool(
+        "cognitive_get_profile",
+        "获取指定用户、群聊或群成员的侧写 / "
+        "Get the profile of a user, a group, or a member of the current group",
+        ProfileLookup,
+        ("entity_type", "entity_id"),
+    ),
+    Tool(
+        "cognitive_search_profiles",
+        "语义搜索用户/群聊侧写，用于查找具有特定特征的用户或群 / "
+        "Search profiles by meaning, to find people or groups with some trait",
+        ProfileSearch,
+        ("query", "entity_type", "group_id", "top_k"),
+    ),
+    Tool(
+        "cognitive_search_memories",
+        "搜索当前会话可见的长期记忆（偏好、事实、画像、摘要） / "
+        "Search the long-term memories visible in this conversation",
+        MemorySearch,
+        ("query", "categories", "top_k"),
+    ),
+    Tool(
         "end",
         "结束本轮对话并交给记忆系统：memo 记录本轮做了什么（短句，可空）；"
-        "observations 是针对当前新消息提取的新事实（0..N 条，可空）",
+        "observations 是针对当前新消息提取的新事实（0..N 条，可空） / "
         "End the turn and hand it to memory: memo = what you did this turn (short, may be "
         "empty); observations = new facts about people or the group from the new messages "
         "(0..N, may be empty)",
-        {
-            "memo": _p("string", "本轮做了什么", "what you did this turn"),
-            "observations": {
-                "type": "array",
-                "items": {"type": "string"},
-                "description": "新观察到的事实，每条一句 / new facts, one sentence each",
-            },
-            "shareable": {
-                "type": "array",
-                "items": {"type": "integer", "minimum": 0},
-                "description": (
-                    "本人明确同意让别处知道的 observations 序号（从 0 起）；其余只留在本会话 / "
-                    "numbers (from 0) of the observations the person explicitly lets be known "
-                    "beyond this chat; every other one stays where it was said"
-                ),
-            },
-            "force": _p(
-                "boolean", "即使仍有相对词也直接入库", "store even if relative words remain"
-            ),
-        },
-        [],
+        EndRequest,
+        ("memo", "observations", "shareable", "force"),
+        OLDER_END_NAMES,
     ),
-]
-_NAMES = {d["function"]["name"] for d in DEFINITIONS}
+)
+BY_NAME = {tool.name: tool for tool in TOOLS}
+DEFINITIONS = [tool.definition() for tool in TOOLS]
 
 
 def normalize(name: str) -> str:
@@ -166,7 +160,7 @@ async def call(
     conversation is the call's ``context`` only: the model's arguments cannot name another.
     """
     tool = normalize(name)
-    if tool not in _NAMES:
+    if tool not in BY_NAME:
         raise NotFound(f"no tool named {name!r}; GET /v1/tools lists them")
     if isinstance(arguments, str):
         try:
@@ -179,19 +173,14 @@ async def call(
     if not context:
         raise Invalid("a tool call needs the conversation context", field="context")
     conversation = _context(context)
+    BY_NAME[tool].check_names(arguments)
     allow_cross = tenant.query.allow_cross_group_tools
     if tool == "cognitive_search_events":
-        _no_context(arguments)
         request = _validate(EventSearch, {**arguments, "context": conversation})
         reader = Reader(embedder, reranker, db)
         return (await reader.search_events(session, tenant, request)).model_dump(mode="json")
     if tool == "end":
-        turn: EndArguments = _validate(EndArguments, arguments)
-        request = _validate(
-            EndRequest,
-            {**conversation.model_dump(mode="json", exclude_none=True), **turn.model_dump()},
-            "context",
-        )
+        request = _end_request(conversation, arguments)
         return (await accept_end(db, tenant, request, settings)).model_dump(mode="json")
     if tool == "cognitive_get_profile":
         lookup: ProfileLookup = _validate(ProfileLookup, arguments)
@@ -212,7 +201,6 @@ async def call(
             "document": row["document"],
         }
     if tool == "cognitive_search_profiles":
-        _no_context(arguments)
         search: ProfileSearch = _validate(ProfileSearch, {**arguments, "context": conversation})
         rows = await profile_rules.search(
             session,
@@ -233,14 +221,17 @@ async def call(
             }
             for r in rows
         ]
-    wanted: MemoryArguments = _validate(MemoryArguments, arguments)
+    wanted: MemorySearch = _validate(MemorySearch, arguments)
     _, scope, _ = conversation_scope(conversation)
     found = await memory_rules.search_in_scope(
         session,
         tenant.tenant_id,
         scope,
         await embedder.query(wanted.query),
-        limit=wanted.top_k or tenant.query.tool_default_top_k,
+        # The tenant's default for tool calls, unless the model asked for a number.
+        limit=wanted.top_k
+        if "top_k" in wanted.model_fields_set
+        else tenant.query.tool_default_top_k,
         categories=wanted.categories,
     )
     return [
@@ -255,13 +246,18 @@ async def call(
     ]
 
 
-def _no_context(arguments: dict[str, Any]) -> None:
-    """The model cannot name the conversation: that is the call's ``context``."""
-    if "context" in arguments:
-        raise Invalid(
-            "the conversation comes from the call's context, not from the arguments",
-            field="arguments.context",
-        )
+def _end_request(conversation: ConversationContext, arguments: dict[str, Any]) -> EndRequest:
+    """``POST /v1/end``'s request for the call's conversation and the model's turn; an error
+    is named under ``arguments`` when it is about the model's fields."""
+    given = {**conversation.model_dump(mode="json", exclude_none=True), **arguments}
+    try:
+        return EndRequest.model_validate(given)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        loc = error["loc"]
+        ours = not loc or loc[0] in arguments or loc[0] in BY_NAME["end"].arguments
+        where = "arguments" if ours else "context"
+        raise Invalid(error["msg"], field=field_of(error, where)) from None
 
 
 def _context(value: dict[str, Any]) -> ConversationContext:
