@@ -303,11 +303,13 @@ async def test_a_search_answers_the_same_through_either_surface(
             assert hits(name, tool.json()["result"]) == hits(name, rest.json()), arguments
 
 
+@pytest.mark.parametrize("kind", ["private", "group"])
 async def test_a_tenant_whose_tools_cross_groups_finds_the_same_eight_profiles(
-    running: tuple[AppClient, TenantHandle],
+    running: tuple[AppClient, TenantHandle], kind: str
 ) -> None:
-    """With ``allow_cross_group_tools``, a private chat's search_profiles without top_k or
-    entity_type finds what the tenant's REST search finds: 8 users and groups."""
+    """With ``allow_cross_group_tools``, a private chat's or a group's search_profiles
+    without top_k or entity_type finds what the tenant's REST search finds: 8 users and
+    groups."""
     client, tenant = running
     h, trait = tenant.headers, word()
     people, groups = [some_id() for _ in range(6)], [some_id() for _ in range(4)]
@@ -320,7 +322,9 @@ async def test_a_tenant_whose_tools_cross_groups_finds_the_same_eight_profiles(
             assert response.status_code == 200, response.text
     setting = {"query": {"allow_cross_group_tools": True}}
     assert (await client.patch("/v1/settings", json=setting, headers=h)).status_code == 200
-    context = {"request_type": "private", "user_id": people[0], "sender_id": people[0]}
+    context = {"request_type": kind, "user_id": people[0], "sender_id": people[0]}
+    if kind == "group":
+        context["group_id"] = groups[0]
     body = {"name": "cognitive_search_profiles", "arguments": {"query": trait}, "context": context}
     tool = (await client.post("/v1/tools/call", json=body, headers=h)).json()["result"]
     rest = (await client.post("/v1/profiles/search", json={"query": trait}, headers=h)).json()

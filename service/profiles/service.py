@@ -538,7 +538,8 @@ async def search(
         tenant_id,
         vector,
         request.entity_type,
-        request.group_id or reach["group_id"],
+        # Lifted, the limit leaves the conversation's group too: the tenant's whole reach.
+        request.group_id or (None if allow_cross else reach["group_id"]),
         top_k,
         person=reach["person"],
         scoped=not allow_cross,
