@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -14,6 +16,7 @@ import pytest
 
 from service.app import create_app
 from tests.conftest import (
+    ADMIN,
     FAST_QUEUE,
     AppClient,
     TenantHandle,
@@ -168,3 +171,81 @@ async def test_concurrent_posts_join_one_pending_job(db_url: str) -> None:
             )
         # The one job reads every message that asked.
         assert json.loads(jobs[0]["payload"])["upto_seq"] == last
+
+
+def held_back(metrics: str) -> float:
+    """Model calls held to a later window so far, every purpose together."""
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("memoria_llm_budget_reached_total{")
+    )
+
+
+async def test_a_tenants_budget_holds_its_calls_to_the_window_and_does_the_rest_later(
+    db_url: str, llm: FakeLLM, caplog: pytest.LogCaptureFixture
+) -> None:
+    window = 4.0
+    budget = 3
+    settings = make_settings(
+        db_url,
+        # One attempt per job: waiting for the budget must never use it up.
+        cognitive={"queue": {**FAST_QUEUE, "concurrency": 4, "job_max_retries": 0}},
+        models={
+            "historian": {
+                **llm_settings_slow(llm)["models"]["historian"],
+                "budget_window_seconds": window,
+            }
+        },
+    )
+    asked: list[float] = []
+
+    def answer(request: dict[str, Any]) -> Reply:
+        asked.append(time.monotonic())
+        return quiet(request)
+
+    llm.default = answer
+    caplog.set_level(logging.WARNING, logger="service.tenants.budget")
+    async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
+        refused = await client.post(
+            "/admin/tenants",
+            json={"name": "t", "settings": {"llm_calls_per_minute": 0}},
+            headers=ADMIN,
+        )
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["field"] == "settings.llm_calls_per_minute", refused.text
+        created = await client.post(
+            "/admin/tenants",
+            json={
+                "name": f"t-{uuid.uuid4().hex[:8]}",
+                "settings": {"llm_calls_per_minute": budget},
+            },
+            headers=ADMIN,
+        )
+        assert created.status_code == 201, created.text
+        headers = {"Authorization": f"Bearer {created.json()['api_key']['key']}"}
+        before = held_back((await client.get("/metrics")).text)
+        # Five chats, each one "remember this": five jobs of two model calls each.
+        groups = [f"g-{uuid.uuid4().hex[:8]}" for _ in range(5)]
+        words = [uuid.uuid4().hex[:10] for _ in groups]
+        for n, (group, word) in enumerate(zip(groups, words, strict=True)):
+            response = await client.post(
+                "/v1/messages", json=remember(group, n, word), headers=headers
+            )
+            assert response.status_code == 202, response.text
+        for group in groups:
+            await wait_for(lambda g=group: extracted(db_url, f"g:{g}"), timeout=90)
+        after = held_back((await client.get("/metrics")).text)
+    jobs = await extraction_jobs(db_url)
+    assert len(jobs) == 5 and all(j["status"] == "done" for j in jobs), jobs
+    sent = prompts(llm)
+    assert [w for w in words if w not in sent] == []
+    # No more than the budget within a window of the first call (less a margin for the
+    # time between a call's count and its arrival); the rest came in later windows.
+    first = asked[0]
+    assert len([t for t in asked if t < first + window - 0.5]) <= budget, asked
+    assert len(asked) == 10 and asked[-1] - first >= window, asked
+    assert after - before >= 1
+    reached = [r for r in caplog.records if "reached its budget of 3 LLM calls" in r.getMessage()]
+    windows = int((asked[-1] - first) / window) + 1
+    assert 1 <= len(reached) <= windows, [r.getMessage() for r in reached]

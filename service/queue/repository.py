@@ -571,6 +571,37 @@ async def rerun(session: AsyncSession, job: ClaimedJob, worker: str, error: str)
     return _rowcount(await session.execute(_RERUN, params)) == 1
 
 
+# Give back a job that cannot go on yet (its tenant's budget of model calls is spent): due
+# again once it can, its attempt not counted (waiting is not failing, and a job waits as
+# often as its tenant's work outruns the budget). Like a failed attempt (_FAIL), it goes to
+# the back of its tenant's line. Why it waits is its last_error until it is done.
+_DEFER = text(
+    f"""
+    UPDATE jobs
+    SET status = 'queued', attempts = GREATEST(attempts - 1, 0),
+        run_after = now() + make_interval(secs => :delay),
+        turn = {_next_turn("jobs.tenant_id", "now() + make_interval(secs => :delay)")},
+        lease_owner = NULL, lease_expires_at = NULL, last_error = :note, updated_at = now()
+    WHERE tenant_id = :tenant_id AND id = :id AND status = 'running' AND lease_owner = :worker
+    """
+)
+
+
+async def defer(
+    session: AsyncSession, job: ClaimedJob, worker: str, note: str, delay: float
+) -> bool:
+    """Put a held job back in the queue, due in ``delay`` seconds; False when it is gone or
+    was taken over."""
+    params = {
+        "tenant_id": job.tenant_id,
+        "id": job.id,
+        "worker": worker,
+        "note": note[:4000],
+        "delay": delay,
+    }
+    return _rowcount(await session.execute(_DEFER, params)) == 1
+
+
 # Jobs whose worker died: the lease ran out with no heartbeat. They go back to the queue
 # (their attempt was already counted at claim), at the back of their tenant's line (see
 # _FAIL), or to 'failed' if that was the last one.
