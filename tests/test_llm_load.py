@@ -15,6 +15,11 @@ from typing import Any
 import pytest
 
 from service.app import create_app
+from service.db.engine import Database
+from service.queue import repository
+from service.queue.payloads import ExtractPayload
+from service.settings import Settings
+from service.tenants.service import create_tenant
 from tests.conftest import (
     ADMIN,
     FAST_QUEUE,
@@ -249,3 +254,47 @@ async def test_a_tenants_budget_holds_its_calls_to_the_window_and_does_the_rest_
     reached = [r for r in caplog.records if "reached its budget of 3 LLM calls" in r.getMessage()]
     windows = int((asked[-1] - first) / window) + 1
     assert 1 <= len(reached) <= windows, [r.getMessage() for r in reached]
+
+
+async def test_a_job_put_back_in_the_queue_leaves_the_waiting_one_alone(db_url: str) -> None:
+    db = Database(db_url, pool_size=4)
+    try:
+        async with db.system() as session:
+            tenant, _ = await create_tenant(session, f"t-{uuid.uuid4().hex[:8]}", {}, Settings())
+        lock = f"extract:g:{uuid.uuid4().hex[:8]}"
+
+        async def ask(upto: int) -> tuple[int, bool]:
+            payload = ExtractPayload(conversation_key=lock[8:], upto_seq=upto, reason="remember")
+            async with db.tenant(tenant.id) as session:
+                return await repository.enqueue_joined(
+                    session,
+                    tenant.id,
+                    "messages.extract",
+                    payload,
+                    queueing_lock=lock,
+                    grow="upto_seq",
+                )
+
+        first, created = await ask(1)
+        assert created
+        async with db.system() as session:
+            [running] = await repository.claim_jobs(session, "w", 5, 30.0)
+        assert running.id == first
+        # Asked during the run: a job of its own, which later requests join.
+        second, created = await ask(2)
+        assert created and second != first
+        assert await ask(3) == (second, False)
+        async with db.system() as session:
+            # Not claimed while the first runs: it would read the same messages.
+            assert await repository.claim_jobs(session, "w", 5, 30.0) == []
+            # The first goes back to the queue (a shutdown) beside the waiting one.
+            assert await repository.release(session, running, "w")
+        assert await ask(4) == (second, False)
+        async with raw_connection(db_url) as conn:
+            rows = await conn.fetch("SELECT id, status, payload FROM jobs ORDER BY id")
+        assert [(r["id"], r["status"], json.loads(r["payload"])["upto_seq"]) for r in rows] == [
+            (first, "queued", 1),
+            (second, "queued", 4),
+        ]
+    finally:
+        await db.dispose()
