@@ -131,37 +131,38 @@ async def revoke_key(
 # (every worker counts there, so the budget is the tenant's, not a process's). A window that
 # began :span ago or more starts again at this call, its refusals forgotten; within
 # the window, a call past :limit is not counted (DO UPDATE's WHERE) and no row comes back.
-# The DO UPDATE reads the time from EXCLUDED (its now()): Citus refuses now() itself there.
+# The DO UPDATE reads the time from EXCLUDED (its now()) and compares intervals: Citus
+# refuses any function there that is not immutable, now() and timestamptz - interval too.
 _SPEND_LLM_CALL = text(
     """
     INSERT INTO llm_budgets AS b (tenant_id, window_start, calls, refused)
     VALUES (:tenant_id, now(), 1, 0)
     ON CONFLICT (tenant_id) DO UPDATE SET
         window_start = CASE
-            WHEN b.window_start <= EXCLUDED.window_start - CAST(:span AS interval)
+            WHEN EXCLUDED.window_start - b.window_start >= CAST(:span AS interval)
             THEN EXCLUDED.window_start ELSE b.window_start END,
         calls = CASE
-            WHEN b.window_start <= EXCLUDED.window_start - CAST(:span AS interval)
+            WHEN EXCLUDED.window_start - b.window_start >= CAST(:span AS interval)
             THEN 1 ELSE b.calls + 1 END,
         refused = CASE
-            WHEN b.window_start <= EXCLUDED.window_start - CAST(:span AS interval)
+            WHEN EXCLUDED.window_start - b.window_start >= CAST(:span AS interval)
             THEN 0 ELSE b.refused END
-    WHERE b.window_start <= EXCLUDED.window_start - CAST(:span AS interval)
+    WHERE EXCLUDED.window_start - b.window_start >= CAST(:span AS interval)
        OR b.calls < :limit
     RETURNING calls
     """
 )
 
-# A refused call: counted (the window's first refusal is the one logged), and how long until
-# the window ends.
+# A refused call: counted (the window's first refusal is the one logged), and when the
+# window began. How long until it ends is asked apart: Citus refuses now() in RETURNING.
 _REFUSE_LLM_CALL = text(
     """
     UPDATE llm_budgets SET refused = refused + 1
     WHERE tenant_id = :tenant_id
-    RETURNING refused, GREATEST(
-        EXTRACT(EPOCH FROM window_start + CAST(:span AS interval) - now()), 0) AS wait_seconds
+    RETURNING refused, window_start
     """
 )
+_UNTIL = text("SELECT GREATEST(EXTRACT(EPOCH FROM CAST(:moment AS timestamptz) - now()), 0)")
 
 
 @dataclass(frozen=True)
@@ -183,4 +184,5 @@ async def spend_llm_call(
     if (await session.execute(_SPEND_LLM_CALL, params)).first() is not None:
         return LLMSpend(granted=True)
     row = (await session.execute(_REFUSE_LLM_CALL, params)).one()
-    return LLMSpend(granted=False, refused=int(row.refused), wait_seconds=float(row.wait_seconds))
+    wait = await session.execute(_UNTIL, {"moment": row.window_start + span})
+    return LLMSpend(granted=False, refused=int(row.refused), wait_seconds=float(wait.scalar_one()))
