@@ -211,6 +211,7 @@ async def test_a_tenants_budget_holds_its_calls_to_the_window_and_does_the_rest_
 
     llm.default = answer
     caplog.set_level(logging.WARNING, logger="service.tenants.budget")
+    caplog.set_level(logging.DEBUG, logger="service.worker")
     async with serve_app(create_app(settings, migrate=False, run_worker=True)) as client:
         refused = await client.post(
             "/admin/tenants",
@@ -254,6 +255,9 @@ async def test_a_tenants_budget_holds_its_calls_to_the_window_and_does_the_rest_
     reached = [r for r in caplog.records if "reached its budget of 3 LLM calls" in r.getMessage()]
     windows = int((asked[-1] - first) / window) + 1
     assert 1 <= len(reached) <= windows, [r.getMessage() for r in reached]
+    # A job refused its first call gave its slot back until the window's end, and still
+    # finished on its one attempt.
+    assert any("deferred" in r.getMessage() for r in caplog.records if r.name == "service.worker")
 
 
 async def test_a_job_put_back_in_the_queue_leaves_the_waiting_one_alone(db_url: str) -> None:
