@@ -62,6 +62,10 @@ _PLAN = text(
     EXPLAIN (ANALYZE, BUFFERS, COSTS OFF)
     SELECT tenant_id, id FROM jobs
     WHERE status = 'queued' AND run_after <= now()
+      AND (queueing_lock IS NULL OR NOT EXISTS (
+          SELECT FROM jobs AS holder
+          WHERE holder.tenant_id = jobs.tenant_id AND holder.status = 'running'
+            AND holder.queueing_lock = jobs.queueing_lock))
     ORDER BY priority DESC, turn, id LIMIT 8 FOR UPDATE SKIP LOCKED
     """
 )

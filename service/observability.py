@@ -66,6 +66,12 @@ GATE = Counter("memoria_gate_results_total", "Stored events by gate outcome.", [
 LLM_CALLS = Counter(
     "memoria_llm_calls_total", "LLM calls by purpose and outcome.", ["purpose", "outcome"]
 )
+LLM_BUDGET_REACHED = Counter(
+    "memoria_llm_budget_reached_total",
+    "Model calls of a job held to the next window (the job waits, or is deferred) because"
+    " its tenant's budget of calls per minute was spent.",
+    ["purpose"],
+)
 LLM_TOKENS = Counter("memoria_llm_tokens_total", "LLM tokens by purpose.", ["purpose", "kind"])
 EMBEDDINGS = Counter("memoria_embedding_texts_total", "Texts embedded, by kind.", ["kind"])
 REFUSALS = Counter(

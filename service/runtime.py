@@ -30,6 +30,7 @@ from service.queue.process import WorkerProcess, worker_command, worker_environm
 from service.queue.worker import BatchHandler, JobHandler, Periodic, Worker
 from service.reembed.service import settle, stored_space
 from service.settings import Settings
+from service.tenants.budget import budgeted
 from service.tenants.service import Authenticator
 
 log = logging.getLogger("service")
@@ -115,7 +116,9 @@ class Runtime:
             embedder=CurrentEmbedder(
                 build_embedder(settings.models.embedding), settings.models.embedding
             ),
-            llm=build_chat_model(settings.models.historian),
+            llm=budgeted(
+                build_chat_model(settings.models.historian), db, settings.models.historian
+            ),
             reranker=build_reranker(settings.models.reranker),
             auth=Authenticator(db, settings),
             head=head,

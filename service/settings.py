@@ -233,6 +233,20 @@ class ChatModelSettings(_Section):
     timeout_seconds: float = Field(60.0, gt=0)
     max_retries: int = Field(3, ge=0, le=10)
     retry_base_seconds: float = Field(0.5, gt=0)
+    calls_per_minute: int = Field(
+        120,
+        ge=1,
+        le=1_000_000,
+        description="a tenant's budget: the model calls its jobs make in a minute, every job"
+        " of every worker counted; past it, its jobs wait for the next minute. A tenant's"
+        " llm_calls_per_minute setting (an operator's) overrides it",
+    )
+    budget_window_seconds: float = Field(
+        60.0,
+        gt=0,
+        le=3600,
+        description="the span the budget counts calls over: a minute (shorter only in tests)",
+    )
 
     @property
     def configured(self) -> bool:

@@ -260,6 +260,13 @@ class Extractor:
                     await enqueue_extraction(
                         session, tenant_id, key, upto, "continuation", self.settings
                     )
+            elif unread:
+                # Another run read from the same mark and wrote first (a job put back in the
+                # queue may meet the one queued meanwhile): what it did not reach is still
+                # to do, and no request may be waiting to ask for it.
+                await enqueue_extraction(
+                    session, tenant_id, key, upto, "continuation", self.settings
+                )
             job.result = {
                 "conversation_key": key,
                 "from_seq": mark,

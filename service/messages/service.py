@@ -199,14 +199,17 @@ async def enqueue_extraction(
     reason: str,
     settings: Settings,
 ) -> int:
-    """Queue extraction of a conversation's messages up to ``upto_seq`` (once per mark)."""
-    job_id, _ = await jobs.enqueue(
+    """Queue extraction of a conversation's messages up to ``upto_seq``, or have the
+    conversation's extraction that waits to start read up to there too (one per
+    conversation: a chat's every "remember this" is one job while the last one runs)."""
+    job_id, _ = await jobs.enqueue_joined(
         session,
         tenant_id,
         EXTRACT_JOB,
         ExtractPayload(conversation_key=key, upto_seq=upto_seq, reason=reason),
+        queueing_lock=f"extract:{key}",
+        grow="upto_seq",
         max_attempts=settings.cognitive.queue.max_attempts,
-        dedupe_key=f"extract:{key}:{upto_seq}",
     )
     return job_id
 

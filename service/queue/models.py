@@ -55,6 +55,26 @@ class Job(Base):
             text("id DESC"),
             postgresql_where=text("status = 'queued' AND run_after <= created_at"),
         ),
+        # One job waiting per queueing lock (``repository.enqueue_joined``): a request that
+        # would queue a second joins the one not yet started instead. A job put back in the
+        # queue after it started (a retry, a shutdown) is not held to it: it may meet the
+        # job queued meanwhile, and each reads only what is still to do when it runs.
+        Index(
+            "ux_jobs_queueing_lock",
+            "tenant_id",
+            "queueing_lock",
+            unique=True,
+            postgresql_where=text(
+                "status = 'queued' AND started_at IS NULL AND queueing_lock IS NOT NULL"
+            ),
+        ),
+        # The claim passes over a job whose queueing lock is held by a running job.
+        Index(
+            "ix_jobs_running_lock",
+            "tenant_id",
+            "queueing_lock",
+            postgresql_where=text("status = 'running' AND queueing_lock IS NOT NULL"),
+        ),
         # Reclaiming jobs whose worker died: running jobs by lease expiry.
         Index("ix_jobs_leases", "lease_expires_at", postgresql_where=text("status = 'running'")),
         # GET /v1/jobs?status=…: a tenant's jobs newest first.
@@ -102,6 +122,9 @@ class Job(Base):
     last_error: Mapped[str | None] = mapped_column(Text)
     result: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
     dedupe_key: Mapped[str | None] = mapped_column(String(400))
+    # Jobs of one lock (e.g. one conversation's extraction) wait one at a time and run one
+    # at a time; None: no such rule.
+    queueing_lock: Mapped[str | None] = mapped_column(String(400))
     created_at: Mapped[datetime] = created_at_column()
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), nullable=False, server_default=func.now()

@@ -52,6 +52,7 @@ JOBS = PersonalTable(
         "status": "a code from a fixed set",
         "lease_owner": "the worker process holding the job",
         "dedupe_key": "a key made of ids that runs a job once",
+        "queueing_lock": "a key made of ids: one job of a conversation waits at a time",
     },
     # Their hand-overs, their private chat's jobs, an export or erasure of them.
     erase_user=(

@@ -122,6 +122,54 @@ async def enqueue(
     return int(existing.scalar_one()), False
 
 
+# Enqueue under a queueing lock: the lock's job queued and not yet started, if there is one,
+# takes the request instead of a second job (ux_jobs_queueing_lock, whose WHERE this
+# ON CONFLICT names, so concurrent requests meet on its entry and cannot make two). Joining
+# keeps the waiting job's payload, its place in the line and its attempts; only the payload's
+# :grow field rises to the greater of the two, so the job reads what both asked for. A job
+# already started is not in the index: a request during its run queues the next job.
+_ENQUEUE_JOINED = text(
+    f"""
+    INSERT INTO jobs AS j (tenant_id, kind, payload, max_attempts, queueing_lock, turn)
+    VALUES (:tenant_id, :kind, CAST(:payload AS jsonb), :max_attempts, :queueing_lock,
+            {_next_turn(":tenant_id", "now()")})
+    ON CONFLICT (tenant_id, queueing_lock)
+        WHERE status = 'queued' AND started_at IS NULL AND queueing_lock IS NOT NULL
+    DO UPDATE SET
+        payload = j.payload || jsonb_build_object(CAST(:grow AS text), GREATEST(
+            CAST(j.payload ->> CAST(:grow AS text) AS bigint),
+            CAST(EXCLUDED.payload ->> CAST(:grow AS text) AS bigint))),
+        updated_at = now()
+    RETURNING id, (xmax = 0) AS created
+    """
+)
+
+
+async def enqueue_joined(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    kind: str,
+    payload: BaseModel,
+    *,
+    queueing_lock: str,
+    grow: str,
+    max_attempts: int = 4,
+) -> tuple[int, bool]:
+    """Queue a job of ``queueing_lock`` in the caller's transaction, or join the lock's job
+    that waits to start, raising its payload's integer field ``grow`` to this one's; returns
+    (job id, created)."""
+    params = {
+        "tenant_id": tenant_id,
+        "kind": kind,
+        "payload": json.dumps(payload.model_dump(mode="json"), ensure_ascii=False),
+        "max_attempts": max_attempts,
+        "queueing_lock": queueing_lock,
+        "grow": grow,
+    }
+    row = (await session.execute(_ENQUEUE_JOINED, params)).one()
+    return int(row.id), bool(row.created)
+
+
 def enqueue_beside(write: str, *, existing_field: str) -> str:
     """One statement (for asyncpg's positional parameters) that runs a caller's write and
     enqueues a job, so the hot path pays one round trip: ``write`` is a data-modifying CTE
@@ -197,6 +245,10 @@ async def keyed(
 #   runs out of attempts.
 # - :kinds (only these kinds) and :skip (not these) split the queue between batched kinds,
 #   claimed many at a time, and the rest; NULL means no restriction.
+# - A job whose queueing lock a running job holds waits for it (ix_jobs_running_lock: one
+#   probe, for the jobs that have a lock): it would read the same rows as that one (the same
+#   conversation's messages) and pay the model for them twice, and until it starts, later
+#   requests of the lock join it.
 _CLAIM = text(
     """
     WITH due AS (
@@ -204,6 +256,10 @@ _CLAIM = text(
         WHERE status = 'queued' AND run_after <= now()
           AND (CAST(:kinds AS text[]) IS NULL OR kind = ANY(CAST(:kinds AS text[])))
           AND (CAST(:skip AS text[]) IS NULL OR kind <> ALL(CAST(:skip AS text[])))
+          AND (queueing_lock IS NULL OR NOT EXISTS (
+              SELECT FROM jobs AS holder
+              WHERE holder.tenant_id = jobs.tenant_id AND holder.status = 'running'
+                AND holder.queueing_lock = jobs.queueing_lock))
         ORDER BY priority DESC, turn, id
         LIMIT :limit
         FOR UPDATE SKIP LOCKED
@@ -513,6 +569,37 @@ async def rerun(session: AsyncSession, job: ClaimedJob, worker: str, error: str)
     (an erasure deleted it) or was taken over."""
     params = {"tenant_id": job.tenant_id, "id": job.id, "worker": worker, "error": error}
     return _rowcount(await session.execute(_RERUN, params)) == 1
+
+
+# Give back a job that cannot go on yet (its tenant's budget of model calls is spent): due
+# again once it can, its attempt not counted (waiting is not failing, and a job waits as
+# often as its tenant's work outruns the budget). Like a failed attempt (_FAIL), it goes to
+# the back of its tenant's line. Why it waits is its last_error until it is done.
+_DEFER = text(
+    f"""
+    UPDATE jobs
+    SET status = 'queued', attempts = GREATEST(attempts - 1, 0),
+        run_after = now() + make_interval(secs => :delay),
+        turn = {_next_turn("jobs.tenant_id", "now() + make_interval(secs => :delay)")},
+        lease_owner = NULL, lease_expires_at = NULL, last_error = :note, updated_at = now()
+    WHERE tenant_id = :tenant_id AND id = :id AND status = 'running' AND lease_owner = :worker
+    """
+)
+
+
+async def defer(
+    session: AsyncSession, job: ClaimedJob, worker: str, note: str, delay: float
+) -> bool:
+    """Put a held job back in the queue, due in ``delay`` seconds; False when it is gone or
+    was taken over."""
+    params = {
+        "tenant_id": job.tenant_id,
+        "id": job.id,
+        "worker": worker,
+        "note": note[:4000],
+        "delay": delay,
+    }
+    return _rowcount(await session.execute(_DEFER, params)) == 1
 
 
 # Jobs whose worker died: the lease ran out with no heartbeat. They go back to the queue

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import os
 import random
@@ -43,6 +44,33 @@ class LeaseLost(Exception):
 class JobInterrupted(Exception):
     """The worker is stopping: a long job stopped between two committed steps and goes back
     to the queue, to go on where it stopped."""
+
+
+class Deferred(Exception):
+    """The job cannot go on before ``delay`` seconds (its tenant's budget of model calls is
+    spent): it goes back to the queue to run then, its attempt not counted, never failed
+    for it."""
+
+    def __init__(self, message: str, delay: float) -> None:
+        super().__init__(message)
+        self.delay = delay
+
+
+@dataclass
+class JobRun:
+    """The run of a job (or of a batch, one tenant's jobs) that the current task is part of:
+    what a job calls without being handed its job (the historian's model) reads it here."""
+
+    tenant_id: uuid.UUID
+    # Calls the run was granted from its tenant's budget so far: a run that was granted some
+    # waits for more rather than being deferred, which would make it ask for them again.
+    spent: int = 0
+
+
+# Set around each job and batch; None outside them.
+current_run: contextvars.ContextVar[JobRun | None] = contextvars.ContextVar(
+    "current_run", default=None
+)
 
 
 class ErasedMeanwhile(Exception):
@@ -440,6 +468,7 @@ class Worker:
         context = BatchContext(jobs=jobs, db=self.db, worker_id=self.id, stopping=self._stopping)
         self._contexts.update(context.contexts)
         leftover: list[ClaimedJob] = []
+        run = current_run.set(JobRun(context.tenant_id))
         try:
             try:
                 await self.batch_handlers[kind](context)
@@ -466,6 +495,8 @@ class Worker:
                         await self._release(job)
                     elif isinstance(error, ErasedMeanwhile):
                         await self._rerun(job)
+                    elif isinstance(error, Deferred):
+                        await self._defer(job, error)
                     else:
                         await self._record_failure(job, error)
                 elif context.job(job.id).finished:
@@ -482,6 +513,7 @@ class Worker:
                 "batch of %d %s job(s): stopped for the shutdown, queued again", len(jobs), kind
             )
         finally:
+            current_run.reset(run)
             self._batches -= 1
             for job in jobs:
                 self._contexts.pop(job.id, None)
@@ -494,6 +526,7 @@ class Worker:
     async def _run_job(self, job: ClaimedJob) -> None:
         context = JobContext(job=job, db=self.db, worker_id=self.id, stopping=self._stopping)
         token = job_id_var.set(job.id)
+        run = current_run.set(JobRun(job.tenant_id))
         try:
             handler = self.handlers.get(job.kind)
             if handler is None:
@@ -516,9 +549,12 @@ class Worker:
             log.warning("worker %s: %s", self.id, exc)
         except ErasedMeanwhile:
             await self._rerun(job)
+        except Deferred as exc:
+            await self._defer(job, exc)
         except Exception as exc:
             await self._record_failure(job, exc)
         finally:
+            current_run.reset(run)
             job_id_var.reset(token)
             self._inflight.pop(job.id, None)
             self._wake.set()
@@ -591,6 +627,18 @@ class Worker:
             job.kind,
             RERUN_NOTE if queued else "stopped by an erasure, which took it (or it was taken over)",
         )
+
+    async def _defer(self, job: ClaimedJob, exc: Deferred) -> None:
+        """Queue a job that cannot go on yet to run once it can, its attempt not counted."""
+        try:
+            async with self.db.system() as session:
+                queued = await repository.defer(session, job, self.id, str(exc), exc.delay)
+        except Exception as error:
+            # Its lease runs out and it is reclaimed: it runs again all the same.
+            log.warning("job %s (%s): could not be deferred: %s", job.id, job.kind, error)
+            return
+        if queued:
+            log.debug("job %s (%s): deferred %.1fs: %s", job.id, job.kind, exc.delay, exc)
 
     async def _reclaim(self) -> None:
         async with self.db.system() as session:

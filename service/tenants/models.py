@@ -6,7 +6,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import DateTime, ForeignKey, Index, LargeBinary, String, text
+from sqlalchemy import DateTime, ForeignKey, Index, Integer, LargeBinary, String, func, text
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -43,3 +43,20 @@ class ApiKey(Base):
     created_at: Mapped[datetime] = created_at_column()
     last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class LLMBudget(Base):
+    """What a tenant's jobs have asked of the model in the current window (a minute): one
+    row per tenant, counted by every worker (``repository.spend_llm_call``)."""
+
+    __tablename__ = "llm_budgets"
+
+    tenant_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+    )
+    window_start: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), nullable=False, server_default=func.now()
+    )
+    calls: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
+    # Calls refused in the window: the first one is logged, the window's later ones are not.
+    refused: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")

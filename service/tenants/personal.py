@@ -1,4 +1,5 @@
-"""A tenant's own row and its API keys: no person's data (see ``service.db.registry``)."""
+"""A tenant's own row, its API keys and its budget: no person's data (see
+``service.db.registry``)."""
 
 from __future__ import annotations
 
@@ -28,4 +29,7 @@ API_KEYS = PersonalTable(
     hidden=("key_hash",),
 )
 
-TABLES = (TENANTS, API_KEYS)
+# How many model calls the tenant's jobs made in the current minute: counts, no one's data.
+LLM_BUDGETS = PersonalTable(table="llm_budgets")
+
+TABLES = (TENANTS, API_KEYS, LLM_BUDGETS)

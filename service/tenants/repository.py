@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, func, select, tuple_, update
+from sqlalchemy import delete, func, select, text, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.tenants.models import ApiKey, Tenant
@@ -124,3 +125,64 @@ async def revoke_key(
         key.revoked_at = datetime.now(UTC)
         await session.flush()
     return key
+
+
+# One model call of a tenant's jobs against its budget, in one statement on the tenant's row
+# (every worker counts there, so the budget is the tenant's, not a process's). A window that
+# began :span ago or more starts again at this call, its refusals forgotten; within
+# the window, a call past :limit is not counted (DO UPDATE's WHERE) and no row comes back.
+# The DO UPDATE reads the time from EXCLUDED (its now()) and compares intervals: Citus
+# refuses any function there that is not immutable, now() and timestamptz - interval too.
+_SPEND_LLM_CALL = text(
+    """
+    INSERT INTO llm_budgets AS b (tenant_id, window_start, calls, refused)
+    VALUES (:tenant_id, now(), 1, 0)
+    ON CONFLICT (tenant_id) DO UPDATE SET
+        window_start = CASE
+            WHEN EXCLUDED.window_start - b.window_start >= CAST(:span AS interval)
+            THEN EXCLUDED.window_start ELSE b.window_start END,
+        calls = CASE
+            WHEN EXCLUDED.window_start - b.window_start >= CAST(:span AS interval)
+            THEN 1 ELSE b.calls + 1 END,
+        refused = CASE
+            WHEN EXCLUDED.window_start - b.window_start >= CAST(:span AS interval)
+            THEN 0 ELSE b.refused END
+    WHERE EXCLUDED.window_start - b.window_start >= CAST(:span AS interval)
+       OR b.calls < :limit
+    RETURNING calls
+    """
+)
+
+# A refused call: counted (the window's first refusal is the one logged), and when the
+# window began. How long until it ends is asked apart: Citus refuses now() in RETURNING.
+_REFUSE_LLM_CALL = text(
+    """
+    UPDATE llm_budgets SET refused = refused + 1
+    WHERE tenant_id = :tenant_id
+    RETURNING refused, window_start
+    """
+)
+_UNTIL = text("SELECT GREATEST(EXTRACT(EPOCH FROM CAST(:moment AS timestamptz) - now()), 0)")
+
+
+@dataclass(frozen=True)
+class LLMSpend:
+    """One model call asked of a tenant's budget: granted, or refused (the ``refused``-th of
+    the window, which ends in ``wait_seconds``)."""
+
+    granted: bool
+    refused: int = 0
+    wait_seconds: float = 0.0
+
+
+async def spend_llm_call(
+    session: AsyncSession, tenant_id: uuid.UUID, limit: int, window_seconds: float
+) -> LLMSpend:
+    """Count one model call against the tenant's ``limit`` per window of ``window_seconds``."""
+    span = timedelta(seconds=window_seconds)
+    params = {"tenant_id": tenant_id, "limit": limit, "span": span}
+    if (await session.execute(_SPEND_LLM_CALL, params)).first() is not None:
+        return LLMSpend(granted=True)
+    row = (await session.execute(_REFUSE_LLM_CALL, params)).one()
+    wait = await session.execute(_UNTIL, {"moment": row.window_start + span})
+    return LLMSpend(granted=False, refused=int(row.refused), wait_seconds=float(wait.scalar_one()))

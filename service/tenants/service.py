@@ -22,7 +22,7 @@ from service.db.engine import Database
 from service.errors import Conflict, Invalid, NotFound, Unauthorized, field_of
 from service.privacy.service import Erasure, erase_tenant_now_or_later, tenant_erasure
 from service.settings import QuerySettings, Settings
-from service.tenants import repository
+from service.tenants import budget, repository
 from service.tenants.models import ApiKey, Tenant
 from service.tenants.schemas import CreatedKey, KeyInfo, SettingsUpdate, TenantInfo
 from service.todos.webhook import check_url
@@ -82,6 +82,7 @@ def validate_overrides(overrides: dict[str, Any], defaults: Settings) -> dict[st
         "persona",
         "pii_policy",
         "erased_policy",
+        budget.SETTING,
     }
     unknown = set(overrides) - allowed
     if unknown:
@@ -114,6 +115,18 @@ def validate_overrides(overrides: dict[str, Any], defaults: Settings) -> dict[st
             if overrides[name] not in choices:
                 raise Invalid(f"one of {', '.join(choices)}", field=f"settings.{name}")
             cleaned[name] = overrides[name]
+    if budget.SETTING in overrides:
+        calls = overrides[budget.SETTING]
+        if (
+            not isinstance(calls, int)
+            or isinstance(calls, bool)
+            or not 1 <= calls <= budget.MAX_CALLS_PER_MINUTE
+        ):
+            raise Invalid(
+                f"a whole number of LLM calls from 1 to {budget.MAX_CALLS_PER_MINUTE}",
+                field=f"settings.{budget.SETTING}",
+            )
+        cleaned[budget.SETTING] = calls
     if "persona" in overrides:
         persona = overrides["persona"]
         if not isinstance(persona, str) or len(persona) > 20_000:
