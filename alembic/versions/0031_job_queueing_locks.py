@@ -10,8 +10,8 @@ claim pass over a lock's waiting job while another of it runs. Jobs queued befor
 migration have no lock and run as they were. Made while writes to the jobs wait, as the other
 job indexes (the table is small: finished jobs are pruned).
 
-Revision ID: 0030_job_queueing_locks
-Revises: 0029_consent_marks
+Revision ID: 0031_job_queueing_locks
+Revises: 0030_profile_places
 Create Date: 2026-12-02 00:20:00.000000
 """
 
@@ -22,8 +22,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0030_job_queueing_locks"
-down_revision: str | None = "0029_consent_marks"
+revision: str = "0031_job_queueing_locks"
+down_revision: str | None = "0030_profile_places"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

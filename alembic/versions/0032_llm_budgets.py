@@ -7,8 +7,8 @@ jobs wait for the next window (see ``service.tenants.budget``). A tenant table l
 (row-level security; distributed by tenant on Citus, where its one-row statements go to the
 tenant's shard).
 
-Revision ID: 0031_llm_budgets
-Revises: 0030_job_queueing_locks
+Revision ID: 0032_llm_budgets
+Revises: 0031_job_queueing_locks
 Create Date: 2026-12-02 00:40:00.000000
 """
 
@@ -22,8 +22,8 @@ from sqlalchemy.dialects import postgresql
 
 from service.db.rls import protect_tenant_table
 
-revision: str = "0031_llm_budgets"
-down_revision: str | None = "0030_job_queueing_locks"
+revision: str = "0032_llm_budgets"
+down_revision: str | None = "0031_job_queueing_locks"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
