@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+# The longest statement kept as one: an observation or memo a bot hands over, and whatever a
+# model writes in its place or about the work (a rewrite, a note on a refused tool call). A
+# model's text past it is not taken: what is stored and later rendered in every context stays
+# the size a bot could have sent.
+STATEMENT_MAX_CHARS = 4000
+
 
 def message_content(text: str) -> str:
     """The ``<content>`` of a bot message frame, or the text itself."""
