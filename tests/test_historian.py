@@ -378,3 +378,23 @@ async def test_a_rewrite_longer_than_a_statement_falls_back_to_the_rules(
     )
     assert context.status_code == 200, context.text
     assert "很远很远" not in context.text
+
+
+async def test_a_provider_error_of_megabytes_is_kept_bounded(
+    online: tuple[AppClient, TenantHandle], llm: FakeLLM
+) -> None:
+    """A provider that refuses with a 2,000,000-character message: the job falls back to
+    the rules' draft, and the warning it keeps on the event quotes the message bounded."""
+    client, tenant = online
+    message = f"bad request {uuid.uuid4().hex} " + "x" * 2_000_000
+    error = json.dumps({"error": {"message": message, "type": "invalid_request_error"}})
+    llm.script(*(Reply(status=400, raw_body=error.encode()) for _ in range(2)))
+    done = await hand_over(
+        client, tenant, request_id=f"err-{uuid.uuid4().hex}", observations=["我明天去北京"]
+    )
+    assert done["job"]["status"] == "done", str(done["job"])[:2000]
+    stored = await event(client, tenant, done["event_ids"][0])
+    assert stored["text"] == "张三(10001) 2026-02-22 去北京"
+    [warning] = [w for w in stored["warnings"] if "llm unavailable" in w]
+    assert message[:40] in warning
+    assert len(warning) <= STATEMENT_MAX_CHARS + len("llm unavailable: ")
