@@ -39,6 +39,7 @@ from service.queue.repository import status_counts
 from service.reembed import service as reembed
 from service.reembed.service import RunReport
 from service.runtime import Runtime
+from service.server import server_config
 from service.settings import EmbeddingModelSettings, Settings, load_settings
 from service.tenants.service import create_key, create_tenant, list_all, revoke_by_prefix
 
@@ -291,17 +292,7 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
     # handler must exit normally rather than die by the signal, so that the exit hooks run and
     # stop the embedded database.
     signal.signal(signal.SIGTERM, _exit_cleanly)
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        # Our logging (configure_logging) stays, levels included: uvicorn's lines come out in
-        # the same format, its start-up narration only at DEBUG (the announcement says it all).
-        log_config=None,
-        log_level=None,
-        access_log=False,
-        timeout_graceful_shutdown=int(settings.cognitive.queue.shutdown_seconds) + 10,
-    )
+    config = server_config(app, settings)
     server = _AnnouncingServer(config, lambda url: _announce(settings, runtime, url))
     runtime.on_fatal = lambda: setattr(server, "should_exit", True)
     try:

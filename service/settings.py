@@ -396,6 +396,18 @@ class Settings(BaseSettings):
         " window share one audit row (its count of repeats)",
     )
     max_inflight_requests: int = Field(512, ge=1)
+    header_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        description="a request's headers must arrive within this of the connection opening (of"
+        " the request's first byte on a kept-alive one); past it 408 and the connection closes",
+    )
+    max_connections: int = Field(
+        800,
+        ge=1,
+        description="connections serve holds open at once (each a file descriptor); a new one"
+        " past it gets 503 and is closed",
+    )
     log_format: Literal["text", "json"] = "text"
     run_worker: bool = True
     worker_mode: Literal["process", "inline"] = Field(

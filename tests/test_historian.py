@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, date, datetime
 from types import SimpleNamespace
@@ -12,6 +14,7 @@ import pytest
 
 from service.app import create_app
 from service.historian import extraction
+from service.text import STATEMENT_MAX_CHARS
 from tests.conftest import (
     FAST_QUEUE,
     AppClient,
@@ -344,3 +347,54 @@ def test_a_message_at_the_calendars_first_day_is_read_on_any_clocks(llm: bool) -
         "g:1", [message], zone, datetime(2026, 1, 1, tzinfo=UTC), llm=llm
     )
     assert targets and items and days == {date(1, 1, 1)}
+
+
+async def test_a_rewrite_longer_than_a_statement_falls_back_to_the_rules(
+    online: tuple[AppClient, TenantHandle], llm: FakeLLM
+) -> None:
+    """A model's rewrite of 2,000,000 characters is not stored: that item gets the rules'
+    draft, at once (the model is not asked again), and says why; the other rewrite of the
+    same call is kept as the model wrote it."""
+    client, tenant = online
+    huge = "张三(10001) 2026-02-22 去北京，" + "很远" * 1_000_000
+    llm.script(rewrites(huge, "张三(10001) 计划 2026-02-22 去北京玩"))
+    done = await hand_over(
+        client,
+        tenant,
+        request_id=f"long-{uuid.uuid4().hex}",
+        observations=["我明天去北京", "我明天去北京玩"],
+    )
+    job = done["job"]
+    assert job["status"] == "done", str(job)[:2000]
+    assert job["result"]["llm_calls"] == 1
+    assert len(json.dumps(job)) < 20_000
+    fallback = await event(client, tenant, done["event_ids"][0])
+    assert fallback["text"] == "张三(10001) 2026-02-22 去北京"
+    assert any(f"over {STATEMENT_MAX_CHARS} characters" in w for w in fallback["warnings"])
+    kept = await event(client, tenant, done["event_ids"][1])
+    assert kept["text"] == "张三(10001) 计划 2026-02-22 去北京玩" and kept["is_absolute"] is True
+    context = await client.post(
+        "/v1/context", json={**CONTEXT, "message": "北京"}, headers=tenant.headers
+    )
+    assert context.status_code == 200, context.text
+    assert "很远很远" not in context.text
+
+
+async def test_a_provider_error_of_megabytes_is_kept_bounded(
+    online: tuple[AppClient, TenantHandle], llm: FakeLLM
+) -> None:
+    """A provider that refuses with a 2,000,000-character message: the job falls back to
+    the rules' draft, and the warning it keeps on the event quotes the message bounded."""
+    client, tenant = online
+    message = f"bad request {uuid.uuid4().hex} " + "x" * 2_000_000
+    error = json.dumps({"error": {"message": message, "type": "invalid_request_error"}})
+    llm.script(*(Reply(status=400, raw_body=error.encode()) for _ in range(2)))
+    done = await hand_over(
+        client, tenant, request_id=f"err-{uuid.uuid4().hex}", observations=["我明天去北京"]
+    )
+    assert done["job"]["status"] == "done", str(done["job"])[:2000]
+    stored = await event(client, tenant, done["event_ids"][0])
+    assert stored["text"] == "张三(10001) 2026-02-22 去北京"
+    [warning] = [w for w in stored["warnings"] if "llm unavailable" in w]
+    assert message[:40] in warning
+    assert len(warning) <= STATEMENT_MAX_CHARS + len("llm unavailable: ")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -20,6 +21,7 @@ from service.audit import service as audit
 from service.db.engine import Database
 from service.settings import Settings
 from service.tenants.service import create_tenant
+from service.text import STATEMENT_MAX_CHARS
 from service.todos import service as todos
 from service.todos.service import Courier
 from tests.conftest import (
@@ -1005,6 +1007,66 @@ async def test_a_flood_of_tool_calls_is_cut_at_the_cap_and_the_job_still_lands(
     # observation looked up, and the memories taken.
     embedded = [text for r in llm.embedding_requests for text in r["input"]]
     assert sum("请记住第" in text for text in embedded) == cap
+
+
+async def test_what_a_model_quotes_in_refused_calls_is_kept_and_shown_bounded(
+    online: tuple[AppClient, TenantHandle], llm: FakeLLM
+) -> None:
+    """Tool calls holding megabytes (a made-up id, a person, a tool's own name) are refused
+    with their reason, and each note kept in the job and each reply the model reads next is
+    at most a statement long; a profile turn of hundreds of calls runs only a few of them."""
+    client, tenant = online
+    huge = "9" * 2_000_000
+    memory_calls = [
+        ("update_memory", {"memory_id": huge, "new_content": "用户A(10001) 爱攀岩", "reason": "r"}),
+        (
+            "add_memory",
+            {
+                "content": "用户A(10001) 喜欢攀岩",
+                "scope": "MEMBER_IN_GROUP",
+                "category": "FACT",
+                "user_id": f"u{huge}",
+            },
+        ),
+        ("add_todo", {"description": "用户A(10001) 2026-02-23 去攀岩", "assignee_id": f"a{huge}"}),
+        (f"tool{huge[:1_000_000]}", {}),
+    ]
+    reads = 300
+    profile_calls = [
+        ("update_profile", {"entity_type": "user", "entity_id": f"e{huge}", "document": "-"}),
+        *[("read_profile", {"entity_type": "user", "entity_id": "10001"})] * reads,
+    ]
+
+    def model(request: dict[str, Any]) -> Reply:
+        first = request["messages"][-1]["role"] == "user"
+        calls = {"read_profile": profile_calls, "add_memory": memory_calls}.get(
+            request["tools"][0]["function"]["name"]
+        )
+        if calls is None:
+            return quiet(request)
+        return Reply(tool_calls=calls) if first else Reply(content="done")
+
+    llm.default = model
+    job = await hand_over(
+        client, tenant, request_id=f"quotes-{uuid.uuid4().hex}", observations=["我喜欢攀岩"]
+    )
+    assert job["status"] == "done", str(job)[:2000]
+    notes = job["result"]["notes"]
+    assert len(json.dumps(notes)) < 10 * STATEMENT_MAX_CHARS, [n[:200] for n in notes]
+    assert all(len(note) <= STATEMENT_MAX_CHARS for note in notes)
+    joined = " | ".join(notes)
+    assert "not an id" in joined and "is not part of this conversation" in joined
+    assert "unknown tool" in joined and "is not a target of this job" in joined
+    [flood] = re.findall(r"(\d+) tool calls refused: at most (\d+) are run a turn", joined)
+    assert int(flood[0]) + int(flood[1]) == reads + 1 and int(flood[1]) < 10
+    replies = [
+        m["content"]
+        for r in llm.chat_requests
+        for m in r["messages"]
+        if m["role"] == "tool" and m["content"].startswith("refused")
+    ]
+    assert len(replies) >= reads
+    assert all(len(reply) <= STATEMENT_MAX_CHARS for reply in replies)
 
 
 async def test_a_todo_is_assigned_only_to_someone_of_the_conversation(

@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 from alembic import command
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sqlalchemy import text
 
 from service.app import create_app
@@ -255,6 +257,106 @@ async def test_nat64_addresses_of_internal_ones_are_refused() -> None:
         with pytest.raises(Invalid):
             webhook.check_url(f"http://[{address}]/hook", allow_private=False)
     assert webhook.public(ipaddress.ip_address("64:ff9b::808:808"))
+
+
+# IPv6 forms that carry an IPv4 address, each as written in a URL, with the one it carries.
+CARRYING = {
+    "2002:7f00:1::": "127.0.0.1",  # 6to4
+    "::127.0.0.1": "127.0.0.1",  # IPv4-compatible
+    "::169.254.169.254": "169.254.169.254",
+    "::ffff:0:7f00:1": "127.0.0.1",  # IPv4-translated
+    "64:ff9b:1::a9fe:a9fe": "169.254.169.254",  # NAT64, local-use prefix
+    "2001:0:4136:e378:8000:63bf:80ff:fffe": "127.0.0.1",  # Teredo, its client inverted
+}
+
+
+async def test_ipv6_forms_of_internal_addresses_are_refused(client: AppClient) -> None:
+    """A webhook on an IPv6 address that carries a loopback or metadata IPv4 one (6to4,
+    compatible, translated, Teredo, local-use NAT64), or on a site-local one, is a 422 naming
+    the field; a public IPv6 address, or one carrying a public IPv4 address, is kept."""
+    tenant = await new_tenant(client, f"t-{uuid.uuid4().hex[:8]}")
+    path = uuid.uuid4().hex
+    for address in [*CARRYING, "fec0::1", f"fec0::{uuid.uuid4().int & 0xFFFF:x}"]:
+        response = await client.patch(
+            "/v1/settings",
+            json={"webhook_url": f"http://[{address}]/{path}"},
+            headers=tenant.headers,
+        )
+        assert response.status_code == 422, (address, response.text)
+        assert response.json()["field"] == "settings.webhook_url", address
+    for address in ("2606:4700:4700::1111", "2002:808:808::1", "64:ff9b::808:808"):
+        url = f"https://[{address}]:8443/{path}"
+        ok = await client.patch("/v1/settings", json={"webhook_url": url}, headers=tenant.headers)
+        assert ok.status_code == 200, (address, ok.text)
+        assert ok.json()["overrides"]["webhook_url"] == url
+
+
+# IPv4 networks that are not on the public internet.
+INTERNAL_V4 = [
+    ipaddress.IPv4Network(n)
+    for n in (
+        "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16",
+        "172.16.0.0/12", "192.0.0.0/29", "192.0.2.0/24", "192.168.0.0/16", "198.18.0.0/15",
+        "198.51.100.0/24", "203.0.113.0/24", "224.0.0.0/4", "240.0.0.0/4",
+    )
+]  # fmt: skip
+INTERNAL = st.builds(
+    lambda net, n: net[n % net.num_addresses],
+    st.sampled_from(INTERNAL_V4),
+    st.integers(min_value=0, max_value=2**32 - 1),
+)
+PUBLIC_V4 = st.sampled_from(["8.8.8.8", "1.1.1.1", "65.54.227.120"]).map(ipaddress.IPv4Address)
+
+
+def _carrying(form: str, v4: ipaddress.IPv4Address, other: int, rest: int) -> str:
+    """An IPv6 address of ``form`` carrying ``v4`` (``other``, a public IPv4 address as an
+    integer, and ``rest``, random bits, fill what the form leaves free)."""
+    v = int(v4)
+    if form == "mapped":
+        value = 0xFFFF << 32 | v
+    elif form == "translated":
+        value = 0xFFFF << 48 | v
+    elif form == "compatible":
+        value = v
+    elif form == "nat64":
+        value = 0x64FF9B << 96 | v
+    elif form == "6to4":
+        value = 0x2002 << 112 | v << 80 | rest & (1 << 80) - 1
+    elif form in ("teredo-server", "teredo-client"):
+        server, client = (v, other) if form == "teredo-server" else (other, v)
+        value = 0x20010000 << 96 | server << 64 | (rest & 0xFFFFFFFF) << 32 | client ^ 0xFFFFFFFF
+    else:  # NAT64's local-use prefix at one of its lengths, bits 64 to 71 zero
+        length = int(form.removeprefix("nat64-local-"))
+        shift = 120 - (length if length <= 64 else length - 8) - 32  # in the 120 bits
+        free = ((1 << 72) - 1) & ~(0xFFFFFFFF << shift)
+        without_u = 0x64FF9B0001 << 72 | rest & free | v << shift
+        value = (without_u >> 56) << 64 | without_u & (1 << 56) - 1
+    return str(ipaddress.IPv6Address(value))
+
+
+FORMS = [
+    "mapped", "translated", "compatible", "nat64", "6to4", "teredo-server", "teredo-client",
+    "nat64-local-48", "nat64-local-56", "nat64-local-64", "nat64-local-96",
+]  # fmt: skip
+
+
+@given(
+    form=st.sampled_from(FORMS),
+    v4=INTERNAL,
+    other=PUBLIC_V4,
+    rest=st.integers(min_value=0, max_value=2**80 - 1),
+)
+@settings(max_examples=300, deadline=None)
+def test_any_internal_ipv4_address_carried_in_ipv6_is_refused(
+    form: str, v4: ipaddress.IPv4Address, other: ipaddress.IPv4Address, rest: int
+) -> None:
+    """Whatever internal IPv4 address an IPv6 form carries, and whatever fills the rest of
+    it, the URL on it is refused and a resolved address of it is not reached."""
+    address = _carrying(form, v4, int(other), rest)
+    assert v4 in webhook.carried(ipaddress.IPv6Address(address)), (form, address)
+    assert not webhook.public(ipaddress.ip_address(address)), (form, address)
+    with pytest.raises(Invalid):
+        webhook.check_url(f"http://[{address}]/hook", allow_private=False)
 
 
 async def _deliver_to(db_url: str, url_of: Any, **settings: Any) -> tuple[dict[str, Any], int]:

@@ -9,9 +9,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from service.context import ConversationContext, path_safe
+from service.text import STATEMENT_MAX_CHARS
 
 MAX_OBSERVATIONS = 50
-MAX_ITEM_CHARS = 4000
+MAX_ITEM_CHARS = STATEMENT_MAX_CHARS
 
 
 def loose_bool(value: Any) -> Any:

@@ -38,6 +38,7 @@ from service.llm import ChatModel
 from service.memories import service as memories
 from service.memories.digest import day_summary
 from service.settings import Settings
+from service.text import bounded, clip
 from service.todos import service as todos
 from service.visibility import derive
 
@@ -243,8 +244,9 @@ class MemoryKeeper:
                     operation = validate_call(call.name, call.arguments, scene)
                 except Invalid as exc:
                     refused += 1
-                    reply = f"refused: {exc.message}"
-                    plan.notes.append(f"{call.name}: {reply}")
+                    # The message may quote the call (an id, a name it made up), at any length.
+                    reply = bounded(f"refused: {exc.message}")
+                    plan.notes.append(bounded(f"{clip(call.name, 100)}: {reply}"))
                 else:
                     plan.operations.append(operation)
                     reply = "ok"

@@ -26,6 +26,7 @@ from service.profiles.consolidate import within_budget
 from service.profiles.document import Profile, ProfileKey, parse, render
 from service.profiles.service import Fact
 from service.settings import Settings
+from service.text import bounded, clip
 from service.visibility import Viewer, derive
 
 log = logging.getLogger("service.historian")
@@ -163,10 +164,23 @@ class ProfileMerger:
             if not result.tool_calls:
                 break
             messages.append(result.as_message())
-            for call in result.tool_calls:
-                reply = await self._tool(read, call.name, call.arguments, by_key, staged, moment)
-                if reply.startswith("refused"):
-                    notes.append(f"{call.name}: {reply}")
+            # A turn reads and updates each target once; calls past that are answered
+            # without being run, or each would render a document into the next prompt.
+            room = 2 * len(targets)
+            if len(result.tool_calls) > room:
+                beyond = len(result.tool_calls) - room
+                notes.append(f"{beyond} tool calls refused: at most {room} are run a turn")
+            for n, call in enumerate(result.tool_calls):
+                if n >= room:
+                    reply = f"refused: at most {room} tool calls are run a turn"
+                else:
+                    reply = await self._tool(
+                        read, call.name, call.arguments, by_key, staged, moment
+                    )
+                    if reply.startswith("refused"):
+                        # The reason may quote the call (a key, a document) at any length.
+                        reply = bounded(reply)
+                        notes.append(bounded(f"{clip(call.name, 100)}: {reply}"))
                 messages.append({"role": "tool", "tool_call_id": call.id, "content": reply})
         return staged, notes, calls
 

@@ -11,6 +11,7 @@ from typing import Any
 from service.historian.absolutize import Person
 from service.historian.gate import GateHit, gate, id_drift
 from service.llm import ChatModel, LLMError
+from service.text import STATEMENT_MAX_CHARS
 
 SUBMIT_REWRITE = {
     "type": "function",
@@ -51,6 +52,10 @@ You are the historian: rewrite each item into one self-contained, absolute state
 4. 保留原文语言、事实和每一个数字 ID；不得添加原文和参考消息中没有的细节。
    Keep the original language, facts and every numeric id. Never invent details.
 5. 每条输出一句完整陈述。调用 submit_rewrite 一次提交全部条目。"""
+
+
+# The warning of an item whose rewrite the model made longer than a statement may be.
+TOO_LONG = f"the model's rewrite is over {STATEMENT_MAX_CHARS} characters; the rules' draft is kept"
 
 
 @dataclass
@@ -141,7 +146,16 @@ def _prompt(items: list[Item], situation: Situation) -> str:
     return "\n".join(lines)
 
 
-def _parse(result_calls: list[Any]) -> dict[int, str]:
+@dataclass
+class Rewrites:
+    """What one ``submit_rewrite`` call gave: the texts by index, and the indexes whose text
+    was longer than a statement may be."""
+
+    texts: dict[int, str]
+    too_long: set[int] = field(default_factory=set)
+
+
+def _parse(result_calls: list[Any]) -> Rewrites:
     for call in result_calls:
         if call.name != "submit_rewrite":
             continue
@@ -150,7 +164,7 @@ def _parse(result_calls: list[Any]) -> dict[int, str]:
         rewrites = call.arguments.get("rewrites")
         if not isinstance(rewrites, list):
             raise LLMError("submit_rewrite has no list 'rewrites'")
-        out: dict[int, str] = {}
+        out = Rewrites({})
         for entry in rewrites:
             if not isinstance(entry, dict):
                 raise LLMError("submit_rewrite entries must be objects")
@@ -160,8 +174,12 @@ def _parse(result_calls: list[Any]) -> dict[int, str]:
             if isinstance(text, str):
                 # PostgreSQL's text holds no NUL: one the model wrote failed the job's write.
                 text = re.sub(r"\s+", " ", text.replace("\x00", "")).strip()
-            if isinstance(index, int) and isinstance(text, str) and text:
-                out[index] = text
+            if not isinstance(index, int) or not isinstance(text, str) or not text:
+                continue
+            if len(text) > STATEMENT_MAX_CHARS:
+                out.too_long.add(index)
+            else:
+                out.texts[index] = text
         return out
     raise LLMError("the model did not call submit_rewrite")
 
@@ -194,10 +212,17 @@ async def rewrite_with_llm(
             purpose="historian_rewrite",
         )
         calls += 1
-        texts = _parse(result.tool_calls)
+        parsed = _parse(result.tool_calls)
+        texts = parsed.texts
         feedback: list[str] = []
         still: list[Item] = []
         for item in pending:
+            if item.index in parsed.too_long and item.index not in texts:
+                # Not asked again: the rules' draft is the statement, as when the model is down.
+                outcome = rule_outcome(item, force=force)
+                outcome.warnings.insert(0, TOO_LONG)
+                outcomes[item.index] = outcome
+                continue
             text = texts.get(item.index)
             if text is None:
                 still.append(item)

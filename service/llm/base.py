@@ -5,12 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from service.text import bounded
+
 
 class LLMError(Exception):
     """The model could not give a usable answer (after the provider's retries)."""
 
     def __init__(self, message: str, *, retryable: bool = True, retry_after: float | None = None):
-        super().__init__(message)
+        # The message may quote the provider's answer, of any length, and is kept (an event's
+        # warnings, a job's error) and logged.
+        super().__init__(bounded(message))
         self.retryable = retryable
         self.retry_after = retry_after
 

@@ -32,20 +32,54 @@ class Refused(Exception):
     """The webhook's target is not one the worker may reach."""
 
 
-# NAT64's well-known prefix: on an IPv6-only network the gateway carries such an address to the
-# IPv4 address of its last 32 bits (and DNS64 gives every name with only an IPv4 address one).
+# IPv6 forms that carry an IPv4 address: a packet to one reaches that IPv4 address (through
+# a tunnel, a translator or the host's own IPv4 stack), so each counts as what it carries.
+# IPv4-mapped (::ffff:0:0/96), IPv4-translated (::ffff:0:0:0/96), IPv4-compatible (::/96) and
+# NAT64's well-known prefix (64:ff9b::/96) end with it; 6to4 (2002::/16) has it after the
+# prefix, and Teredo (2001::/32) both its server's and, inverted, its client's.
+MAPPED = ipaddress.IPv6Network("::ffff:0:0/96")
+TRANSLATED = ipaddress.IPv6Network("::ffff:0:0:0/96")
+COMPATIBLE = ipaddress.IPv6Network("::/96")
 NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+# NAT64's local-use prefix: the network chooses how much of it is its prefix (48, 56, 64 or
+# 96 bits, with bits 64 to 71 left zero), and so where the IPv4 address sits: the address
+# counts as every IPv4 address a gateway might read in it.
+NAT64_LOCAL = ipaddress.IPv6Network("64:ff9b:1::/48")
+NAT64_LENGTHS = (48, 56, 64, 96)
+
+
+def _nat64_reading(value: int, length: int) -> ipaddress.IPv4Address:
+    """The IPv4 address an RFC 6052 address with a ``length``-bit prefix carries: the 32 bits
+    after the prefix, bits 64 to 71 left out."""
+    without_u = (value >> 64) << 56 | (value & (1 << 56) - 1)  # 120 bits
+    start = length if length <= 64 else length - 8
+    return ipaddress.IPv4Address(without_u >> (120 - start - 32) & 0xFFFFFFFF)
+
+
+def carried(address: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses an IPv6 address carries, and so reaches (none for a plain one)."""
+    last = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    if address in MAPPED or address in TRANSLATED or address in COMPATIBLE or address in NAT64:
+        return [last]
+    if address.sixtofour is not None:
+        return [address.sixtofour]
+    if address.teredo is not None:
+        return list(address.teredo)
+    if address in NAT64_LOCAL:
+        return [_nat64_reading(int(address), length) for length in NAT64_LENGTHS]
+    return []
 
 
 def public(address: IPAddress) -> bool:
-    """Whether an address is on the public internet (not loopback, link-local, private,
-    multicast, unspecified or reserved; an IPv4-mapped or NAT64 IPv6 address counts as its
-    IPv4)."""
+    """Whether an address is on the public internet (not loopback, link-local, site-local,
+    private, multicast, unspecified or reserved); an IPv6 address carrying IPv4 ones (mapped,
+    translated, compatible, 6to4, Teredo, NAT64) counts as those, all of them public."""
     if isinstance(address, ipaddress.IPv6Address):
-        if address.ipv4_mapped is not None:
-            address = address.ipv4_mapped
-        elif address in NAT64:
-            address = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+        inside = carried(address)
+        if inside:
+            return all(public(v4) for v4 in inside)
+        if address.is_site_local:
+            return False
     return address.is_global and not address.is_multicast
 
 
