@@ -193,7 +193,7 @@ async def test_export_has_everything_about_the_person_and_nothing_else(
     assert "我家住在姑苏城外" in texts and "我的秘密" in texts  # their own messages
     assert f"{NAME}是个好人" in texts  # a message naming them
     assert "今天天气不错" not in texts  # not about them
-    assert any(e["id"] == "v1:1:1" for e in document["events"])
+    assert any(e["id"] == "g:g7:v1:1.1" for e in document["events"])
     assert any("资助" in e["text"] for e in document["events"])  # an event that names them
     assert any("乡宦" in m["content"] for m in document["memories"])
     assert any(

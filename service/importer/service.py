@@ -302,10 +302,20 @@ class _Writer:
         have: set[str] = set()
         for start in range(0, len(jobs), 500):
             requests = [j.request for j in jobs[start : start + 500]]
+            # A turn's events: as the bot's store named them, or as a job of this import did.
             ids = [
                 eid
                 for r in requests
-                for eid in event_ids(r.request_id, r.end_seq, len(r.observations), bool(r.memo))
+                for eid in (
+                    *bot_event_ids(r.request_id, r.end_seq, len(r.observations), bool(r.memo)),
+                    *event_ids(
+                        r.conversation_key,
+                        r.request_id,
+                        r.end_seq,
+                        len(r.observations),
+                        bool(r.memo),
+                    ),
+                )
             ]
             async with self.db.tenant(self.tenant_id) as session:
                 have |= await repository.imported_turns(
@@ -313,7 +323,7 @@ class _Writer:
                     self.tenant_id,
                     [r.request_id for r in requests],
                     ids,
-                    [dedupe_key(r.request_id, r.end_seq) for r in requests],
+                    [dedupe_key(r.conversation_key, r.request_id, r.end_seq) for r in requests],
                 )
         for n, job in enumerate(jobs, 1):
             self.progress("jobs", n, len(jobs))
@@ -344,6 +354,14 @@ class _Writer:
         for kind, fields in sorted(self.source.unknown.items()):
             listed = ", ".join(f"{name} ({count})" for name, count in fields.most_common())
             notes.append(f"{kind}: unknown fields ignored: {listed}")
+
+
+def bot_event_ids(request_id: str, end_seq: int, observations: int, memo: bool) -> list[str]:
+    """The ids the bot's own store gave a job's events (``rid:seq`` for a lone observation,
+    ``rid:seq:N`` for several, ``rid:seq:memo``), by which an imported turn is found."""
+    base = f"{request_id}:{end_seq}"
+    ids = [base] if observations == 1 else [f"{base}:{n}" for n in range(1, observations + 1)]
+    return [*ids, f"{base}:memo"] if memo else ids
 
 
 def _small_int(value: Any) -> int:
