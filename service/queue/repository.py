@@ -819,26 +819,6 @@ async def unfinished(
     return (int(row.id), str(row.status)) if row is not None else None
 
 
-# The jobs' dedupe key index: a lookup per key, whatever the job's status.
-_PAYLOAD_FIELD_BY_DEDUPE = text(
-    """
-    SELECT payload ->> :field FROM jobs
-    WHERE tenant_id = :tenant_id AND dedupe_key = ANY(:dedupe_keys)
-    """
-)
-
-
-async def payload_field_by_dedupe(
-    session: AsyncSession, tenant_id: uuid.UUID, dedupe_keys: list[str], field: str
-) -> set[str]:
-    """A payload field of the tenant's jobs with these dedupe keys (queued, running, or
-    finished and not yet pruned)."""
-    if not dedupe_keys:
-        return set()
-    params = {"tenant_id": tenant_id, "dedupe_keys": dedupe_keys, "field": field}
-    return {row[0] for row in await session.execute(_PAYLOAD_FIELD_BY_DEDUPE, params)}
-
-
 _KIND_STATUS_COUNTS = text("SELECT kind, status, count(*) AS n FROM jobs GROUP BY kind, status")
 
 
