@@ -100,12 +100,11 @@ async def test_one_request_id_in_five_groups_and_a_private_chat_stores_six_turns
 ) -> None:
     client, tenant = offline
     request_id = _request_id()
-    chats = [(_group(_id("g"), _id("u")), "") for _ in range(5)]
     person = _id("u")
-    chats.append((_private(person), ""))
-    scopes = [f"group_id={c['group_id']}" for c, _ in chats[:5]] + [f"user_id={person}"]
+    chats = [_group(_id("g"), _id("u")) for _ in range(5)] + [_private(person)]
+    scopes = [f"group_id={c['group_id']}" for c in chats[:5]] + [f"user_id={person}"]
     told: list[tuple[str, str, dict[str, Any]]] = []
-    for context, _ in chats:
+    for context in chats:
         observation, memo = f"喜欢{_id('q')}", f"回答了{_id('m')}"
         body = {**context, "request_id": request_id, "observations": [observation], "memo": memo}
         response = await _post(client, tenant, body)
