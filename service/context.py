@@ -258,6 +258,12 @@ def conversation_key(request_type: str, group_id: str | None, user_id: str | Non
     return f"p:{user_id}"
 
 
+def key_part(value: str) -> str:
+    """An id as one part of a key made of several, split at ':': '%' and ':' percent-escaped,
+    so that no two tuples of ids make the same key."""
+    return value.replace("%", "%25").replace(":", "%3A")
+
+
 def is_group(conversation_key: str) -> bool:
     """Whether the key (see ``conversation_key``) is a group's."""
     return conversation_key.startswith("g:")

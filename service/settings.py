@@ -92,8 +92,9 @@ class QueueSettings(_Section):
     receipt_retention_days: float = Field(
         90.0,
         gt=0,
-        description="how long a repeated /v1/end (same request_id and end_seq) is still"
-        " answered with the first answer and makes no second job, after that job is pruned",
+        description="how long a repeated /v1/end (same conversation, request_id and end_seq)"
+        " is still answered with the first answer and makes no second job, after that job is"
+        " pruned",
     )
     lease_seconds: float = Field(30.0, gt=0)
     heartbeat_seconds: float = Field(10.0, gt=0)

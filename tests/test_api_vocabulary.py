@@ -16,7 +16,7 @@ async def test_end_reads_new_info_given_as_a_list(client: AppClient) -> None:
         headers=tenant.headers,
     )
     assert response.status_code == 202, response.text
-    assert response.json()["event_ids"] == ["legacy-1:1:1", "legacy-1:1:2"]
+    assert response.json()["event_ids"] == ["g:g1:legacy-1:1.1", "g:g1:legacy-1:1.2"]
     refused = await client.post(
         "/v1/end", json={**GROUP, "request_id": "legacy-2", "new_info": 5}, headers=tenant.headers
     )

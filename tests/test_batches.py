@@ -161,7 +161,7 @@ async def test_a_poisoned_job_fails_alone_and_its_batch_mates_are_stored(
             "UPDATE jobs SET payload = jsonb_set(payload, '{event_ids,0}', to_jsonb($2::text))"
             " WHERE id = $1",
             unwritable,
-            "x" * 400,
+            "x" * 1001,
         )
 
     await drain(setup.worker(batches=True), db_url, tenant.tenant_id, 12)

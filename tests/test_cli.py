@@ -269,7 +269,7 @@ def test_serve_runs_its_worker_in_a_child_process_and_stops_it(tmp_path: Path) -
             "the worker process never finished the job",
         )
         assert done["status"] == "done", done["last_error"]
-        assert done["result"]["event_ids"] == ["held-1:1"]
+        assert done["result"]["event_ids"] == ["p:10001:held-1:1.1"]
 
         # A worker process that dies is replaced, and the replacement takes the next job.
         child.kill()

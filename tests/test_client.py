@@ -72,21 +72,24 @@ async def test_round_trip(memoria: MemoriaClient) -> None:
     accepted = await memoria.end(
         GROUP, request_id="turn-1", memo="帮张三查了北京的天气", observations=["我明天去北京出差"]
     )
-    assert accepted.enqueued and accepted.event_ids == ["turn-1:1", "turn-1:1:memo"]
+    assert accepted.enqueued and accepted.event_ids == [
+        "g:100200:turn-1:1.1",
+        "g:100200:turn-1:1.memo",
+    ]
     assert accepted.job_id is not None
     job = await memoria.wait_for_job(accepted.job_id)
     assert job.status == "done", job.last_error
 
-    event = await memoria.get_event("turn-1:1")
+    event = await memoria.get_event("g:100200:turn-1:1.1")
     assert event.text == "张三(10001) 2026-02-22 去北京出差" and event.is_absolute
     page = await memoria.list_events(group_id="100200")
-    assert {e.id for e in page.events} == {"turn-1:1", "turn-1:1:memo"}
+    assert {e.id for e in page.events} == {"g:100200:turn-1:1.1", "g:100200:turn-1:1.memo"}
     assert [m.memo for m in await memoria.memos(group_id="100200")] == ["帮张三查了北京的天气"]
     found = await memoria.search_events(query="北京出差", context=GROUP)
-    assert found.events[0].id == "turn-1:1"
+    assert found.events[0].id == "g:100200:turn-1:1.1"
 
     context = await memoria.context(GROUP, message="我去北京出差的事你还记得吗")
-    assert "event:turn-1:1" in {item.id for item in context.events}
+    assert "event:g:100200:turn-1:1.1" in {item.id for item in context.events}
     assert "<cognitive_context>" in context.prompt
 
     created = await memoria.add_memory(
@@ -474,9 +477,9 @@ def test_sync_client_over_loopback(loopback: tuple[str, str], tmp_path: Path) ->
         accepted = memoria.end(GROUP, request_id="s-1", observations=["我明天去北京出差"])
         assert accepted.job_id is not None
         assert memoria.wait_for_job(accepted.job_id).status == "done"
-        assert memoria.get_event("s-1:1").text == "张三(10001) 2026-02-22 去北京出差"
+        assert memoria.get_event("g:100200:s-1:1.1").text == "张三(10001) 2026-02-22 去北京出差"
         context = memoria.context(GROUP, message="北京出差")
-        assert "event:s-1:1" in {item.id for item in context.events}
+        assert "event:g:100200:s-1:1.1" in {item.id for item in context.events}
 
         created = memoria.add_memory(
             scope="GLOBAL", user_id="10001", category="PREFERENCE", content="张三(10001)喜欢喝茶"

@@ -114,7 +114,9 @@ async def test_sigkilled_worker_job_is_reclaimed_and_written_once(
     async with raw_connection(db_url) as conn:
         rows = await conn.fetch("SELECT id, text FROM events WHERE request_id = 'crash-1'")
         running = await conn.fetchval("SELECT count(*) FROM jobs WHERE status = 'running'")
-    assert [(r["id"], r["text"]) for r in rows] == [("crash-1:1", "张三(10001) 2026-02-22 去北京")]
+    assert [(r["id"], r["text"]) for r in rows] == [
+        ("g:g1:crash-1:1.1", "张三(10001) 2026-02-22 去北京")
+    ]
     assert running == 0
 
 

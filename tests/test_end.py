@@ -33,9 +33,18 @@ async def end(client: AppClient, tenant: TenantHandle, **body: Any) -> Any:
 
 
 def test_event_ids_are_deterministic() -> None:
-    assert event_ids("r1", 1, 1, False) == ["r1:1"]
-    assert event_ids("r1", 2, 3, True) == ["r1:2:1", "r1:2:2", "r1:2:3", "r1:2:memo"]
-    assert event_ids("r1", 1, 0, True) == ["r1:1:memo"]
+    assert event_ids("g:7", "r1", 1, 1, False) == ["g:7:r1:1.1"]
+    assert event_ids("p:u", "r1", 2, 3, True) == [
+        "p:u:r1:2.1",
+        "p:u:r1:2.2",
+        "p:u:r1:2.3",
+        "p:u:r1:2.memo",
+    ]
+    assert event_ids("g:7", "r1", 1, 0, True) == ["g:7:r1:1.memo"]
+    # Ids are escaped, so that no two turns of any conversations share an event id.
+    assert event_ids("g:a:b", "c", 1, 1, False) == ["g:a%3Ab:c:1.1"]
+    assert event_ids("g:a", "b:c", 1, 1, False) == ["g:a:b%3Ac:1.1"]
+    assert event_ids("g:a%3Ab", "c", 1, 1, False) == ["g:a%253Ab:c:1.1"]
 
 
 async def test_end_is_accepted_with_job_and_event_ids(
@@ -47,7 +56,7 @@ async def test_end_is_accepted_with_job_and_event_ids(
     assert response.status_code == 202
     body = response.json()
     assert body["enqueued"] is True
-    assert body["event_ids"] == ["req-1:1", "req-1:1:memo"]
+    assert body["event_ids"] == ["g:100200:req-1:1.1", "g:100200:req-1:1.memo"]
     assert body["memo_recorded"] is True
     job = (await client.get(f"/v1/jobs/{body['job_id']}", headers=tenant.headers)).json()
     assert job["kind"] == "historian.end" and job["status"] == "queued"
@@ -60,7 +69,8 @@ async def test_end_is_idempotent(client: AppClient, tenant: TenantHandle) -> Non
     again = await end(client, tenant, request_id="req-2", end_seq=3, observations=["a", "b"])
     assert first.status_code == again.status_code == 202
     assert again.json()["job_id"] == first.json()["job_id"]
-    assert again.json()["event_ids"] == first.json()["event_ids"] == ["req-2:3:1", "req-2:3:2"]
+    assert again.json()["event_ids"] == first.json()["event_ids"]
+    assert first.json()["event_ids"] == ["g:100200:req-2:3.1", "g:100200:req-2:3.2"]
     assert again.json()["duplicate"] is True
     jobs = (await client.get("/v1/jobs", headers=tenant.headers)).json()["jobs"]
     assert len(jobs) == 1
@@ -89,10 +99,10 @@ async def test_legacy_field_names(client: AppClient, tenant: TenantHandle) -> No
     assert response.status_code == 202
     job = (await client.get(f"/v1/jobs/{response.json()['job_id']}", headers=tenant.headers)).json()
     assert job["status"] == "queued"
-    assert response.json()["event_ids"] == ["old-1:1", "old-1:1:memo"]
+    assert response.json()["event_ids"] == ["g:100200:old-1:1.1", "g:100200:old-1:1.memo"]
     summary_only = await end(client, tenant, request_id="old-2", summary="只写了总结")
     assert summary_only.status_code == 202
-    assert summary_only.json()["event_ids"] == ["old-2:1:memo"]
+    assert summary_only.json()["event_ids"] == ["g:100200:old-2:1.memo"]
     memos = (await client.get("/v1/memos?group_id=100200", headers=tenant.headers)).json()
     assert {m["memo"] for m in memos} == {"回答了问题", "只写了总结"}
 
@@ -170,7 +180,8 @@ async def test_a_repeat_after_the_job_is_pruned_makes_no_second_job(client: AppC
     again = await end(client, first_tenant, **turn)
     assert again.status_code == 202
     assert again.json()["job_id"] == first["job_id"]
-    assert again.json()["event_ids"] == first["event_ids"] == ["turn:50%:a:2:1", "turn:50%:a:2:2"]
+    assert again.json()["event_ids"] == first["event_ids"]
+    assert first["event_ids"] == ["g:100200:turn%3A50%25%3Aa:2.1", "g:100200:turn%3A50%25%3Aa:2.2"]
     assert again.json()["duplicate"] is True
     jobs = (await client.get("/v1/jobs", headers=first_tenant.headers)).json()["jobs"]
     assert jobs == []

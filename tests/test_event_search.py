@@ -1028,6 +1028,8 @@ async def test_a_floods_copies_leave_the_scan_on_upgrade_and_stay_out_of_a_rebui
 
         assert await in_scan() == ["copy:1/%", "kept", "thumb"]
         await asyncio.to_thread(command.upgrade, config, "head")
+        # The upgrade widens event_vectors.event_id: statements prepared before are stale.
+        await db.engine.dispose()
         assert await in_scan() == ["kept", "thumb"]
         async with db.system() as session:
             await vectors.rebuild(session, DIM)
@@ -1036,6 +1038,7 @@ async def test_a_floods_copies_leave_the_scan_on_upgrade_and_stay_out_of_a_rebui
             kept = text("SELECT count(embedding) FROM events")
             assert (await session.execute(kept)).scalar_one() == 3
         await asyncio.to_thread(command.downgrade, config, "0020_event_term_rows")
+        await db.engine.dispose()
         assert await in_scan() == ["copy:1/%", "kept", "thumb"]
     finally:
         await db.dispose()

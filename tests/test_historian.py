@@ -97,11 +97,11 @@ async def test_offline_rules_make_absolute_events(offline: tuple[AppClient, Tena
     )
     assert done["job"]["status"] == "done"
     assert done["job"]["result"]["llm_calls"] == 0
-    observation = await event(client, tenant, "r1:1")
+    observation = await event(client, tenant, "g:100200:r1:1.1")
     assert observation["text"] == "张三(10001) 2026-02-22 去北京"
     assert observation["is_absolute"] is True
     assert observation["source_text"] == "我明天去北京"
-    memo = await event(client, tenant, "r1:1:memo")
+    memo = await event(client, tenant, "g:100200:r1:1.memo")
     assert memo["text"].startswith("小助手(20002)帮张三(10001)查了天气")
     assert memo["perspective"] == "bot"
     meta = observation["metadata"]
@@ -115,7 +115,7 @@ async def test_offline_rules_make_absolute_events(offline: tuple[AppClient, Tena
     assert meta["is_absolute"] is True
     # Listed newest first within the conversation, and nowhere else.
     listed = (await client.get("/v1/events?group_id=100200", headers=tenant.headers)).json()
-    assert {e["id"] for e in listed["events"]} == {"r1:1", "r1:1:memo"}
+    assert {e["id"] for e in listed["events"]} == {"g:100200:r1:1.1", "g:100200:r1:1.memo"}
     other = (await client.get("/v1/events?group_id=999", headers=tenant.headers)).json()
     assert other["events"] == []
 
@@ -125,7 +125,7 @@ async def test_offline_unresolvable_words_are_stored_not_dropped(
 ) -> None:
     client, tenant = offline
     await hand_over(client, tenant, request_id="r2", observations=["他说那边的店关门了"])
-    stored = await event(client, tenant, "r2:1")
+    stored = await event(client, tenant, "g:100200:r2:1.1")
     assert stored["is_absolute"] is False
     assert any("他" in w for w in stored["warnings"])
     assert stored["text"] == "他说那边的店关门了"
@@ -158,7 +158,7 @@ async def test_only_what_passed_the_gate_reaches_profiles_and_memories(
     await hand_over(
         client, tenant, request_id="g2", observations=["他说那边的店关门了"], force=True
     )
-    stored = await event(client, tenant, "g2:1")
+    stored = await event(client, tenant, "g:100200:g2:1.1")
     assert stored["is_absolute"] is False and "forced past the gate" in stored["warnings"]
     body, memories = await profile_and_memories(client, tenant)
     assert "关门" in body
@@ -168,7 +168,9 @@ async def test_the_event_is_embedded(offline: tuple[AppClient, TenantHandle], db
     client, tenant = offline
     await hand_over(client, tenant, request_id="r3", observations=["张三喜欢 Rust"])
     async with raw_connection(db_url) as conn:
-        dims = await conn.fetchval("SELECT vector_dims(embedding) FROM events WHERE id = 'r3:1'")
+        dims = await conn.fetchval(
+            "SELECT vector_dims(embedding) FROM events WHERE id = 'g:100200:r3:1.1'"
+        )
     assert dims == 384
 
 
@@ -191,7 +193,7 @@ async def test_llm_rewrite_passing_the_gate_takes_one_call(
         recent_messages=[{"sender_name": "李四", "sender_id": "10003", "text": "北京冷吗"}],
     )
     assert done["job"]["result"]["llm_calls"] == 1
-    stored = await event(client, tenant, "l1:1")
+    stored = await event(client, tenant, "g:100200:l1:1.1")
     assert stored["text"] == "张三(10001)计划 2026-02-22 去北京出差"
     assert stored["is_absolute"] is True
     prompt = llm.chat_requests[0]["messages"][1]["content"]
@@ -212,7 +214,7 @@ async def test_gate_hit_is_fed_back_and_fixed(
     assert done["job"]["result"]["llm_calls"] == 2
     feedback = llm.chat_requests[1]["messages"][-1]["content"]
     assert "他" in feedback and "代词" in feedback
-    stored = await event(client, tenant, "l2:1")
+    stored = await event(client, tenant, "g:100200:l2:1.1")
     assert stored["text"] == "张三(10001) 2026-02-22 去北京"
     assert stored["is_absolute"] is True
 
@@ -225,7 +227,7 @@ async def test_gate_failing_every_retry_degrades(
     done = await hand_over(client, tenant, request_id="l3", observations=["我明天去北京"])
     assert done["job"]["status"] == "done"
     assert done["job"]["result"]["llm_calls"] == 3  # the first try and rewrite_max_retry = 2
-    stored = await event(client, tenant, "l3:1")
+    stored = await event(client, tenant, "g:100200:l3:1.1")
     assert stored["is_absolute"] is False
     assert stored["warnings"]
 
@@ -237,7 +239,7 @@ async def test_force_stores_at_once(online: tuple[AppClient, TenantHandle], llm:
         client, tenant, request_id="l4", observations=["他明天去北京"], force=True
     )
     assert done["job"]["result"]["llm_calls"] == 1
-    stored = await event(client, tenant, "l4:1")
+    stored = await event(client, tenant, "g:100200:l4:1.1")
     assert stored["text"] == "他 2026-02-22 去北京"
     assert stored["is_absolute"] is False
     assert "forced past the gate" in stored["warnings"]
@@ -256,7 +258,7 @@ async def test_id_drift_is_never_accepted_even_with_force(
     ]
     assert len(rewrite_calls) == 3
     assert "12345678" in rewrite_calls[1]["messages"][-1]["content"]
-    stored = await event(client, tenant, "l5:1")
+    stored = await event(client, tenant, "g:100200:l5:1.1")
     assert "12345678" in stored["text"]  # the rules' draft, which kept the id
     assert "2026-02-22" in stored["text"]
 
@@ -269,7 +271,7 @@ async def test_llm_outage_retries_the_job_then_stores_the_rules_draft(
     done = await hand_over(client, tenant, request_id="l6", observations=["我明天去北京"])
     job = done["job"]
     assert job["status"] == "done" and job["attempts"] == 2  # job_max_retries = 1
-    stored = await event(client, tenant, "l6:1")
+    stored = await event(client, tenant, "g:100200:l6:1.1")
     assert stored["text"] == "张三(10001) 2026-02-22 去北京"
     assert stored["is_absolute"] is False
     assert any("llm unavailable" in w for w in stored["warnings"])
@@ -285,7 +287,7 @@ async def test_malformed_tool_arguments_retry_the_job(
     )
     done = await hand_over(client, tenant, request_id="l7", observations=["我明天去北京"])
     assert done["job"]["attempts"] == 2
-    assert (await event(client, tenant, "l7:1"))["is_absolute"] is True
+    assert (await event(client, tenant, "g:100200:l7:1.1"))["is_absolute"] is True
 
 
 async def test_a_rerun_job_rewrites_the_same_rows(
@@ -312,7 +314,7 @@ async def test_tool_arguments_of_the_wrong_types_are_retried_then_degraded(
     )
     done = await hand_over(client, tenant, request_id="l8", observations=["我明天去北京"])
     assert done["job"]["status"] == "done"
-    stored = await event(client, tenant, "l8:1")
+    stored = await event(client, tenant, "g:100200:l8:1.1")
     # Never dropped: the rules' absolute draft, marked as not confirmed by the model.
     assert stored["text"] == "张三(10001) 2026-02-22 去北京"
 
@@ -327,7 +329,7 @@ async def test_a_rewrite_holding_a_nul_character_is_stored_without_it(
     done = await hand_over(client, tenant, request_id="l9", observations=["我明天去北京"])
     assert done["job"]["status"] == "done", done["job"]
     assert done["job"]["attempts"] == 1 and done["job"]["result"]["llm_calls"] == 1
-    stored = await event(client, tenant, "l9:1")
+    stored = await event(client, tenant, "g:100200:l9:1.1")
     assert stored["text"] == "张三(10001) 2026-02-22 去北京" and stored["is_absolute"] is True
 
 

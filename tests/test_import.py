@@ -345,11 +345,11 @@ async def test_import_brings_the_bots_data_once(db_url: str, tmp_path: Path) -> 
         for job in seen["jobs"]:
             assert (await until_finished(client, tenant, job["id"]))["status"] == "done"
         h = tenant.headers
-        for event_id in (f"{GROUP_JOB}:1:1", f"{GROUP_JOB}:1:2", f"{GROUP_JOB}:1:memo"):
+        for event_id in (f"g:100200:{GROUP_JOB}:1.{n}" for n in ("1", "2", "memo")):
             event = await client.get(f"/v1/events/{event_id}", headers=h)
             assert event.status_code == 200, event_id
             assert event.json()["occurred_at"] == "2026-02-22T02:00:00Z"
-        moved = (await client.get(f"/v1/events/{PRIVATE_JOB}:1", headers=h)).json()
+        moved = (await client.get(f"/v1/events/p:10003:{PRIVATE_JOB}:1.1", headers=h)).json()
         assert "杭州" in moved["text"] and moved["user_id"] == "10003"
 
     # Once the jobs are done and pruned from the queue, and their receipts too, their turns

@@ -213,7 +213,7 @@ async def test_offline_every_observation_becomes_an_add_without_duplicates(
     )
     rules = by_content["群规：禁止发广告"]
     assert (rules["scope"], rules["user_id"]) == ("GROUP", None)
-    assert spicy["evidence"]["event_ids"] == ["o1:1:1"]
+    assert spicy["evidence"]["event_ids"] == ["g:g1:o1:1.1"]
     assert [h["action"] for h in await history(client, tenant, spicy["id"])] == [
         "add",
         "noop_duplicate",

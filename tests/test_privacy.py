@@ -193,7 +193,7 @@ async def test_export_has_everything_about_the_person_and_nothing_else(
     assert "我家住在姑苏城外" in texts and "我的秘密" in texts  # their own messages
     assert f"{NAME}是个好人" in texts  # a message naming them
     assert "今天天气不错" not in texts  # not about them
-    assert any(e["id"] == "v1:1:1" for e in document["events"])
+    assert any(e["id"] == "g:g7:v1:1.1" for e in document["events"])
     assert any("资助" in e["text"] for e in document["events"])  # an event that names them
     assert any("乡宦" in m["content"] for m in document["memories"])
     assert any(
@@ -891,7 +891,7 @@ async def test_personal_data_policy(running: tuple[AppClient, TenantHandle]) -> 
         request_id="m1",
         observations=["我的手机号是13812345678，邮箱 jia@example.com"],
     )
-    masked = (await client.get("/v1/events/m1:1", headers=tenant.headers)).json()
+    masked = (await client.get("/v1/events/g:g7:m1:1.1", headers=tenant.headers)).json()
     assert "13812345678" not in masked["text"] and "138****5678" in masked["text"]
     assert "jia@example.com" not in masked["text"] and "j***@example.com" in masked["text"]
     stored = await client.post(
@@ -912,9 +912,9 @@ async def test_personal_data_policy(running: tuple[AppClient, TenantHandle]) -> 
         headers=tenant.headers,
     )
     job = await until_finished(client, tenant, response.json()["job_id"])
-    assert any("d1:1:1 dropped" in n for n in job["result"]["notes"])
-    assert (await client.get("/v1/events/d1:1:1", headers=tenant.headers)).status_code == 404
-    assert (await client.get("/v1/events/d1:1:2", headers=tenant.headers)).status_code == 200
+    assert any("g:g7:d1:1.1 dropped" in n for n in job["result"]["notes"])
+    assert (await client.get("/v1/events/g:g7:d1:1.1", headers=tenant.headers)).status_code == 404
+    assert (await client.get("/v1/events/g:g7:d1:1.2", headers=tenant.headers)).status_code == 200
     dropped = await client.post(
         "/v1/messages",
         json={**GROUP, "messages": [{"message_id": "pd", "text": "call me at +1 415 555 0132"}]},

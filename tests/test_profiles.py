@@ -298,7 +298,7 @@ async def test_offline_merge_builds_a_dated_list_and_skips_duplicates(
         "- 2026-02-21: 张三(10001)对花生过敏",
     ]
     assert member["version"] == 2
-    assert member["source_event_id"] == "b:2:1" or member["source_event_id"].startswith("b:")
+    assert member["source_event_id"].startswith("g:g1:b:1.")
     # Facts learned in a group stay out of the global user profile offline.
     assert (await client.get("/v1/profiles/user/10001", headers=tenant.headers)).status_code == 404
     # A group-wide fact reaches the group profile.
@@ -465,7 +465,7 @@ async def test_the_llm_reads_then_updates(
     assert 'entity_id: "10001"' in tool_results[0]["content"]
     member = (await client.get("/v1/profiles/member/g1/10001", headers=tenant.headers)).json()
     assert "对花生过敏" in member["body"] and member["tags"] == ["后端工程师"]
-    assert member["source_event_id"] == "llm-1:1"
+    assert member["source_event_id"] == "g:g1:llm-1:1.1"
     # updated_at is system-owned (the event's time), not what the model wrote.
     assert datetime.fromisoformat(member["updated_at"]) == datetime.fromisoformat(
         "2026-02-21T23:30:00+08:00"

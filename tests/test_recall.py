@@ -365,8 +365,8 @@ async def test_context_brings_this_conversations_memory_and_nothing_else(
     body = response.json()
     assert body["persona"].startswith("你是小助手")
     event_ids = [e["id"] for e in body["events"]]
-    assert event_ids and event_ids[0].startswith("event:a:1")  # the asyncio events rank first
-    assert all(not e.startswith("event:c:") for e in event_ids)  # g2 never appears
+    assert event_ids and event_ids[0].startswith("event:g:g1:a:1.")  # the asyncio events rank first
+    assert all(not e.startswith("event:g:g2:c:") for e in event_ids)  # g2 never appears
     assert len(body["events"]) <= 3  # auto_top_k
     assert any("美式咖啡" in m["text"] for m in body["memories"])
     assert all("g2" not in json.dumps(m) for m in body["memories"])
@@ -422,8 +422,8 @@ async def test_in_a_group_the_askers_own_event_comes_first_in_context_and_search
 
     for member in ("30001", "30002", "30003", "30004", "30005"):
         in_context, searched = await firsts(member)
-        assert in_context.startswith(f"event:told-{member}:") and searched.startswith(
-            f"told-{member}:"
+        assert in_context.startswith(f"event:g:g1:told-{member}:") and searched.startswith(
+            f"g:g1:told-{member}:"
         ), (member, in_context, searched)
     stranger = await firsts("29999")
     assert stranger == await firsts("29998")
@@ -443,10 +443,10 @@ async def test_an_event_search_naming_a_day_finds_that_days_event(
     for n, (at, said) in enumerate(painted.items()):
         await end(client, tenant, request_id=f"paint-{n}", observations=[said], timestamp=at)
     for query, zone, first in (
-        ("2026年2月8日张三画了什么？", "Asia/Shanghai", "paint-0:"),
-        ("What did 张三 paint on 9 February 2026?", "Asia/Shanghai", "paint-1:"),
+        ("2026年2月8日张三画了什么？", "Asia/Shanghai", "g:g1:paint-0:"),
+        ("What did 张三 paint on 9 February 2026?", "Asia/Shanghai", "g:g1:paint-1:"),
         # 10:00 on the 10th in Shanghai is still the 9th in Los Angeles.
-        ("2026年2月9日张三画了什么？", "America/Los_Angeles", "paint-2:"),
+        ("2026年2月9日张三画了什么？", "America/Los_Angeles", "g:g1:paint-2:"),
     ):
         found = await client.post(
             "/v1/events/search",
@@ -488,7 +488,7 @@ async def test_the_named_days_event_is_found_among_many_nearer_ones_of_other_day
         headers=tenant.headers,
     )
     assert found.status_code == 200, found.text
-    assert found.json()["events"][0]["id"].startswith("sketch:"), found.json()
+    assert found.json()["events"][0]["id"].startswith("g:g1:sketch:"), found.json()
     # The day lies outside the range asked for: not found.
     bounded = await client.post(
         "/v1/events/search",
@@ -501,7 +501,7 @@ async def test_the_named_days_event_is_found_among_many_nearer_ones_of_other_day
         headers=tenant.headers,
     )
     assert bounded.status_code == 200, bounded.text
-    assert all(not e["id"].startswith("sketch:") for e in bounded.json()["events"])
+    assert all(not e["id"].startswith("g:g1:sketch:") for e in bounded.json()["events"])
 
 
 async def test_two_members_telling_the_same_words_are_two_results_one_member_twice_is_one(
@@ -608,7 +608,7 @@ async def test_event_search_filters_are_hard(running: tuple[AppClient, TenantHan
             "/v1/events/search", json={"query": "西湖", "context": context}, headers=tenant.headers
         )
     ).json()
-    assert {e["id"] for e in found["events"]} == {"d1:1", "d5:1", "d9:1"}
+    assert {e["id"] for e in found["events"]} == {"g:g1:d1:1.1", "g:g1:d5:1.1", "g:g1:d9:1.1"}
     windowed = (
         await client.post(
             "/v1/events/search",
@@ -621,7 +621,7 @@ async def test_event_search_filters_are_hard(running: tuple[AppClient, TenantHan
             headers=tenant.headers,
         )
     ).json()
-    assert [e["id"] for e in windowed["events"]] == ["d5:1"]
+    assert [e["id"] for e in windowed["events"]] == ["g:g1:d5:1.1"]
     assert "swapped" in windowed["warnings"][0]
     elsewhere = await client.post(
         "/v1/events/search",
@@ -1079,7 +1079,7 @@ async def test_a_clearly_more_relevant_event_outranks_a_recent_unrelated_one(
             headers=tenant.headers,
         )
     ).json()
-    assert "event:turn-8812:1" in [e["id"] for e in context["events"]]
+    assert "event:g:100200:turn-8812:1.1" in [e["id"] for e in context["events"]]
     assert "去北京出差" in context["prompt"]
 
 
@@ -1116,16 +1116,16 @@ async def test_the_bot_reads_every_time_on_the_conversations_clock(
         return next(row for row in body["prompt"].splitlines() if needle in row)
 
     shanghai = await context()  # the tenant's default zone, Asia/Shanghai
-    run = next(e for e in shanghai["events"] if e["id"] == "event:morning:1")
+    run = next(e for e in shanghai["events"] if e["id"] == "event:g:g1:morning:1.1")
     assert run["meta"]["occurred_at"] == "2026-11-24T07:27:00+08:00"
-    assert "2026-11-24: " in line(shanghai, '"event:morning:1"')
+    assert "2026-11-24: " in line(shanghai, '"event:g:g1:morning:1.1"')
     assert "2026-11-23 23:30+08:00: 帮张三订了会议室" in line(shanghai, '"memo:evening:1"')
     (todo,) = shanghai["todos"]
     assert todo["meta"]["trigger_time"] == "2026-11-24T09:00:00+08:00"
     assert "(due 2026-11-24 09:00+08:00) " in line(shanghai, f'"{todo["id"]}"')
 
     london = await context(timezone="Europe/London")  # the conversation's own zone
-    assert "2026-11-23: " in line(london, '"event:morning:1"')
+    assert "2026-11-23: " in line(london, '"event:g:g1:morning:1.1"')
     assert "2026-11-23 15:30+00:00: 帮张三订了会议室" in line(london, '"memo:evening:1"')
     assert "(due 2026-11-24 01:00+00:00)" in line(london, f'"{todo["id"]}"')
 
@@ -1141,7 +1141,7 @@ async def test_the_bot_reads_every_time_on_the_conversations_clock(
         json={"query": "西湖跑步", "context": {**GROUP, "timezone": "Asia/Shanghai"}},
         headers=tenant.headers,
     )
-    hit = next(e for e in found.json()["events"] if e["id"] == "morning:1")
+    hit = next(e for e in found.json()["events"] if e["id"] == "g:g1:morning:1.1")
     assert hit["occurred_at"] == "2026-11-24T07:27:00+08:00"
 
 

@@ -77,7 +77,7 @@ async def test_every_accepted_end_is_written_exactly_once_despite_kills(db_url: 
                     headers=tenant.headers,
                 )
                 if response.status_code == 202:
-                    accepted.append(f"soak-{n}:1")
+                    accepted.append(f"g:g{n % 7}:soak-{n}:1.1")
                 if n % 50 == 0:
                     await asyncio.sleep(0)
 

@@ -28,7 +28,8 @@ class Memo(Base):
 
     __tablename__ = "memos"
     __table_args__ = (
-        UniqueConstraint("tenant_id", "request_id", "end_seq"),
+        # One memo per turn of a conversation: the bot's request ids repeat across them.
+        UniqueConstraint("tenant_id", "conversation_key", "request_id", "end_seq"),
         Index("ix_memos_conversation_time", "tenant_id", "conversation_key", text("said_at DESC")),
     )
 

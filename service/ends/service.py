@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.context import ConversationContext, checked_moment, scope_of
+from service.context import ConversationContext, checked_moment, key_part, scope_of
 from service.db.engine import Database
 from service.ends import repository
 from service.ends.schemas import EndAccepted, EndRequest, MemoInfo
 from service.errors import Conflict, Invalid
-from service.events import service as events
 from service.privacy.service import was_erased
-from service.queue import repository as jobs
 from service.queue.payloads import EndPayload
 from service.settings import Settings
 from service.tenants.service import TenantContext
@@ -40,51 +39,45 @@ async def check_erased(
     return sorted(erased)
 
 
-def event_ids(request_id: str, end_seq: int, observations: int, memo: bool) -> list[str]:
-    """Deterministic ids: ``rid:seq`` for a lone observation, ``rid:seq:N`` for several,
-    ``rid:seq:memo`` for the bot's own action."""
-    base = f"{request_id}:{end_seq}"
-    ids = [base] if observations == 1 else [f"{base}:{n}" for n in range(1, observations + 1)]
-    return [*ids, f"{base}:memo"] if memo else ids
+def turn_key(conversation_key: str, request_id: str, end_seq: int) -> str:
+    """One turn of one conversation: ``g:<group>:<request_id>:<end_seq>`` (``p:<user>`` for a
+    private chat), the group or user id and the request id escaped ('%' and ':'), so that no
+    two (conversation, request_id, end_seq) ever make the same key."""
+    kind, _, target = conversation_key.partition(":")
+    return f"{kind}:{key_part(target)}:{key_part(request_id)}:{end_seq}"
 
 
-def dedupe_key(request_id: str, end_seq: int) -> str:
-    """The historian job's dedupe key: one job per (request_id, end_seq)."""
-    return f"end:{request_id}:{end_seq}"
+def event_ids(
+    conversation_key: str, request_id: str, end_seq: int, observations: int, memo: bool
+) -> list[str]:
+    """Deterministic ids: the turn's key, then ``.N`` for observation N and ``.memo`` for
+    the bot's own action. The last part (``1.2``) is never one that ids made before the
+    conversation was part of them end in (digits, or ``memo``), so none is ever reused."""
+    base = turn_key(conversation_key, request_id, end_seq)
+    ids = [f"{base}.{n}" for n in range(1, observations + 1)]
+    return [*ids, f"{base}.memo"] if memo else ids
 
 
-def neighbour_turns(request_id: str, end_seq: int, observations: int) -> list[tuple[str, int]]:
-    """The other turns that may name an event as this one does: a lone observation's id
-    (``r:s``) has the shape of one of several (``r:s:N``) where one request id is the
-    other's followed by ':' and its end_seq (("t:1", 2) and ("t", 1)'s second: ``t:1:2``)."""
-    if observations > 1:
-        return [(f"{request_id}:{end_seq}", n) for n in range(1, observations + 1)]
-    head, _, tail = request_id.rpartition(":")
-    if observations == 1 and head and tail.isdigit() and tail == str(int(tail)):
-        return [(head, int(tail))]
-    return []
+def dedupe_key(conversation_key: str, request_id: str, end_seq: int) -> str:
+    """The historian job's dedupe key: one job per turn of a conversation."""
+    return f"end:{turn_key(conversation_key, request_id, end_seq)}"
 
 
-async def check_event_ids(
-    session: AsyncSession,
-    tenant_id: uuid.UUID,
-    request: EndRequest,
-    ids: list[str],
-    others: list[tuple[str, int]],
-) -> None:
-    """Refuse a turn whose event ``ids`` one of the ``others`` (``neighbour_turns``) holds
-    (its events, or its job's receipt): the historian's write would replace that turn's
-    events, of any conversation, with these."""
-    if not others:
-        return
-    keys = [dedupe_key(*turn) for turn in others]
-    taken = await jobs.listed_by_receipts(session, tenant_id, keys, ids)
-    taken |= await events.held_by_other_turns(
-        session, tenant_id, ids, request.request_id, request.end_seq
-    )
-    if taken:
+def fingerprint(request: EndRequest) -> str:
+    """What a repeat of a turn must carry to be the same turn: a digest of the call as read
+    (older field names read as the current ones)."""
+    body = json.dumps(request.model_dump(mode="json"), sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+def replayed(request: EndRequest, first: str | None, given: str) -> None:
+    """Refuse a repeated turn key whose call differs from the first one (a receipt made
+    before calls were fingerprinted has none, and is taken as the same call)."""
+    if first is not None and first != given:
         raise Conflict(
-            f"event id {min(taken)} is another turn's; give this turn another request_id",
+            f"request_id {request.request_id!r} (end_seq {request.end_seq}) was already "
+            "handed over in this conversation with another body; give this turn its own "
+            "request_id",
             field="request_id",
         )
 
@@ -92,7 +85,9 @@ async def check_event_ids(
 async def accept_end(
     db: Database, tenant: TenantContext, request: EndRequest, settings: Settings
 ) -> EndAccepted:
-    """Record the memo and enqueue the historian; idempotent by (request_id, end_seq)."""
+    """Record the memo and enqueue the historian, once per turn of a conversation: a repeat
+    of (conversation, request_id, end_seq) with the same call is answered as the first was,
+    one with another call is refused (``Conflict`` on ``request_id``)."""
     if not request.memo and not request.observations:
         return EndAccepted(enqueued=False, cognitive_enabled=tenant.cognitive_enabled)
     moment = request.moment(tenant.timezone)
@@ -100,8 +95,9 @@ async def accept_end(
     # may fall out of range (9999-12-30T00:00Z is 08:00 that day in Shanghai).
     checked_moment(moment, "timestamp")
     enqueue = tenant.cognitive_enabled
+    key = request.conversation_key
     ids = event_ids(
-        request.request_id, request.end_seq, len(request.observations), bool(request.memo)
+        key, request.request_id, request.end_seq, len(request.observations), bool(request.memo)
     )
     context = request.model_dump(mode="json", include=_CONTEXT_FIELDS)
     # The tenant's bot identity stands in when the call names none ("你" needs someone).
@@ -123,14 +119,12 @@ async def accept_end(
         pii_policy=tenant.pii_policy,
     )
     private = request.request_type == "private"
-    # The checks before the hand-over, in one transaction when there is any to make.
-    others = neighbour_turns(request.request_id, request.end_seq, len(request.observations))
-    others = others if enqueue else []
     flagged: list[str] = []
-    if tenant.erased_policy != "accept" or others:
+    if tenant.erased_policy != "accept":
         async with db.tenant(tenant.tenant_id) as session:
             flagged = await check_erased(session, tenant, [request.sender_id, request.user_id])
-            await check_event_ids(session, tenant.tenant_id, request, ids, others)
+    given = fingerprint(request)
+    turn = dedupe_key(key, request.request_id, request.end_seq)
     async with db.tenant_connection(tenant.tenant_id, durable=not tenant.fast_ack) as conn:
         row = await conn.fetchrow(
             repository.ACCEPT_END,
@@ -138,9 +132,10 @@ async def accept_end(
             END_JOB,
             json.dumps(payload.model_dump(mode="json"), ensure_ascii=False),
             settings.cognitive.queue.max_attempts,
-            dedupe_key(request.request_id, request.end_seq),
+            turn,
             enqueue,
-            request.conversation_key,
+            given,
+            key,
             request.request_type,
             request.group_id,
             request.user_id or (request.private_user if private else None),
@@ -150,6 +145,15 @@ async def accept_end(
             request.memo,
             moment,
         )
+        assert row is not None
+        first: Any = row
+        if enqueue and row["created"] is None and row["existing"] is None:
+            # A repeat that ran beside the first call: the receipt the statement could not
+            # see (it began before the first committed) is there now.
+            first = await conn.fetchrow(repository.RECEIPT, tenant.tenant_id, turn) or row
+        if enqueue and row["created"] is None:
+            # Raised inside the transaction: a refused repeat records nothing, not its memo.
+            replayed(request, first["existing_fingerprint"], given)
     base: dict[str, Any] = {
         "request_id": request.request_id,
         "end_seq": request.end_seq,
@@ -159,15 +163,14 @@ async def accept_end(
     if not enqueue:
         # Switched off: the memo log still works; no historian job is made (seed 002, 回退方式).
         return EndAccepted(enqueued=False, cognitive_enabled=False, **base)
-    assert row is not None
     if row["created"] is not None:
         return EndAccepted(enqueued=True, job_id=row["created"], event_ids=ids, **base)
-    existing_ids = row["existing_event_ids"]
+    existing_ids = first["existing_event_ids"]
     if isinstance(existing_ids, str):
         existing_ids = json.loads(existing_ids)
     return EndAccepted(
         enqueued=True,
-        job_id=row["existing"],
+        job_id=first["existing"],
         event_ids=list(existing_ids or ids),
         duplicate=True,
         **base,
@@ -194,6 +197,6 @@ async def memo_log(
 
 
 async def record_memo(session: AsyncSession, row: dict[str, Any]) -> bool:
-    """Add a memo from elsewhere (an import), idempotent by (request_id, end_seq) like the
-    hand-over's; False when that memo is already there."""
+    """Add a memo from elsewhere (an import), idempotent by its conversation's (request_id,
+    end_seq) like the hand-over's; False when that memo is already there."""
     return await repository.record_memo(session, row)

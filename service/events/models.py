@@ -30,9 +30,15 @@ from service.db.registry import Embedded
 from service.db.types import Embedding
 from service.events.vectors import EVENT_VECTORS_SCAN
 
+# An event id holds a conversation's id (up to 128 characters) and a request id (up to 200),
+# each of which may triple in length as they are escaped, with the turn's numbers.
+EVENT_ID_MAX = 1000
+
 
 class Event(Base):
-    """One absolute fact of a conversation, with the seeds' metadata. Id: ``request_id:end_seq``."""
+    """One absolute fact of a conversation, with the seeds' metadata. Id: its conversation's
+    turn and item (``g:<group>:<request_id>:<end_seq>.<n>``, see ``ends.service.event_ids``);
+    an event stored before ids named their conversation keeps its ``<request_id>:<end_seq>…``."""
 
     __tablename__ = "events"
     __table_args__ = (
@@ -54,7 +60,7 @@ class Event(Base):
     tenant_id: Mapped[uuid.UUID] = mapped_column(
         UUID(as_uuid=True), ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
     )
-    id: Mapped[str] = mapped_column(String(300), primary_key=True)
+    id: Mapped[str] = mapped_column(String(EVENT_ID_MAX), primary_key=True)
     conversation_key: Mapped[str] = mapped_column(String(200), nullable=False)
     request_type: Mapped[str] = mapped_column(String(16), nullable=False)
     group_id: Mapped[str | None] = mapped_column(String(128))
@@ -114,7 +120,7 @@ class EventVector(Base):
     )
 
     tenant_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
-    event_id: Mapped[str] = mapped_column(String(300), primary_key=True)
+    event_id: Mapped[str] = mapped_column(String(EVENT_ID_MAX), primary_key=True)
     conversation_key: Mapped[str] = mapped_column(String(200), nullable=False)
     occurred_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
     embedding: Mapped[Any] = mapped_column(HALFVEC(), nullable=False)

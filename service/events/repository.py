@@ -28,9 +28,9 @@ from service.retrieval.terms import (
 )
 
 # Upsert by event id: a retried job rewrites the same rows instead of adding new ones, and
-# only its own: an event of another turn that names its event alike (``t:1`` with one
-# observation is ``t:1:1``, as ``t`` with several; the end call refuses such a turn, but two
-# can race past that check) is left as it is, not given this turn's text. The same
+# only its own: an event of another turn or conversation under the same id (an imported one
+# may be named anyhow; a hand-over's id is made of its conversation and turn) is left as it
+# is, not given this turn's text. The same
 # statement keeps the event's search vector (event_vectors) in step: written when there is an
 # embedding, removed when a rewrite leaves none or the event is a flood's copy (:copies, see
 # ``unindex``). updated_at takes EXCLUDED's (its default, now()):
@@ -50,7 +50,8 @@ _UPSERT_SQL = """
             metadata = EXCLUDED.metadata, embedding = EXCLUDED.embedding,
             lexical = EXCLUDED.lexical, job_id = EXCLUDED.job_id,
             updated_at = EXCLUDED.updated_at
-        WHERE events.request_id IS NOT DISTINCT FROM EXCLUDED.request_id
+        WHERE events.conversation_key = EXCLUDED.conversation_key
+          AND events.request_id IS NOT DISTINCT FROM EXCLUDED.request_id
           AND events.end_seq IS NOT DISTINCT FROM EXCLUDED.end_seq
         RETURNING tenant_id, id, conversation_key, occurred_at, embedding
     ), searchable AS (
@@ -221,23 +222,6 @@ async def events_by_ids(
         return {}
     rows = dicts(await session.execute(_BY_IDS, {"tenant_id": tenant_id, "ids": list(event_ids)}))
     return {row["id"]: row for row in rows}
-
-
-_OTHERS = text(
-    """
-    SELECT id FROM events
-    WHERE tenant_id = :tenant_id AND id = ANY(:ids)
-      AND (request_id <> :request_id OR end_seq <> :end_seq)
-    """
-)
-
-
-async def held_by_other_turns(
-    session: AsyncSession, tenant_id: uuid.UUID, event_ids: list[str], request_id: str, end_seq: int
-) -> set[str]:
-    """Those of ``event_ids`` that are events of another turn than (request_id, end_seq)."""
-    params = {"tenant_id": tenant_id, "ids": event_ids, "request_id": request_id}
-    return {row[0] for row in await session.execute(_OTHERS, {**params, "end_seq": end_seq})}
 
 
 async def get_event(

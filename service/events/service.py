@@ -194,13 +194,6 @@ async def by_ids(
     return await repository.events_by_ids(session, tenant_id, event_ids)
 
 
-async def held_by_other_turns(
-    session: AsyncSession, tenant_id: uuid.UUID, event_ids: list[str], request_id: str, end_seq: int
-) -> set[str]:
-    """Those of ``event_ids`` that are events of another turn than (request_id, end_seq)."""
-    return await repository.held_by_other_turns(session, tenant_id, event_ids, request_id, end_seq)
-
-
 async def neighbours(
     session: AsyncSession,
     tenant_id: uuid.UUID,

@@ -50,7 +50,9 @@ def screen(payload: dict[str, Any], ids: list[str]) -> tuple[dict[str, Any], lis
     if policy == "store":
         return payload, ids, []
     notes: list[str] = []
-    memo_id = ids[-1] if payload.get("memo") and ids and ids[-1].endswith(":memo") else None
+    # A memo's id ends ".memo" (":memo" in a job queued before ids named their conversation).
+    is_memo = bool(ids) and ids[-1].endswith((".memo", ":memo"))
+    memo_id = ids[-1] if payload.get("memo") and is_memo else None
     observation_ids = ids[: len(ids) - (1 if memo_id else 0)]
     kept_observations: list[str] = []
     kept_ids: list[str] = []

@@ -267,10 +267,10 @@ class _Writer:
             batch = memos[start : start + 500]
             async with self.db.tenant(self.tenant_id) as session:
                 have = await repository.imported_turns(
-                    session, self.tenant_id, [m.request_id for m in batch], [], []
+                    session, self.tenant_id, [(m.chat.key, m.request_id) for m in batch], [], {}
                 )
                 for memo in batch:
-                    if memo.request_id in have:
+                    if (memo.chat.key, memo.request_id) in have:
                         self.report.present["memos"] += 1
                         continue
                     if self._refused(memo.origin, memo.chat):
@@ -299,25 +299,41 @@ class _Writer:
 
     async def _jobs(self) -> None:
         jobs = self.source.jobs
-        have: set[str] = set()
+        have: set[tuple[str, str]] = set()
         for start in range(0, len(jobs), 500):
             requests = [j.request for j in jobs[start : start + 500]]
+            # A turn's events: as the bot's store named them, or as a job of this import did.
             ids = [
                 eid
                 for r in requests
-                for eid in event_ids(r.request_id, r.end_seq, len(r.observations), bool(r.memo))
+                for eid in (
+                    *bot_event_ids(r.request_id, r.end_seq, len(r.observations), bool(r.memo)),
+                    *event_ids(
+                        r.conversation_key,
+                        r.request_id,
+                        r.end_seq,
+                        len(r.observations),
+                        bool(r.memo),
+                    ),
+                )
             ]
             async with self.db.tenant(self.tenant_id) as session:
                 have |= await repository.imported_turns(
                     session,
                     self.tenant_id,
-                    [r.request_id for r in requests],
+                    [(r.conversation_key, r.request_id) for r in requests],
                     ids,
-                    [dedupe_key(r.request_id, r.end_seq) for r in requests],
+                    {
+                        dedupe_key(r.conversation_key, r.request_id, r.end_seq): (
+                            r.conversation_key,
+                            r.request_id,
+                        )
+                        for r in requests
+                    },
                 )
         for n, job in enumerate(jobs, 1):
             self.progress("jobs", n, len(jobs))
-            if job.request.request_id in have:
+            if (job.request.conversation_key, job.request.request_id) in have:
                 self.report.present["jobs"] += 1
                 continue
             if not self.dry_run:
@@ -344,6 +360,14 @@ class _Writer:
         for kind, fields in sorted(self.source.unknown.items()):
             listed = ", ".join(f"{name} ({count})" for name, count in fields.most_common())
             notes.append(f"{kind}: unknown fields ignored: {listed}")
+
+
+def bot_event_ids(request_id: str, end_seq: int, observations: int, memo: bool) -> list[str]:
+    """The ids the bot's own store gave a job's events (``rid:seq`` for a lone observation,
+    ``rid:seq:N`` for several, ``rid:seq:memo``), by which an imported turn is found."""
+    base = f"{request_id}:{end_seq}"
+    ids = [base] if observations == 1 else [f"{base}:{n}" for n in range(1, observations + 1)]
+    return [*ids, f"{base}:memo"] if memo else ids
 
 
 def _small_int(value: Any) -> int:

@@ -49,7 +49,7 @@ class ProfileRow(Base):
     )
     document: Mapped[str] = mapped_column(Text, nullable=False)
     body: Mapped[str] = mapped_column(Text, nullable=False)
-    source_event_id: Mapped[str | None] = mapped_column(String(300))
+    source_event_id: Mapped[str | None] = mapped_column(String(1000))
     version: Mapped[int] = mapped_column(Integer, nullable=False)
     embedding: Mapped[Any] = mapped_column(Embedding(), nullable=True)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)

@@ -121,7 +121,7 @@ class Job(Base):
     lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     last_error: Mapped[str | None] = mapped_column(Text)
     result: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
-    dedupe_key: Mapped[str | None] = mapped_column(String(400))
+    dedupe_key: Mapped[str | None] = mapped_column(String(1000))
     # Jobs of one lock (e.g. one conversation's extraction) wait one at a time and run one
     # at a time; None: no such rule.
     queueing_lock: Mapped[str | None] = mapped_column(String(400))
@@ -145,7 +145,10 @@ class JobReceipt(Base):
     )
 
     tenant_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
-    dedupe_key: Mapped[str] = mapped_column(String(400), primary_key=True)
+    dedupe_key: Mapped[str] = mapped_column(String(1000), primary_key=True)
     job_id: Mapped[int] = mapped_column(BigInteger, nullable=False)
     answer: Mapped[Any] = mapped_column(JSONB, nullable=True)
+    # A digest of the request that made the job: a repeat of the key with another request is
+    # refused, not answered as the first (None: a receipt made before requests were digested).
+    fingerprint: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime] = created_at_column()

@@ -95,14 +95,28 @@ JOBS = PersonalTable(
     ),
 )
 
-# A request's receipt holds its dedupe key and the ids of the events its job writes (made of
-# the bot's request id), no one's words: it goes with the tenant and by its own retention.
+
+# A request's receipt holds its dedupe key, the ids of the events its job writes and a digest
+# of the request, no one's words. A hand-over's key and event ids name its conversation (its
+# group, or the person of a private chat): they go with that conversation's erasure, else
+# with the tenant and by their own retention.
+def _their_turns(kind: str, param: str) -> str:
+    """Delete the receipts of the turns of a conversation (``kind`` g or p, its id bound to
+    ``param``): their keys start with ``end:<kind>:<id escaped>:``."""
+    prefix = f"'end:{kind}:' || replace(replace({param}, '%', '%25'), ':', '%3A') || ':'"
+    return f"DELETE FROM job_receipts WHERE tenant_id = :t AND starts_with(dedupe_key, {prefix})"
+
+
 RECEIPTS = PersonalTable(
     table="job_receipts",
     not_personal={
-        "dedupe_key": "a key made of ids that runs a job once",
-        "answer": "the ids of the events a hand-over writes, made of the bot's request id",
+        "dedupe_key": "a key made of a conversation's and the bot's ids that runs a job once",
+        "answer": "the ids of the events a hand-over writes, made of its conversation's and the"
+        " bot's ids",
+        "fingerprint": "a digest of the request, which tells a repeat of it from another",
     },
+    erase_user=(("receipts", _their_turns("p", ":u")),),
+    erase_group=(("receipts", _their_turns("g", ":g")),),
 )
 
 TABLES = (JOBS, RECEIPTS)

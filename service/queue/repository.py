@@ -173,16 +173,19 @@ async def enqueue_joined(
 def enqueue_beside(write: str, *, existing_field: str) -> str:
     """One statement (for asyncpg's positional parameters) that runs a caller's write and
     enqueues a job, so the hot path pays one round trip: ``write`` is a data-modifying CTE
-    body (named ``write``) that uses $1 (the tenant) and its own parameters from $7 on; the
+    body (named ``write``) that uses $1 (the tenant) and its own parameters from $8 on; the
     job takes $2 kind, $3 payload (JSON text), $4 max_attempts, $5 dedupe key, and is made
-    only when $6 is true. Both halves are idempotent: the write by its own ON CONFLICT, the
-    job by its dedupe key.
+    only when $6 is true; $7 is the request's fingerprint (text, or NULL), kept with the
+    receipt so that a repeat of the key can be told from another request reusing it. Both
+    halves are idempotent: the write by its own ON CONFLICT, the job by its dedupe key.
 
-    The job is made beside a receipt (``job_receipts``: its id and that field of its payload)
-    that outlives the job by ``receipt_retention_days``, so a repeat after the job was pruned
-    still makes none. The row has ``created`` (the new job's id), or ``existing`` and
-    ``existing_<field>`` (the receipt's) for the job an earlier call made. The outer SELECT
-    runs on the statement's snapshot, so ``existing`` never finds the receipt made here."""
+    The job is made beside a receipt (``job_receipts``: its id, that field of its payload and
+    the fingerprint) that outlives the job by ``receipt_retention_days``, so a repeat after
+    the job was pruned still makes none. The row has ``created`` (the new job's id), or
+    ``existing``, ``existing_<field>`` and ``existing_fingerprint`` (the receipt's) for the
+    job an earlier call made. The outer SELECT runs on the statement's snapshot, so
+    ``existing`` never finds the receipt made here, nor one a concurrent call committed while
+    this one waited on its job's key: then neither is set, and ``receipt_beside`` reads it."""
     if not existing_field.isidentifier():
         raise ValueError(f"not a payload field name: {existing_field!r}")
     return f"""
@@ -196,16 +199,30 @@ WITH write AS (
     ON CONFLICT (tenant_id, dedupe_key) DO NOTHING
     RETURNING id
 ), receipt AS (
-    INSERT INTO job_receipts (tenant_id, dedupe_key, job_id, answer)
-    SELECT $1, CAST($5 AS text), id, CAST($3 AS jsonb) -> '{existing_field}' FROM job
+    INSERT INTO job_receipts (tenant_id, dedupe_key, job_id, answer, fingerprint)
+    SELECT $1, CAST($5 AS text), id, CAST($3 AS jsonb) -> '{existing_field}', CAST($7 AS text)
+    FROM job
     ON CONFLICT (tenant_id, dedupe_key) DO NOTHING
 )
 SELECT (SELECT id FROM job) AS created,
        existing.job_id AS existing,
-       existing.answer AS existing_{existing_field}
+       existing.answer AS existing_{existing_field},
+       existing.fingerprint AS existing_fingerprint
 FROM (SELECT 1) AS one
 LEFT JOIN job_receipts AS existing
     ON existing.tenant_id = $1 AND existing.dedupe_key = CAST($5 AS text)
+"""
+
+
+def receipt_beside(existing_field: str) -> str:
+    """The receipt of $1 (the tenant) and $2 (a dedupe key), in the columns of
+    ``enqueue_beside``'s row for a job an earlier call made."""
+    if not existing_field.isidentifier():
+        raise ValueError(f"not a payload field name: {existing_field!r}")
+    return f"""
+SELECT job_id AS existing, answer AS existing_{existing_field},
+       fingerprint AS existing_fingerprint
+FROM job_receipts WHERE tenant_id = $1 AND dedupe_key = $2
 """
 
 
@@ -887,49 +904,6 @@ async def unfinished(
     }
     row = (await session.execute(_UNFINISHED, params)).first()
     return (int(row.id), str(row.status)) if row is not None else None
-
-
-# The jobs' dedupe key index: a lookup per key, whatever the job's status.
-_PAYLOAD_FIELD_BY_DEDUPE = text(
-    """
-    SELECT payload ->> :field FROM jobs
-    WHERE tenant_id = :tenant_id AND dedupe_key = ANY(:dedupe_keys)
-    """
-)
-
-
-async def payload_field_by_dedupe(
-    session: AsyncSession, tenant_id: uuid.UUID, dedupe_keys: list[str], field: str
-) -> set[str]:
-    """A payload field of the tenant's jobs with these dedupe keys (queued, running, or
-    finished and not yet pruned)."""
-    if not dedupe_keys:
-        return set()
-    params = {"tenant_id": tenant_id, "dedupe_keys": dedupe_keys, "field": field}
-    return {row[0] for row in await session.execute(_PAYLOAD_FIELD_BY_DEDUPE, params)}
-
-
-# Which of :items the receipts of these dedupe keys list in their answer (a JSON array, as
-# ``enqueue_beside``'s field of the payload).
-_LISTED_BY_RECEIPTS = text(
-    """
-    SELECT DISTINCT item FROM job_receipts AS r,
-         jsonb_array_elements_text(
-             CASE WHEN jsonb_typeof(r.answer) = 'array' THEN r.answer ELSE '[]' END) AS item
-    WHERE r.tenant_id = :tenant_id AND r.dedupe_key = ANY(:dedupe_keys) AND item = ANY(:items)
-    """
-)
-
-
-async def listed_by_receipts(
-    session: AsyncSession, tenant_id: uuid.UUID, dedupe_keys: list[str], items: list[str]
-) -> set[str]:
-    """Those of ``items`` that the tenant's receipts of these dedupe keys list in their
-    answer (a job queued, running or finished, until its receipt is pruned)."""
-    if not dedupe_keys or not items:
-        return set()
-    params = {"tenant_id": tenant_id, "dedupe_keys": dedupe_keys, "items": items}
-    return {row[0] for row in await session.execute(_LISTED_BY_RECEIPTS, params)}
 
 
 _KIND_STATUS_COUNTS = text("SELECT kind, status, count(*) AS n FROM jobs GROUP BY kind, status")
