@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
 import random
 import signal
@@ -16,6 +17,34 @@ from service.app import create_app
 from tests.conftest import make_settings, new_tenant, raw_connection, serve_app, wait_for
 
 CALLS = int(os.environ.get("MEMORIA_SOAK_CALLS", "1000"))
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    # A run killed outright (SIGKILL, a second timeout) cannot stop its workers: the kernel
+    # does, so that none goes on polling a database that is about to be deleted.
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+async def ended(worker: subprocess.Popen[bytes], timeout: float) -> bool:
+    """Whether the process exits within ``timeout`` seconds; the event loop runs meanwhile."""
+    deadline = time.monotonic() + timeout
+    while worker.poll() is None:
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
+
+
+async def stop_workers(workers: list[subprocess.Popen[bytes]], graceful: bool) -> None:
+    """SIGTERM and a minute to finish the jobs in hand when the soak ends; when it is
+    interrupted or failed, SIGKILL at once (what the soak does to them anyway)."""
+    for worker in workers:
+        worker.send_signal(signal.SIGTERM if graceful else signal.SIGKILL)
+    for worker in workers:
+        if not await ended(worker, 60 if graceful else 5):
+            worker.kill()
+            await ended(worker, 5)
 
 
 def start_worker(db_url: str) -> subprocess.Popen[bytes]:
@@ -36,6 +65,7 @@ def start_worker(db_url: str) -> subprocess.Popen[bytes]:
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        preexec_fn=_die_with_parent if sys.platform == "linux" else None,
     )
 
 
@@ -55,12 +85,13 @@ async def test_every_accepted_end_is_written_exactly_once_despite_kills(db_url: 
                 await asyncio.sleep(rng.uniform(0.3, 1.2))
                 victim = rng.randrange(len(workers))
                 workers[victim].send_signal(signal.SIGKILL)
-                workers[victim].wait()
+                await ended(workers[victim], 10)
                 kills += 1
                 workers[victim] = start_worker(db_url)
 
         monkey = asyncio.create_task(chaos())
         accepted: list[str] = []
+        finished = False
         try:
             for n in range(CALLS):
                 response = await client.post(
@@ -94,12 +125,10 @@ async def test_every_accepted_end_is_written_exactly_once_despite_kills(db_url: 
             monkey.cancel()
             await wait_for(drained, timeout=900, interval=0.5)
             drain_seconds = time.monotonic() - started
+            finished = True
         finally:
             monkey.cancel()
-            for worker in workers:
-                worker.send_signal(signal.SIGTERM)
-            for worker in workers:
-                worker.wait(timeout=60)
+            await stop_workers(workers, graceful=finished)
 
     async with raw_connection(db_url) as conn:
         stored = await conn.fetch(
