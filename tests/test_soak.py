@@ -15,6 +15,7 @@ import pytest
 
 from service.app import create_app
 from tests.conftest import make_settings, new_tenant, raw_connection, serve_app, wait_for
+from tests.fake_llm import FakeLLM
 
 CALLS = int(os.environ.get("MEMORIA_SOAK_CALLS", "1000"))
 PR_SET_PDEATHSIG = 1
@@ -47,10 +48,15 @@ async def stop_workers(workers: list[subprocess.Popen[bytes]], graceful: bool) -
             await ended(worker, 5)
 
 
-def start_worker(db_url: str) -> subprocess.Popen[bytes]:
+def start_worker(db_url: str, llm: FakeLLM) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMORIA_")}
     env.update(
         MEMORIA_DATABASE_URL=db_url,
+        # Hash vectors from the scripted server: the soak is about the queue surviving kills;
+        # the local model would spend most of it embedding, and each restart reloading it.
+        MEMORIA_MODELS__EMBEDDING__PROVIDER="openai",
+        MEMORIA_MODELS__EMBEDDING__API_URL=llm.base_url,
+        MEMORIA_MODELS__EMBEDDING__MODEL_NAME="hash-384",
         MEMORIA_COGNITIVE__QUEUE__LEASE_SECONDS="2",
         MEMORIA_COGNITIVE__QUEUE__HEARTBEAT_SECONDS="0.5",
         MEMORIA_COGNITIVE__QUEUE__CONCURRENCY="8",
@@ -70,14 +76,16 @@ def start_worker(db_url: str) -> subprocess.Popen[bytes]:
 
 
 @pytest.mark.slow
-async def test_every_accepted_end_is_written_exactly_once_despite_kills(db_url: str) -> None:
+async def test_every_accepted_end_is_written_exactly_once_despite_kills(
+    db_url: str, llm: FakeLLM
+) -> None:
     rng = random.Random(7)
     kills = 0
     async with serve_app(
         create_app(make_settings(db_url), migrate=False, run_worker=False)
     ) as client:
         tenant = await new_tenant(client)
-        workers = [start_worker(db_url), start_worker(db_url)]
+        workers = [start_worker(db_url, llm), start_worker(db_url, llm)]
 
         async def chaos() -> None:
             nonlocal kills
@@ -87,7 +95,7 @@ async def test_every_accepted_end_is_written_exactly_once_despite_kills(db_url: 
                 workers[victim].send_signal(signal.SIGKILL)
                 await ended(workers[victim], 10)
                 kills += 1
-                workers[victim] = start_worker(db_url)
+                workers[victim] = start_worker(db_url, llm)
 
         monkey = asyncio.create_task(chaos())
         accepted: list[str] = []
