@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 import uuid
@@ -269,6 +270,20 @@ async def db_url(databases: DatabaseFactory) -> AsyncIterator[str]:
     name = make_url(url).database or ""
     await databases.drop(name)
     databases.created.remove(name)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_query_model() -> Iterator[None]:
+    """The local model's query path built once for the run, not once per app: a test process
+    starts hundreds of apps, and each spent a second building the same ONNX session. Its
+    questions share nothing but read-only weights (ONNX Runtime's run is thread-safe); the
+    passage engine, whose handle keeps to one thread, is still loaded by each app."""
+    from service.embedding import local
+
+    built = local._query_engine
+    local._query_engine = functools.cache(built)  # type: ignore[assignment]
+    yield
+    local._query_engine = built  # type: ignore[assignment]
 
 
 @pytest.fixture(scope="session")
