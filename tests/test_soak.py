@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
 import random
 import signal
@@ -14,14 +15,48 @@ import pytest
 
 from service.app import create_app
 from tests.conftest import make_settings, new_tenant, raw_connection, serve_app, wait_for
+from tests.fake_llm import FakeLLM
 
 CALLS = int(os.environ.get("MEMORIA_SOAK_CALLS", "1000"))
+PR_SET_PDEATHSIG = 1
 
 
-def start_worker(db_url: str) -> subprocess.Popen[bytes]:
+def _die_with_parent() -> None:
+    # A run killed outright (SIGKILL, a second timeout) cannot stop its workers: the kernel
+    # does, so that none goes on polling a database that is about to be deleted.
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+async def ended(worker: subprocess.Popen[bytes], timeout: float) -> bool:
+    """Whether the process exits within ``timeout`` seconds; the event loop runs meanwhile."""
+    deadline = time.monotonic() + timeout
+    while worker.poll() is None:
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
+
+
+async def stop_workers(workers: list[subprocess.Popen[bytes]], graceful: bool) -> None:
+    """SIGTERM and a minute to finish the jobs in hand when the soak ends; when it is
+    interrupted or failed, SIGKILL at once (what the soak does to them anyway)."""
+    for worker in workers:
+        worker.send_signal(signal.SIGTERM if graceful else signal.SIGKILL)
+    for worker in workers:
+        if not await ended(worker, 60 if graceful else 5):
+            worker.kill()
+            await ended(worker, 5)
+
+
+def start_worker(db_url: str, llm: FakeLLM) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMORIA_")}
     env.update(
         MEMORIA_DATABASE_URL=db_url,
+        # Hash vectors from the scripted server: the soak is about the queue surviving kills;
+        # the local model would spend most of it embedding, and each restart reloading it.
+        MEMORIA_MODELS__EMBEDDING__PROVIDER="openai",
+        MEMORIA_MODELS__EMBEDDING__API_URL=llm.base_url,
+        MEMORIA_MODELS__EMBEDDING__MODEL_NAME="hash-384",
         MEMORIA_COGNITIVE__QUEUE__LEASE_SECONDS="2",
         MEMORIA_COGNITIVE__QUEUE__HEARTBEAT_SECONDS="0.5",
         MEMORIA_COGNITIVE__QUEUE__CONCURRENCY="8",
@@ -36,18 +71,21 @@ def start_worker(db_url: str) -> subprocess.Popen[bytes]:
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        preexec_fn=_die_with_parent if sys.platform == "linux" else None,
     )
 
 
 @pytest.mark.slow
-async def test_every_accepted_end_is_written_exactly_once_despite_kills(db_url: str) -> None:
+async def test_every_accepted_end_is_written_exactly_once_despite_kills(
+    db_url: str, llm: FakeLLM
+) -> None:
     rng = random.Random(7)
     kills = 0
     async with serve_app(
         create_app(make_settings(db_url), migrate=False, run_worker=False)
     ) as client:
         tenant = await new_tenant(client)
-        workers = [start_worker(db_url), start_worker(db_url)]
+        workers = [start_worker(db_url, llm), start_worker(db_url, llm)]
 
         async def chaos() -> None:
             nonlocal kills
@@ -55,12 +93,13 @@ async def test_every_accepted_end_is_written_exactly_once_despite_kills(db_url: 
                 await asyncio.sleep(rng.uniform(0.3, 1.2))
                 victim = rng.randrange(len(workers))
                 workers[victim].send_signal(signal.SIGKILL)
-                workers[victim].wait()
+                await ended(workers[victim], 10)
                 kills += 1
-                workers[victim] = start_worker(db_url)
+                workers[victim] = start_worker(db_url, llm)
 
         monkey = asyncio.create_task(chaos())
         accepted: list[str] = []
+        finished = False
         try:
             for n in range(CALLS):
                 response = await client.post(
@@ -94,12 +133,10 @@ async def test_every_accepted_end_is_written_exactly_once_despite_kills(db_url: 
             monkey.cancel()
             await wait_for(drained, timeout=900, interval=0.5)
             drain_seconds = time.monotonic() - started
+            finished = True
         finally:
             monkey.cancel()
-            for worker in workers:
-                worker.send_signal(signal.SIGTERM)
-            for worker in workers:
-                worker.wait(timeout=60)
+            await stop_workers(workers, graceful=finished)
 
     async with raw_connection(db_url) as conn:
         stored = await conn.fetch(
