@@ -172,7 +172,9 @@ def test_serve_exits_non_zero_when_its_embedded_postgres_will_not_start_again(
         _until_ready(port, proc, 120)
         # A setting PostgreSQL refuses: every start fails until an operator fixes it.
         with (data_dir / "postgresql.conf").open("a") as conf:
-            conf.write(f"\nshared_buffers = '{uuid.uuid4().hex[:6]}'\n")
+            # (Six hex digits can be all digits, a size PostgreSQL takes: the letter keeps
+            # it refused.)
+            conf.write(f"\nshared_buffers = 'x{uuid.uuid4().hex[:6]}'\n")
         _kill_postmaster(data_dir)
         _until_restarting(port, proc)
         details: list[str] = []
