@@ -162,6 +162,11 @@ def upgrade() -> None:
     for table, column in WIDENED:
         width = OLD_WIDTH.get(column, 300)
         op.alter_column(table, column, type_=sa.String(1000), existing_type=sa.String(width))
+    # A column's new type drops its statistics, and autovacuum gathers them again only after
+    # enough rows change: until then the busiest groups' reads are planned blind (the context
+    # of a 5,000-event group took 113 ms instead of 32 after this revision, 50 once analysed).
+    for table in dict.fromkeys(table for table, _ in WIDENED):
+        op.execute(f"ANALYZE {table}")
     op.add_column("job_receipts", sa.Column("fingerprint", sa.String(64), nullable=True))
     op.create_unique_constraint(
         op.f("uq_memos_tenant_id_conversation_key_request_id_end_seq"),
