@@ -434,6 +434,16 @@ async def _open_to_change(session: AsyncSession, tenant_id: uuid.UUID) -> Tenant
     return tenant
 
 
+async def _locked(session: AsyncSession, tenant_id: uuid.UUID) -> Tenant:
+    """The tenant, its row locked to the end of the transaction: its settings are one JSON
+    document, and two changes read side by side (the persona, one bot's settings) would each
+    write it back without the other's."""
+    tenant = await repository.get_tenant(session, tenant_id, lock=True)
+    if tenant is None:
+        raise NotFound("no such tenant")
+    return tenant
+
+
 async def prune_revoked_keys(session: AsyncSession, retention_days: float) -> int:
     """Forget every tenant's keys revoked more than ``retention_days`` ago; returns how many."""
     return await repository.prune_revoked_keys(session, retention_days)
@@ -565,7 +575,7 @@ async def update_settings(
 ) -> TenantContext:
     """``PATCH /v1/settings``: merge the given overrides into the tenant's (``None`` for a
     query key restores its default); returns the tenant as it is now."""
-    row = await get(session, tenant.tenant_id)
+    row = await _locked(session, tenant.tenant_id)
     overrides: dict[str, Any] = dict(row.settings or {})
     if data.cognitive_enabled is not None:
         overrides["cognitive"] = {"enabled": data.cognitive_enabled}
@@ -592,7 +602,7 @@ async def set_persona(
     session: AsyncSession, auth: Authenticator, tenant_id: uuid.UUID, text: str | None
 ) -> None:
     """Set the tenant's persona (its bot's character and rules), or remove it (``None``)."""
-    row = await get(session, tenant_id)
+    row = await _locked(session, tenant_id)
     overrides = dict(row.settings or {})
     if text is None:
         overrides.pop("persona", None)
