@@ -3,13 +3,18 @@ shared by all of them, and no bot setting that lets more be seen."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import pytest
+from mcp.types import CallToolResult, TextContent
 
 from service.app import create_app
+from service.client import MemoriaClient
+from service.mcp_server import Conversation, build_server
 from tests.conftest import (
     ADMIN,
     FAST_QUEUE,
@@ -241,6 +246,27 @@ async def test_a_tenant_configures_at_most_its_cap_of_bots(
     await put_bot(client, tenant, "one-more", {"persona": "x"})
 
 
+async def test_bots_configured_side_by_side_all_keep_their_settings(
+    running: tuple[AppClient, TenantHandle],
+) -> None:
+    client, tenant = running
+    writes = [
+        client.put(
+            f"/v1/bots/npc-{n}/settings", json={"persona": f"第 {n} 个"}, headers=tenant.headers
+        )
+        for n in range(MAX_BOTS)
+    ]
+    writes.append(
+        client.put("/v1/persona", json={"text": "你是客栈掌柜。"}, headers=tenant.headers)
+    )
+    writes.append(client.patch("/v1/settings", json={"timezone": "UTC"}, headers=tenant.headers))
+    assert [r.status_code for r in await asyncio.gather(*writes)] == [200] * (MAX_BOTS + 2)
+    listed = (await client.get("/v1/bots", headers=tenant.headers)).json()
+    assert [b["persona"] for b in listed] == [f"第 {n} 个" for n in range(MAX_BOTS)]
+    own = (await client.get("/v1/settings", headers=tenant.headers)).json()
+    assert own["timezone"] == "UTC" and own["overrides"]["persona"] == "你是客栈掌柜。"
+
+
 async def test_another_tenant_neither_reads_nor_sets_a_tenants_bots(
     running: tuple[AppClient, TenantHandle],
 ) -> None:
@@ -287,3 +313,24 @@ async def test_the_tenant_export_carries_its_bots_settings(
     assert own["settings"]["bots"] == {
         "npc-1": {"persona": "你是铁匠。", "query": {"auto_top_k": 1}}
     }
+
+
+async def test_an_mcp_server_started_for_a_bot_reads_with_its_settings(
+    running: tuple[AppClient, TenantHandle],
+) -> None:
+    client, tenant = running
+    await told_about_the_lake(client, tenant)
+    await put_bot(client, tenant, "npc-1", {"query": {"tool_default_top_k": 2}})
+    transport = httpx.ASGITransport(app=client.app)
+    found = {}
+    async with MemoriaClient("http://memoria.test", tenant.key, transport=transport) as memoria:
+        for bot in ("npc-1", "npc-2"):
+            conversation = Conversation(group_id="g1", sender_id="10001", bot_id=bot)
+            result = await build_server(memoria, conversation).call_tool(
+                "search_events", {"query": "西湖"}
+            )
+            assert isinstance(result, CallToolResult)
+            [content] = result.content
+            assert isinstance(content, TextContent)
+            found[bot] = len(json.loads(content.text)["events"])
+    assert found == {"npc-1": 2, "npc-2": len(LAKE)}
