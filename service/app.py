@@ -39,7 +39,7 @@ from service.queue.routes import JobController
 from service.recall.routes import RecallController
 from service.runtime import Runtime
 from service.settings import Settings, load_settings
-from service.tenants.routes import AdminController, TenantController
+from service.tenants.routes import AdminController, BotController, TenantController
 from service.todos.routes import TodoController
 
 log = logging.getLogger("service")
@@ -70,6 +70,7 @@ def create_app(
         path="/",
         route_handlers=[
             TenantController,
+            BotController,
             JobController,
             EndController,
             EventController,

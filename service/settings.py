@@ -339,6 +339,13 @@ class Settings(BaseSettings):
         ge=1,
         description="keys a tenant may hold unrevoked: each has a rate limit of its own",
     )
+    max_bots_per_tenant: int = Field(
+        50,
+        ge=1,
+        le=1000,
+        description="bots a tenant may give settings of their own (a persona each, read with"
+        " the tenant's settings on every request)",
+    )
     privacy_sync_limit: int = Field(5000, ge=0)
     privacy_sync_embeddings: int = Field(
         200,

@@ -176,6 +176,16 @@ async def test_the_rest_of_the_surface(memoria: MemoriaClient) -> None:
     assert (await memoria.get_persona()).text == "你是小助手，说话简短。"
     await memoria.delete_persona()
 
+    bot = await memoria.put_bot_settings("npc.1", persona="你是铁匠。", query={"auto_top_k": 1})
+    assert bot.configured and bot.persona == "你是铁匠。" and bot.query["auto_top_k"] == 1
+    assert [b.bot_id for b in await memoria.list_bots()] == ["npc.1"]
+    assert (await memoria.get_bot_settings("npc.1")).overrides["query"] == {"auto_top_k": 1}
+    with pytest.raises(MemoriaAPIError) as refused:
+        await memoria.put_bot_settings("npc.1", query={"auto_top_k": 999})
+    assert refused.value.field == "settings.bots.npc.1.query.auto_top_k"
+    assert not (await memoria.delete_bot_settings("npc.1")).configured
+    assert await memoria.list_bots() == []
+
     names = {t["function"]["name"] for t in await memoria.list_tools()}
     assert "cognitive_search_memories" in names and "end" in names
     result = await memoria.call_tool("cognitive_search_memories", {"query": "爬山"}, GROUP)
@@ -498,6 +508,9 @@ def test_sync_client_over_loopback(loopback: tuple[str, str], tmp_path: Path) ->
             GROUP,
         )
         assert json.loads(tool_content)["found"] is True
+        memoria.put_bot_settings("npc-1", {"persona": "你是铁匠。"})
+        assert memoria.context({**GROUP, "bot_id": "npc-1"}, message="北京").persona == "你是铁匠。"
+        assert memoria.delete_bot_settings("npc-1").persona is None
 
         target = tmp_path / "export.json"
         with target.open("wb") as out:

@@ -61,7 +61,14 @@ from service.recall.schemas import (
     Persona,
     ToolResult,
 )
-from service.tenants.schemas import CreatedKey, EffectiveSettings, KeyInfo, SettingsUpdate
+from service.tenants.schemas import (
+    BotSettings,
+    BotSettingsUpdate,
+    CreatedKey,
+    EffectiveSettings,
+    KeyInfo,
+    SettingsUpdate,
+)
 from service.todos.schemas import TodoInfo, TodoPatch
 
 T = TypeVar("T")
@@ -411,6 +418,34 @@ class Routes:
         """Change this tenant's overrides; a ``None`` query key restores its default."""
         body = json_body(as_request(SettingsUpdate, update, fields))
         return Call("PATCH", "/v1/settings", parse_one(EffectiveSettings), body=body)
+
+    @route
+    def list_bots(self) -> Call[list[BotSettings]]:
+        """The bots with settings of their own, each as in force."""
+        return Call("GET", "/v1/bots", parse_many(BotSettings))
+
+    @route
+    def get_bot_settings(self, bot_id: str) -> Call[BotSettings]:
+        """The settings in force for one bot (the tenant's where it has none of its own)."""
+        return Call("GET", f"/v1/bots/{segment(bot_id)}/settings", parse_one(BotSettings))
+
+    @route
+    def put_bot_settings(
+        self,
+        bot_id: str,
+        update: BotSettingsUpdate | Mapping[str, Any] | None = None,
+        /,
+        **fields: Any,
+    ) -> Call[BotSettings]:
+        """Set one bot's persona and query settings over the tenant's, replacing its own."""
+        body = json_body(as_request(BotSettingsUpdate, update, fields))
+        path = f"/v1/bots/{segment(bot_id)}/settings"
+        return Call("PUT", path, parse_one(BotSettings), body=body)
+
+    @route
+    def delete_bot_settings(self, bot_id: str) -> Call[BotSettings]:
+        """Remove one bot's own settings: it gets the tenant's."""
+        return Call("DELETE", f"/v1/bots/{segment(bot_id)}/settings", parse_one(BotSettings))
 
     @route
     def list_keys(self) -> Call[list[KeyInfo]]:

@@ -243,13 +243,14 @@ class ProfileController(Controller):
         """Profiles by meaning; member profiles only within the given group; with ``context``,
         only what that conversation may see (as ``cognitive_search_profiles``)."""
         vector = await embedder.query(data.query)
+        q = tenant.for_bot(data.context.bot_id if data.context else None).query
         rows = await service.search(
             session,
             tenant.tenant_id,
             data,
             vector,
-            default_top_k=tenant.query.profile_top_k,
-            allow_cross=tenant.query.allow_cross_group_tools,
+            default_top_k=q.profile_top_k,
+            allow_cross=q.allow_cross_group_tools,
         )
         return [ProfileHit(**{k: r[k] for k in ProfileHit.model_fields}) for r in rows]
 

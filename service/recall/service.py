@@ -124,13 +124,14 @@ class Reader:
     ) -> ContextResponse:
         """Everything to inject for this turn, within the token budget (``started``: its
         question's embedding, begun before this transaction opened by the ``/v1/context`` route)."""
+        tenant = tenant.for_bot(request.bot_id)
         q = tenant.query
         query = build_query(request)
         keys, scope, _ = conversation_scope(request)
         # Times as the people of this conversation read their clocks (the stored texts'
         # dates are local too): an event at 07:27 on the 24th in Shanghai is on the 24th.
         zone = request.zone(tenant.timezone)
-        injected = Injected(persona=tenant.overrides.get("persona"))
+        injected = Injected(persona=tenant.persona)
         if not tenant.cognitive_enabled:
             # Switched off: the short-term memo log only (seed 002, 回退方式).
             injected.memos = await self._memos(session, tenant, scope.conversation_key, q, zone)
@@ -304,6 +305,7 @@ class Reader:
         self, session: AsyncSession, tenant: TenantContext, request: EventSearch
     ) -> EventSearchResult:
         """``cognitive.search_events``: hard filters (conversation, time), then decay ranking."""
+        tenant = tenant.for_bot(request.context.bot_id if request.context else None)
         q = tenant.query
         keys, warnings = event_scope(request, q)
         # The caller's local time: the bounds given without an offset, the days the query

@@ -173,6 +173,7 @@ async def call(
     if not context:
         raise Invalid("a tool call needs the conversation context", field="context")
     conversation = _context(context)
+    tenant = tenant.for_bot(conversation.bot_id)
     BY_NAME[tool].check_names(arguments)
     allow_cross = tenant.query.allow_cross_group_tools
     if tool == "cognitive_search_events":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import Annotated, Any
 
-from litestar import Controller, Response, delete, get, patch, post
+from litestar import Controller, Response, delete, get, patch, post, put
 from litestar.di import Provide
 from litestar.params import Parameter
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -13,8 +13,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from service.http import errors, provide_admin, provide_system_session
 from service.privacy.routes import ERASED_LATER, erased
 from service.settings import Settings
-from service.tenants import service
+from service.tenants import bots, service
 from service.tenants.schemas import (
+    BotSettings,
+    BotSettingsUpdate,
     CreatedKey,
     CreatedTenant,
     EffectiveSettings,
@@ -195,6 +197,66 @@ class TenantController(Controller):
     ) -> EffectiveSettings:
         """Change this tenant's overrides; ``null`` for a query key restores the default."""
         return _effective(await service.update_settings(session, auth, tenant, data, settings))
+
+
+class BotController(Controller):
+    """``/v1/bots``: settings of the tenant's bots, each over the tenant's own. What the bots
+    remember stays the tenant's, shared by all of them."""
+
+    path = "/v1/bots"
+    tags = ["tenant"]
+
+    @get("/")
+    async def list_bots(self, tenant: TenantContext) -> list[BotSettings]:
+        """The bots with settings of their own, by id."""
+        configured = service.bot_settings(tenant)
+        return [_bot(tenant.for_bot(bot_id), bot_id) for bot_id in sorted(configured)]
+
+    @get("/{bot_id:str}/settings")
+    async def get_bot_settings(self, tenant: TenantContext, bot_id: str) -> BotSettings:
+        """The settings in force for this bot: the tenant's where it has none of its own."""
+        bots.check_bot_id(bot_id, "bot_id")
+        return _bot(tenant.for_bot(bot_id), bot_id)
+
+    @put("/{bot_id:str}/settings", responses=errors(409))
+    async def put_bot_settings(
+        self,
+        tenant: TenantContext,
+        session: AsyncSession,
+        auth: Authenticator,
+        settings: Settings,
+        bot_id: str,
+        data: BotSettingsUpdate,
+    ) -> BotSettings:
+        """Set this bot's persona and query settings over the tenant's (replacing those it
+        had), in force from the next request; 422 naming the field of a bad value."""
+        layer = data.model_dump(exclude_none=True)
+        bot = await service.set_bot(session, auth, tenant.tenant_id, bot_id, layer, settings)
+        return _bot(bot, bot_id)
+
+    @delete("/{bot_id:str}/settings", status_code=200, responses=errors(409))
+    async def delete_bot_settings(
+        self,
+        tenant: TenantContext,
+        session: AsyncSession,
+        auth: Authenticator,
+        settings: Settings,
+        bot_id: str,
+    ) -> BotSettings:
+        """Remove this bot's own settings: it gets the tenant's from the next request."""
+        bot = await service.set_bot(session, auth, tenant.tenant_id, bot_id, None, settings)
+        return _bot(bot, bot_id)
+
+
+def _bot(tenant: TenantContext, bot_id: str) -> BotSettings:
+    return BotSettings(
+        tenant_id=tenant.tenant_id,
+        bot_id=bot_id,
+        configured=tenant.bot_id == bot_id,
+        persona=tenant.persona,
+        query=tenant.query.model_dump(),
+        overrides=tenant.bot_layer,
+    )
 
 
 def _effective(tenant: TenantContext) -> EffectiveSettings:

@@ -107,3 +107,31 @@ class EffectiveSettings(BaseModel):
     fast_ack: bool
     query: dict[str, Any]
     overrides: dict[str, Any]
+
+
+class BotSettingsUpdate(BaseModel):
+    """``PUT /v1/bots/{bot_id}/settings``: the bot's own overrides, replacing any it had."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    persona: str | None = Field(
+        default=None,
+        description="the bot's persona (at most 20,000 characters); absent: the tenant's; "
+        "empty: none",
+    )
+    query: dict[str, Any] | None = Field(
+        default=None,
+        description="query settings over the tenant's; allow_cross_group_tools may only be "
+        "turned off",
+    )
+
+
+class BotSettings(BaseModel):
+    """The settings in force for one bot of the tenant: the tenant's with the bot's on top."""
+
+    tenant_id: uuid.UUID
+    bot_id: str
+    configured: bool = Field(description="whether the bot has overrides of its own")
+    persona: str | None
+    query: dict[str, Any]
+    overrides: dict[str, Any] = Field(description="the bot's own overrides")

@@ -9,7 +9,7 @@ import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -22,7 +22,7 @@ from service.db.engine import Database
 from service.errors import Conflict, Invalid, NotFound, Unauthorized, field_of
 from service.privacy.service import Erasure, erase_tenant_now_or_later, tenant_erasure
 from service.settings import QuerySettings, Settings
-from service.tenants import budget, repository
+from service.tenants import bots, budget, repository
 from service.tenants.models import ApiKey, Tenant
 from service.tenants.schemas import CreatedKey, KeyInfo, SettingsUpdate, TenantInfo
 from service.todos.webhook import check_url
@@ -83,6 +83,7 @@ def validate_overrides(overrides: dict[str, Any], defaults: Settings) -> dict[st
         "pii_policy",
         "erased_policy",
         budget.SETTING,
+        bots.SECTION,
     }
     unknown = set(overrides) - allowed
     if unknown:
@@ -128,12 +129,7 @@ def validate_overrides(overrides: dict[str, Any], defaults: Settings) -> dict[st
             )
         cleaned[budget.SETTING] = calls
     if "persona" in overrides:
-        persona = overrides["persona"]
-        if not isinstance(persona, str) or len(persona) > 20_000:
-            raise Invalid(
-                "the persona is a text of at most 20000 characters", field="settings.persona"
-            )
-        cleaned["persona"] = persona
+        cleaned["persona"] = bots.check_persona(overrides["persona"], "settings.persona")
     if "webhook_url" in overrides:
         url = overrides["webhook_url"]
         if url not in (None, "") and (
@@ -162,6 +158,13 @@ def validate_overrides(overrides: dict[str, Any], defaults: Settings) -> dict[st
             error = exc.errors()[0]
             raise Invalid(error["msg"], field=field_of(error, "settings.query")) from exc
         cleaned["query"] = dict(query)
+    if bots.SECTION in overrides:
+        tenant_query = QuerySettings.model_validate(
+            {**defaults.cognitive.query.model_dump(), **cleaned.get("query", {})}
+        )
+        cleaned[bots.SECTION] = bots.validate(
+            overrides[bots.SECTION], tenant_query, defaults.max_bots_per_tenant
+        )
     return cleaned
 
 
@@ -175,6 +178,9 @@ class TenantContext:
     key_prefix: str | None
     overrides: dict[str, Any] = field(default_factory=dict)
     defaults: Settings | None = None
+    # The bot whose settings are layered over the tenant's (see ``for_bot``); None: the
+    # tenant's own.
+    bot_id: str | None = None
 
     @classmethod
     def of(
@@ -195,12 +201,39 @@ class TenantContext:
             defaults=settings,
         )
 
+    def for_bot(self, bot_id: str | None) -> TenantContext:
+        """The tenant as its bot ``bot_id`` (the tenant's default bot when None) calls it:
+        that bot's persona and query settings over the tenant's, the tenant's alone for a bot
+        with none. Settings only: what is read and written stays the tenant's, shared by its
+        bots."""
+        chosen = bot_id or self.bot.get("id")
+        if chosen not in self.overrides.get(bots.SECTION, {}):
+            chosen = None
+        return self if chosen == self.bot_id else replace(self, bot_id=chosen)
+
+    @property
+    def bot_layer(self) -> dict[str, Any]:
+        """The overrides of the bot this context is for (``for_bot``); empty for none."""
+        if self.bot_id is None:
+            return {}
+        return dict(self.overrides.get(bots.SECTION, {}).get(self.bot_id) or {})
+
     @property
     def query(self) -> QuerySettings:
-        """Query settings: deployment defaults with this tenant's overrides."""
+        """Query settings: deployment defaults, this tenant's overrides, then its bot's."""
         base = self.defaults.cognitive.query if self.defaults else QuerySettings()
         merged = {**base.model_dump(), **self.overrides.get("query", {})}
-        return QuerySettings.model_validate(merged)
+        tenant = QuerySettings.model_validate(merged)
+        layer = self.bot_layer.get("query")
+        return bots.layered(tenant, layer) if layer else tenant
+
+    @property
+    def persona(self) -> str | None:
+        """The persona injected first every turn: the bot's when it has one (an empty one:
+        none), else the tenant's."""
+        layer = self.bot_layer
+        text = layer["persona"] if "persona" in layer else self.overrides.get("persona")
+        return str(text) if text else None
 
     @property
     def timezone(self) -> str:
@@ -401,6 +434,16 @@ async def _open_to_change(session: AsyncSession, tenant_id: uuid.UUID) -> Tenant
     return tenant
 
 
+async def _locked(session: AsyncSession, tenant_id: uuid.UUID) -> Tenant:
+    """The tenant, its row locked to the end of the transaction: its settings are one JSON
+    document, and two changes read side by side (the persona, one bot's settings) would each
+    write it back without the other's."""
+    tenant = await repository.get_tenant(session, tenant_id, lock=True)
+    if tenant is None:
+        raise NotFound("no such tenant")
+    return tenant
+
+
 async def prune_revoked_keys(session: AsyncSession, retention_days: float) -> int:
     """Forget every tenant's keys revoked more than ``retention_days`` ago; returns how many."""
     return await repository.prune_revoked_keys(session, retention_days)
@@ -532,7 +575,7 @@ async def update_settings(
 ) -> TenantContext:
     """``PATCH /v1/settings``: merge the given overrides into the tenant's (``None`` for a
     query key restores its default); returns the tenant as it is now."""
-    row = await get(session, tenant.tenant_id)
+    row = await _locked(session, tenant.tenant_id)
     overrides: dict[str, Any] = dict(row.settings or {})
     if data.cognitive_enabled is not None:
         overrides["cognitive"] = {"enabled": data.cognitive_enabled}
@@ -559,7 +602,7 @@ async def set_persona(
     session: AsyncSession, auth: Authenticator, tenant_id: uuid.UUID, text: str | None
 ) -> None:
     """Set the tenant's persona (its bot's character and rules), or remove it (``None``)."""
-    row = await get(session, tenant_id)
+    row = await _locked(session, tenant_id)
     overrides = dict(row.settings or {})
     if text is None:
         overrides.pop("persona", None)
@@ -568,3 +611,37 @@ async def set_persona(
     row.settings = overrides
     await session.flush()
     auth.forget(tenant_id, at=session)
+
+
+def bot_settings(tenant: TenantContext) -> dict[str, dict[str, Any]]:
+    """The tenant's bots with settings of their own: bot id → its overrides."""
+    return dict(tenant.overrides.get(bots.SECTION) or {})
+
+
+async def set_bot(
+    session: AsyncSession,
+    auth: Authenticator,
+    tenant_id: uuid.UUID,
+    bot_id: str,
+    layer: dict[str, Any] | None,
+    settings: Settings,
+) -> TenantContext:
+    """Replace one bot's overrides (``None``: remove them, the bot gets the tenant's), checked
+    with the rest of the tenant's settings; in force at once. The tenant's row is locked, so
+    bots configured side by side do not overwrite each other."""
+    bots.check_bot_id(bot_id, "bot_id")
+    row = await _open_to_change(session, tenant_id)
+    overrides: dict[str, Any] = dict(row.settings or {})
+    configured = dict(overrides.get(bots.SECTION) or {})
+    if layer is None:
+        configured.pop(bot_id, None)
+    else:
+        configured[bot_id] = layer
+    if configured:
+        overrides[bots.SECTION] = configured
+    else:
+        overrides.pop(bots.SECTION, None)
+    row.settings = validate_overrides(overrides, settings)
+    await session.flush()
+    auth.forget(tenant_id, at=session)
+    return TenantContext.of(row, settings).for_bot(bot_id)
