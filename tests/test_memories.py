@@ -903,8 +903,8 @@ async def test_extraction_keeps_a_rolling_summary_per_group_and_day(
 
     [day] = await wait_for(summary)
     assert day["summary_day"] == "2026-03-01" and day["scope"] == "GROUP"
-    assert day["content"].startswith("2026-03-01 群「旅行群」主要讨论了")
-    assert "西湖" in day["content"]
+    assert day["content"].startswith("2026-03-01 群「旅行群」：")
+    assert "西湖" in day["content"] and "条消息" not in day["content"]
     # Rolling: the second extraction rewrote the same day's summary, with history.
     assert [h["action"] for h in await history(client, tenant, day["id"])] == ["add", "update"]
 
