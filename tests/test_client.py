@@ -145,6 +145,13 @@ async def test_round_trip(memoria: MemoriaClient) -> None:
 
     assert await memoria.list_todos(group_id="100200") == []
     assert await memoria.due_todos() == []
+    todo = await memoria.add_todo(
+        request_type="group", group_id="100200", sender_id="10001", description="整理发票"
+    )
+    assert todo.status == "PENDING" and todo.creator_id == "10001"
+    assert [t.id for t in await memoria.list_todos(group_id="100200")] == [todo.id]
+    done = await memoria.update_todo(todo.id, status="COMPLETED")
+    assert done.status == "COMPLETED"
     assert (await memoria.list_jobs(status="done")).jobs[0].id == accepted.job_id
 
 

@@ -157,14 +157,16 @@ async def test_an_erased_members_words_leave_the_groups_day_digests(
     receipt = await client.delete(f"/v1/users/{victim}", headers=tenant.headers)
     assert receipt.status_code == 200, receipt.text
 
-    # The day's digest is made again of the others' messages: their topics, not the victim's
-    # word, and the count of the messages that remain (six of the day's eight).
+    # The day's digest is made again of the others' messages: their topics and names, not the
+    # victim's words or name.
+    assert f"n{victim}" in before[DAY] and f"n{others[1]}" in before[DAY], before
     after = await digests(client, tenant, group)
     assert set(after) == {DAY}, after
     assert lake in after[DAY] and boat in after[DAY]
     assert secret not in after[DAY] and english not in after[DAY]
-    assert after[DAY].startswith(f"{DAY} 群「群{group}」主要讨论了")
-    assert "（6 条消息）" in after[DAY], after[DAY]
+    assert f"n{victim}" not in after[DAY] and f"n{others[1]}" in after[DAY], after[DAY]
+    assert after[DAY].startswith(f"{DAY} 群「群{group}」：")
+    assert "条消息" not in after[DAY], after[DAY]
     # No row anywhere holds the victim's words: not the memories, not their history.
     assert await leftovers(db_url, [secret, english, alone]) == []
     async with raw_connection(db_url) as conn:
@@ -222,7 +224,7 @@ async def test_a_digest_the_model_wrote_is_made_again_without_the_erased_members
     # of the messages that remain.
     after = await digests(client, tenant, group)
     assert secret not in after[DAY] and lake in after[DAY], after
-    assert "（3 条消息）" in after[DAY], after[DAY]
+    assert f"n{victim}" not in after[DAY] and f"n{other}" in after[DAY], after[DAY]
     assert receipt.json()["counts"]["memories_rebuilt"] == 1
 
 

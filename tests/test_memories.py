@@ -827,18 +827,15 @@ async def test_todos_whose_delivery_failed_do_not_hold_up_other_tenants(db_url: 
                 text("UPDATE jobs SET status = 'failed', finished_at = now() WHERE tenant_id = :t"),
                 {"t": down.id},
             )
-            waiting = await todos.add(
+            added = await todos.add(
                 session,
                 up.id,
-                {
-                    "conversation_key": "g:g2",
-                    "group_id": "g2",
-                    "user_id": None,
-                    "creator_id": None,
-                    "description": "提醒大家开会",
-                    "trigger_time": datetime.now(UTC) - timedelta(minutes=1),
-                },
+                todos.Place.of("group", "g2", None),
+                "提醒大家开会",
+                datetime.now(UTC) - timedelta(minutes=1),
+                UTC,
             )
+            waiting = added["id"]
         for _ in range(3):
             await courier.enqueue_due()
         async with db.system() as session:
@@ -903,8 +900,8 @@ async def test_extraction_keeps_a_rolling_summary_per_group_and_day(
 
     [day] = await wait_for(summary)
     assert day["summary_day"] == "2026-03-01" and day["scope"] == "GROUP"
-    assert day["content"].startswith("2026-03-01 群「旅行群」主要讨论了")
-    assert "西湖" in day["content"]
+    assert day["content"].startswith("2026-03-01 群「旅行群」：")
+    assert "西湖" in day["content"] and "条消息" not in day["content"]
     # Rolling: the second extraction rewrote the same day's summary, with history.
     assert [h["action"] for h in await history(client, tenant, day["id"])] == ["add", "update"]
 

@@ -3,11 +3,13 @@ summary: each side skips every word it skipped before the two lists were joined.
 
 from __future__ import annotations
 
+import re
 from datetime import date
 
 import pytest
 
 from service.historian.memories import day_summary
+from service.memories.digest import Said
 from service.retrieval.terms import (
     CHINESE_STOP_CHARS,
     COMMON_CHINESE_CHARS,
@@ -73,10 +75,13 @@ def test_the_day_summary_skips_function_words_of_both_former_lists() -> None:
     chars = sorted(set(SEARCH_CHARS) | set(SUMMARY_CHARS))
     texts = [f"西湖{c}划船" for c in chars] * 2
     texts += ["they would have been there with your team about the Kotlin migration"] * 3
-    summary = day_summary(date(2026, 2, 21), texts, "Python 群")
+    said = [Said(None, t) for t in texts]
+    summary = day_summary(date(2026, 2, 21), said, "Python 群")
     assert summary is not None
-    topics = summary.split("：", 1)[1].split("（", 1)[0].split("、")
-    assert "西湖" in topics and "划船" in topics and "kotlin" in topics
+    # "…：0、1、2聊了 西湖 划船，Kotlin migration": the words after who talked.
+    parts = summary.split("：", 1)[1].split("；")
+    topics = [w for part in parts for w in re.split(r"[ ，]", part.split(" ", 1)[1])]
+    assert "西湖" in topics and "划船" in topics and "Kotlin" in topics
     for topic in topics:
         assert not (set(topic) & COMMON_CHINESE_CHARS), topic
         assert topic not in ENGLISH_STOPWORDS, topic

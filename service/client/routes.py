@@ -69,7 +69,7 @@ from service.tenants.schemas import (
     KeyInfo,
     SettingsUpdate,
 )
-from service.todos.schemas import TodoInfo, TodoPatch
+from service.todos.schemas import TodoCreate, TodoInfo, TodoPatch
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -351,6 +351,14 @@ class Routes:
         return Call("POST", "/v1/memories/forget", parse_one(ForgetResult), body=body)
 
     # -- todos ----------------------------------------------------------------------------
+
+    @route
+    def add_todo(
+        self, todo: TodoCreate | Mapping[str, Any] | None = None, /, **fields: Any
+    ) -> Call[TodoInfo]:
+        """Add a pending todo to the conversation the context names."""
+        body = json_body(as_request(TodoCreate, todo, fields))
+        return Call("POST", "/v1/todos", parse_one(TodoInfo), body=body)
 
     @route
     def list_todos(

@@ -26,6 +26,7 @@ from service.historian.memories import MemoryKeeper, day_summary
 from service.historian.profiles import ProfileMerger, Target, about_the_group, private_targets
 from service.llm import ChatModel
 from service.memories import service as memories
+from service.memories.digest import said_in
 from service.memories.upkeep import enqueue_consolidation
 from service.messages import service as messages
 from service.messages.service import EXTRACT_JOB, enqueue_extraction
@@ -291,13 +292,18 @@ class Extractor:
         zone: ZoneInfo,
         job_id: int,
     ) -> int:
-        """The rolling SUMMARY of each day the new messages touched (offline wording)."""
+        """The rolling SUMMARY of each day the new messages touched (offline wording); a day
+        with nothing to say has none, and loses the one it had."""
         assert conversation.group_id is not None
         written = 0
+        cause = {"by": "job", "job_id": job_id}
         for day in sorted(days):
-            texts = await messages.texts_of_day(session, tenant_id, key, day, zone)
-            content = day_summary(day, texts, conversation.group_name)
+            said = said_in(await messages.said_on_day(session, tenant_id, key, day, zone))
+            content = day_summary(day, said, conversation.group_name)
             if content is None:
+                await memories.drop_day_summary(
+                    session, tenant_id, conversation.group_id, day, cause
+                )
                 continue
             [vector] = await self.embedder.passages([content])
             await memories.set_day_summary(
@@ -307,7 +313,7 @@ class Extractor:
                 day,
                 content,
                 vector,
-                {"by": "job", "job_id": job_id},
+                cause,
             )
             written += 1
         return written

@@ -365,19 +365,22 @@ def _check_add_todo(args: dict[str, Any], scene: Scene) -> dict[str, Any]:
 async def _apply_add_todo(writing: Writing, args: dict[str, Any]) -> str:
     conversation = writing.conversation
     when = args.get("trigger_time")
+    private = conversation.request_type == "private"
+    place = todos.Place(
+        conversation.key,
+        conversation.group_id,
+        conversation.speaker_id if private else None,
+        conversation.speaker_id,
+    )
     await todos.add(
         writing.session,
         writing.tenant_id,
-        {
-            "conversation_key": conversation.key,
-            "group_id": conversation.group_id,
-            "user_id": conversation.speaker_id if conversation.request_type == "private" else None,
-            "creator_id": conversation.speaker_id,
-            "assignee_id": args.get("assignee_id"),
-            "description": args["description"],
-            "trigger_time": datetime.fromisoformat(when) if when else None,
-            "evidence": writing.evidence,
-        },
+        place,
+        args["description"],
+        datetime.fromisoformat(when) if when else None,
+        conversation.moment.tzinfo or UTC,
+        assignee_id=args.get("assignee_id"),
+        evidence=writing.evidence,
     )
     return "todos_added"
 

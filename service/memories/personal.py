@@ -13,7 +13,7 @@ from sqlalchemy import text
 from service.context import DEFAULT_TIMEZONE, conversation_key
 from service.db.registry import PersonalTable, Rebuilding, Redaction, names_filter
 from service.memories import repository
-from service.memories.digest import day_summary
+from service.memories.digest import day_summary, said_in
 from service.memories.models import EMBEDDED as _MEMORY_TEXT
 from service.messages import service as messages
 from service.tenants.service import find as find_tenant
@@ -78,11 +78,11 @@ async def rebuild_digests(r: Rebuilding) -> None:
         if digest is None:
             continue
         key = conversation_key("group", group_id, None)
-        texts = await messages.texts_of_day(
-            r.session, r.tenant_id, key, day, zone, without=r.person_id
+        said = said_in(
+            await messages.said_on_day(r.session, r.tenant_id, key, day, zone, without=r.person_id)
         )
         name = await messages.group_name(r.session, r.tenant_id, key)
-        content = day_summary(day, texts, name) if texts else None
+        content = day_summary(day, said, name)
         if content is None:
             await repository.erase(r.session, r.tenant_id, digest["id"])
             r.count("memories_emptied")

@@ -355,6 +355,22 @@ async def set_day_summary(
     return int(current["id"])
 
 
+async def drop_day_summary(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    group_id: str,
+    day: date,
+    cause: dict[str, Any],
+) -> bool:
+    """The group's SUMMARY memory of a day deleted, for a day that no longer has anything to
+    say: a digest left as it was would say what the day's messages no longer do."""
+    current = await repository.summary_of_day(session, tenant_id, group_id, day)
+    if current is None:
+        return False
+    await hard_delete(session, tenant_id, int(current["id"]), cause=cause)
+    return True
+
+
 async def maintain(
     session: AsyncSession, tenant_id: uuid.UUID, settings: MemorySettings, now: datetime
 ) -> dict[str, int]:

@@ -1010,7 +1010,7 @@ async def messages_by_seq(
 
 _DAY = text(
     """
-    SELECT text FROM messages
+    SELECT sender_name, text FROM messages
     WHERE tenant_id = :tenant_id AND conversation_key = :conversation_key
       AND sent_at >= :start AND sent_at < :end
       -- Leaving out a person's: the rows their erasure deletes (as its sender, or its user).
@@ -1022,15 +1022,16 @@ _DAY = text(
 )
 
 
-async def texts_of_day(
+async def said_on_day(
     session: AsyncSession,
     tenant_id: uuid.UUID,
     conversation_key: str,
     day: Any,
     zone: Any,
     without: str | None = None,
-) -> list[str]:
-    """The texts of a conversation's messages on one local day (but ``without``'s)."""
+) -> list[Row[Any]]:
+    """A conversation's messages on one local day (but ``without``'s): who sent each, by
+    the name the chat shows (``sender_name``), and its ``text``."""
     from datetime import datetime as dt
 
     start = dt.combine(day, time(0), zone)
@@ -1041,7 +1042,7 @@ async def texts_of_day(
         "end": start + timedelta(days=1),
         "without": without,
     }
-    return [r.text for r in await session.execute(_DAY, params)]
+    return list(await session.execute(_DAY, params))
 
 
 # A message's local day is counted in the zone of the same IANA name the digests' days are;

@@ -268,7 +268,7 @@ async def group_name(session: AsyncSession, tenant_id: uuid.UUID, key: str) -> s
     return await repository.group_name(session, tenant_id, key)
 
 
-async def texts_of_day(
+async def said_on_day(
     session: AsyncSession,
     tenant_id: uuid.UUID,
     key: str,
@@ -276,10 +276,10 @@ async def texts_of_day(
     zone: tzinfo,
     *,
     without: str | None = None,
-) -> list[str]:
-    """The texts of a conversation's messages on one local day; ``without``: but for the
-    messages a person's erasure deletes."""
-    return await repository.texts_of_day(session, tenant_id, key, day, zone, without)
+) -> list[Any]:
+    """A conversation's messages on one local day (``sender_name``, ``text``); ``without``:
+    but for the messages a person's erasure deletes."""
+    return await repository.said_on_day(session, tenant_id, key, day, zone, without)
 
 
 async def group_days(

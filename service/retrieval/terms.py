@@ -18,7 +18,7 @@ import difflib
 import re
 import unicodedata
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from typing import NamedTuple
 
 # Han (with extension A and compatibility ideographs), kana: scripts written without spaces.
@@ -117,6 +117,102 @@ def terms(text: str) -> list[str]:
             if word not in ENGLISH_STOPWORDS:
                 out.append(stem(word))
     return [t for t in out if t]
+
+
+# Words of greeting, reaction and filler, and asking the bot to remember: a day made only of
+# these ("早", "晚安", "记住", "lol", "good night") names no topic. Topic words only;
+# search keeps them.
+_CHAT_WORDS = """
+晚安 早安 谢谢 感谢 多谢 哈哈 嘿嘿 呵呵 嘻嘻 大家 可以 知道 什么 为什 怎么 怎样 今天 明天
+昨天 现在 时候 觉得 应该 可能 已经 然后 但是 所以 因为 如果 还是 就是 真的 一下 东西 事情
+感觉 其实 而且 不过 这样 那样 哪里 这里 那里 比较 还有 非常 一点 自己 喜欢 需要 时间 刚刚
+最近 今晚 晚上 早上 中午 马上 等等 收到 回来 起来 出来 厉害 牛逼 真是 确实 不错 还行
+记住 记得 remember
+lol lmao haha hahaha hehe omg btw thx thanks thank please pls good great nice cool fine
+sure yes yep yup nope okay night morning evening afternoon bye see later soon today
+tonight tomorrow yesterday time day week thing things stuff lot lots one two get got
+getting going gonna wanna want know think thought like love feel felt make made need
+say said tell told come came look looks looking let way well still even back much many
+guy guys man people right sounds sound definitely maybe actually pretty kind sorry glad
+happy awesome amazing fun hope welcome keep take took taking hear heard quite ready share
+ever new old mean means meant guess help bit cause crazy dont didnt cant wont isnt someone
+something anything everything nothing happen happened happens tough plan plans stay talk
+talking chat always never sometimes often usually wait excited interesting true bad best
+better worse big little long short whole real totally absolutely especially probably
+already almost enough though also anyway else first last next other another every same
+ask asked try tried trying use used work working start started give gave find found put
+hard easy different able sure lately recently place places times days years year month
+friend friends
+"""
+TOPIC_STOPWORDS = frozenset(_CHAT_WORDS.split())
+
+
+class TopicWord(NamedTuple):
+    """A topic word of a text: ``key`` (a Chinese bigram, an English stem) and the words as
+    written (``surface``)."""
+
+    key: str
+    surface: str
+
+
+def _topic_bigrams(run: str) -> list[tuple[str, bool] | None]:
+    """A Chinese run's bigrams, each with whether it is filler ("时间"); None where one
+    holds a common character."""
+    return [
+        None
+        if run[i] in COMMON_CHINESE_CHARS or run[i + 1] in COMMON_CHINESE_CHARS
+        else (run[i : i + 2], run[i : i + 2] in TOPIC_STOPWORDS)
+        for i in range(len(run) - 1)
+    ]
+
+
+def _topic_word(token: str) -> TopicWord | None:
+    word = token.split("'")[0]
+    lowered = word.lower()
+    if (
+        len(word) < 3
+        or len(word) > _MAX_TOKEN
+        or not any(c.isalpha() for c in word)
+        or lowered in ENGLISH_STOPWORDS
+        or lowered in TOPIC_STOPWORDS
+    ):
+        return None
+    key = stem(lowered)
+    return None if key in TOPIC_STOPWORDS else TopicWord(key, word)
+
+
+def topic_words(text: str, keep: Container[str] | None = None) -> list[TopicWord]:
+    """The words of ``text`` that may name a topic: Chinese bigrams of uncommon characters
+    and English words that are neither function words nor chit-chat.
+
+    With ``keep``, the words as a reader would quote them: a run of adjacent bigrams that are
+    all kept is one word ("羽毛球" of "羽毛" and "毛球"), its key the first bigram's, and
+    English words whose stem is kept.
+    """
+    out: list[TopicWord] = []
+    normalized = unicodedata.normalize("NFKC", text).replace("\u2019", "'")
+    for token in _TOKEN.findall(normalized):
+        if not _IS_CJK.match(token):
+            word = _topic_word(token)
+            if word is not None and (keep is None or word.key in keep):
+                out.append(word)
+            continue
+        bigrams = _topic_bigrams(token)
+        if keep is None:
+            out.extend(TopicWord(b[0], b[0]) for b in bigrams if b is not None and not b[1])
+            continue
+        # A word begins at a kept bigram and goes on through kept ones and filler:
+        # "持续时间" is one word, though "时间" alone names nothing.
+        start = None
+        for i, bigram in enumerate([*bigrams, None]):
+            kept = bigram is not None and not bigram[1] and bigram[0] in keep
+            if kept and start is None:
+                start = i
+            elif not kept and not (bigram is not None and bigram[1] and start is not None):
+                if start is not None:
+                    out.append(TopicWord(token[start : start + 2], token[start : i + 1]))
+                start = None
+    return out
 
 
 # Long queries (a chat history, a pasted paragraph) keep this many of their most telling

@@ -1,4 +1,4 @@
-"""``/v1/todos``: list, due (for bots that poll), change."""
+"""``/v1/todos``: add, list, due (for bots that poll), change."""
 
 from __future__ import annotations
 
@@ -6,14 +6,15 @@ from datetime import datetime
 from typing import Annotated
 from zoneinfo import ZoneInfo
 
-from litestar import Controller, get, patch
+from litestar import Controller, get, patch, post
 from litestar.params import Parameter
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.ends.service import check_erased
 from service.http import RowId, errors
 from service.tenants.service import TenantContext
 from service.todos import service
-from service.todos.schemas import TodoInfo, TodoPatch
+from service.todos.schemas import TodoCreate, TodoInfo, TodoPatch
 
 
 def _info(row: dict[str, object]) -> TodoInfo:
@@ -25,6 +26,32 @@ class TodoController(Controller):
 
     path = "/v1/todos"
     tags = ["todos"]
+
+    @post("/", status_code=201)
+    async def add_todo(
+        self, tenant: TenantContext, session: AsyncSession, data: TodoCreate
+    ) -> TodoInfo:
+        """Add a pending todo to the conversation the context names (201): due at
+        ``trigger_time``, shown in that conversation's context, delivered to the webhook."""
+        await check_erased(session, tenant, [data.sender_id, data.user_id])
+        # Who asked: the sender, else the person served (a private chat's always is).
+        person = data.private_user if data.request_type == "private" else None
+        place = service.Place.of(
+            data.request_type, data.group_id, person or data.sender_id or data.user_id
+        )
+        evidence: dict[str, object] = {"by": "api"}
+        if data.message_ids:
+            evidence["message_ids"] = data.message_ids
+        row = await service.add(
+            session,
+            tenant.tenant_id,
+            place,
+            data.description,
+            data.trigger_time,
+            data.zone(tenant.timezone),
+            evidence=evidence,
+        )
+        return _info(row)
 
     @get("/")
     async def list_todos(

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from service.context import Moment, path_safe
+from service.context import ConversationContext, Moment, path_safe
 
 Status = Literal["PENDING", "COMPLETED", "CANCELLED", "EXPIRED"]
 
@@ -52,3 +52,16 @@ class TodoPatch(BaseModel):
         if value is None:
             raise ValueError("may be left out, not null")
         return value
+
+
+class TodoCreate(ConversationContext):
+    """``POST /v1/todos``: a bot adds a todo of the conversation it serves (a group's todo
+    is read in that group, a private chat's in that chat alone)."""
+
+    model_config = ConfigDict(extra="forbid", str_max_length=100_000)
+
+    description: str = Field(min_length=1, max_length=2000, description="what is to be done")
+    trigger_time: Moment | None = Field(
+        default=None,
+        description="ISO 8601 with offset; without one, on the conversation's clocks",
+    )

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.context import checked_moment, on_clocks, scope_of
+from service.context import checked_moment, conversation_key, on_clocks, scope_of
 from service.db.engine import Database
 from service.errors import Invalid, NotFound
 from service.queue import repository as jobs
@@ -58,9 +58,73 @@ async def patch(
     return updated
 
 
-async def add(session: AsyncSession, tenant_id: uuid.UUID, row: dict[str, Any]) -> int:
-    """A new pending todo of a conversation (the historian's ``add_todo``); returns its id."""
-    return await repository.insert(session, tenant_id, row)
+# A todo's description: one statement a reminder can carry.
+MAX_DESCRIPTION = 2000
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a todo lives: the conversation it was asked in (``conversation_key``), the
+    group's id, or the private chat's person (``user_id``), and who asked (``creator_id``)."""
+
+    conversation_key: str
+    group_id: str | None
+    user_id: str | None
+    creator_id: str | None
+
+    @classmethod
+    def of(cls, request_type: str, group_id: str | None, person: str | None) -> Place:
+        """A group's todo is the group's; a private chat's is that chat's person's."""
+        key = conversation_key(request_type, group_id, person)
+        if request_type == "group":
+            return cls(key, group_id, None, person)
+        return cls(key, None, person, person)
+
+
+def check_description(value: str | None) -> str:
+    """A todo's description: non-empty, of reasonable length, with no NUL."""
+    text = " ".join((value or "").split())
+    if not text:
+        raise Invalid("the description is empty", field="description")
+    if len(text) > MAX_DESCRIPTION:
+        raise Invalid(f"at most {MAX_DESCRIPTION} characters", field="description")
+    if "\x00" in text:
+        raise Invalid("the description must not contain NUL characters", field="description")
+    return text
+
+
+async def add(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    place: Place,
+    description: str,
+    trigger_time: datetime | None,
+    zone: tzinfo,
+    *,
+    assignee_id: str | None = None,
+    evidence: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A new pending todo of a conversation (the historian's ``add_todo``, a bot's
+    ``POST /v1/todos``); a ``trigger_time`` without an offset is on ``zone``, the
+    conversation's clocks. Returns the todo."""
+    when = checked_moment(on_clocks(trigger_time, zone), "trigger_time")
+    todo_id = await repository.insert(
+        session,
+        tenant_id,
+        {
+            "conversation_key": place.conversation_key,
+            "group_id": place.group_id,
+            "user_id": place.user_id,
+            "creator_id": place.creator_id,
+            "assignee_id": assignee_id,
+            "description": check_description(description),
+            "trigger_time": when,
+            "evidence": evidence or {},
+        },
+    )
+    row = await repository.get(session, tenant_id, todo_id)
+    assert row is not None
+    return row
 
 
 async def pending(
