@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import AsyncIterator
 from datetime import datetime
 from pathlib import Path
@@ -353,3 +354,16 @@ async def test_a_reminder_in_the_message_stream_becomes_a_todo_at_the_time_it_wa
     )
     memories = (await client.get("/v1/memories?group_id=g7", headers=tenant.headers)).json()
     assert [m["content"] for m in memories if "羽毛球" in m["content"]] == ["每周五晚上打羽毛球"]
+
+
+@pytest.mark.parametrize(
+    "unit", ["提醒我", "明天", "1", "十", " ", "@a", "remind me ", "tomorrow ", "那就", "12:00 "]
+)
+def test_reading_a_hostile_message_is_quick(unit: str) -> None:
+    # The stream reads every message (up to 100 KB) for a request: a run of the ask's own
+    # pieces must not make its patterns backtrack.
+    text = (unit * (100_000 // len(unit) + 1))[:100_000]
+    start = time.thread_time()
+    reminders.request(text)
+    reminders.request(f"提醒我{text}")
+    assert time.thread_time() - start < 1.0
