@@ -80,12 +80,100 @@ class Situation:
 
 def absolutize(text: str, situation: Situation) -> str:
     """Rewrite what the rules can resolve; leave everything else as it is."""
-    out = _relative_times_cn(text, situation)
+    out, habits = _shield(text)
+    out = _relative_times_cn(out, situation)
     out = _relative_times_en(out, situation)
     out = _pronouns_cn(out, situation)
     out = _pronouns_en(out, situation)
     out = _places(out, situation)
-    return _tidy(out)
+    return _tidy(_unshield(out, habits))
+
+
+# ---------------------------------------------------------------- recurrences
+
+# A day word governed by a quantifier names every such day, not one date: 每周五, 每个星期天,
+# 隔周三, 逢周末, every (other) Friday, each Monday morning, weekly on Fridays. So does one
+# said with an adverb of habit (我一般周五打球, 周末都去爬山, usually on Friday) or in the
+# plural (on Sundays, Friday nights). Such a span is a recurrence: it is already as absolute as
+# it gets, and no day rule may turn it into the date of one occurrence. The words a quantifier
+# governs run on through a list (每周二和周四, 每周一、三、五, every Tuesday and Thursday).
+_CN_NUMBER = r"[0-9一二两三四五六七八九十几]"
+_CN_DAY_WORD = r"(?:(?:周|星期|礼拜)[一二三四五六日天末]|周末|双休日|工作日)"
+_CN_DAYPART = r"(?:早上|早晨|上午|中午|下午|傍晚|晚上|夜里|夜间|凌晨)"
+# 每/逢/隔 and what they count (每两周的, 每个月第一个, 隔周的), then the day words they govern.
+_CN_QUANTIFIED = (
+    rf"(?:每逢|每隔|每|逢|隔){_CN_NUMBER}*个?(?:(?:周|星期|礼拜|月|年)的?)?"
+    rf"(?:第{_CN_NUMBER}+个)?{_CN_DAY_WORD}"
+)
+_CN_LIST = rf"(?:(?:和|与|跟|及|或|、|到|至|-|~){_CN_DAY_WORD})*"
+_CN_HABIT_BEFORE = r"(?:一般|通常|平时|平常|经常|常常|往往|向来|一向|总是|照例|习惯)(?:在|于|是)?"
+_CN_HABIT_AFTER = rf"(?={_CN_DAYPART}?(?:都|总|一般|通常|经常|常|照例|照常))"
+_CN_HABIT = re.compile(
+    rf"(?:{_CN_QUANTIFIED}){_CN_LIST}"
+    rf"|{_CN_HABIT_BEFORE}{_CN_DAY_WORD}{_CN_LIST}"
+    rf"|(?<![上下这本个每隔逢]){_CN_DAY_WORD}{_CN_LIST}{_CN_HABIT_AFTER}"
+)
+_EN_DAY = r"(?:monday|tuesday|wednesday|thursday|friday|saturday|sunday)"
+_EN_DAY_LIST = rf"(?:\s*(?:,|and|or|&|/)\s*(?:on\s+)?{_EN_DAY}s?\b)*"
+_EN_HABIT = re.compile(
+    # every / each (other, second, 2nd, few) + what it counts, and the days it governs
+    rf"(?<![A-Za-z0-9_'])(?:every|each)\s+(?:other\s+|second\s+|third\s+|\d+(?:st|nd|rd|th)?\s+)?"
+    rf"(?:{_EN_DAY}|week(?:end)?|month|year|day)\b"
+    rf"(?:\s+(?:on\s+)?{_EN_DAY}s?\b)?{_EN_DAY_LIST}"
+    rf"|\b(?:weekly|biweekly|fortnightly)\s+(?:on\s+)?{_EN_DAY}s?\b{_EN_DAY_LIST}"
+    # the plural: on Sundays, Friday nights
+    rf"|\b{_EN_DAY}s\b{_EN_DAY_LIST}"
+    rf"|\b{_EN_DAY}\s+(?:mornings|afternoons|evenings|nights)\b"
+    # said as a habit: usually on Friday, always Fridays
+    rf"|\b(?:usually|always|normally|typically|generally|often)\s+"
+    rf"(?:(?!next\b|last\b|this\b|coming\b)\w+\s+){{0,2}}(?:on\s+)?{_EN_DAY}\b"
+    rf"{_EN_DAY_LIST}",
+    re.I,
+)
+# A shielded span waits out the rules as one private-use character each (U+E000 on), which
+# no rule's pattern matches.
+_SHIELD_BASE = 0xE000
+_SHIELD_ROOM = 0x1800
+_PRIVATE_USE = re.compile(f"[{chr(_SHIELD_BASE)}-{chr(_SHIELD_BASE + _SHIELD_ROOM - 1)}]")
+
+
+def recurrences(text: str) -> list[tuple[int, int]]:
+    """Where ``text`` names a recurring day (每周五, every Friday, on Sundays): the spans."""
+    spans = [m.span() for pattern in (_CN_HABIT, _EN_HABIT) for m in pattern.finditer(text)]
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(spans):
+        if merged and start < merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _shield(text: str) -> tuple[str, list[str]]:
+    spans = recurrences(text)[:_SHIELD_ROOM]
+    if not spans or _PRIVATE_USE.search(text):
+        # A text holding such characters already is rewritten unshielded: its own would be
+        # read back as spans.
+        return text, []
+    parts: list[str] = []
+    habits: list[str] = []
+    last = 0
+    for start, end in spans:
+        parts += [text[last:start], chr(_SHIELD_BASE + len(habits))]
+        habits.append(text[start:end])
+        last = end
+    parts.append(text[last:])
+    return "".join(parts), habits
+
+
+def _unshield(text: str, habits: list[str]) -> str:
+    if not habits:
+        return text
+    return re.sub(
+        f"[{chr(_SHIELD_BASE)}-{chr(_SHIELD_BASE + len(habits) - 1)}]",
+        lambda m: habits[ord(m.group(0)) - _SHIELD_BASE],
+        text,
+    )
 
 
 # ---------------------------------------------------------------- dates

@@ -28,6 +28,9 @@ class Conversation:
     shareable: frozenset[int] = frozenset()
     # Item index → the message it was read from (the message stream): its provenance.
     sources: dict[int, str] = field(default_factory=dict)
+    # Item index → when it was said, on the conversation's clocks, where that is not
+    # ``moment`` (the message stream): what its relative words are read against.
+    moments: dict[int, datetime] = field(default_factory=dict)
 
     @property
     def filter(self) -> Viewer:

@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from service.context import DEFAULT_TIMEZONE, on_clocks_of
 from service.db.engine import Database
 from service.embedding import Embedder
+from service.historian import reminders
 from service.historian.absolutize import Person, Situation, absolutize
 from service.historian.conversation import Conversation, Plan
 from service.historian.gate import gate
@@ -83,8 +84,8 @@ def extraction_targets(key: str, unread: list[Any], zone: ZoneInfo, *, llm: bool
             line = f"{who.label() if who.known else '?'} ({local:%Y-%m-%d %H:%M}): {message.text}"
             fact = Fact(clip(line, 500), local.date().isoformat())
         else:
-            if not _REMEMBER.search(message.text):
-                continue
+            if not _REMEMBER.search(message.text) or reminders.request(message.text):
+                continue  # a request to be reminded is a todo, not a fact about anyone
             stripped = _REMEMBER.sub("", message.text, count=1).strip(" ，,。.!！")
             text_ = absolutize(stripped, Situation(local, who, Person(None, None), None))
             if gate(text_):
@@ -132,6 +133,7 @@ def extraction_material(
     items: list[tuple[str, str]] = []
     speakers: dict[int, str] = {}  # item → its sender: a personal fact stays theirs
     sources: dict[int, str] = {}  # item → its message
+    moments: dict[int, datetime] = {}  # item → when its message was sent
     days: set[date] = set()
     group_name = None
     for message in unread:
@@ -146,6 +148,12 @@ def extraction_material(
             items.append(
                 (f"{label} ({local:%Y-%m-%d %H:%M}): {clip(message.text, 500)}", message.text)
             )
+        elif reminders.request(message.text) is not None:
+            # A request to be reminded is a todo of its own words, as said then.
+            items.append(
+                (absolutize(message.text, Situation(local, who, Person(None, None))), message.text)
+            )
+            moments[before] = local
         elif _REMEMBER.search(message.text):
             stripped = _REMEMBER.sub("", message.text, count=1).strip(" ，,。.!！")
             items.append(
@@ -169,6 +177,7 @@ def extraction_material(
         moment=moment,
         speakers=speakers,
         sources=sources,
+        moments=moments,
     )
     return conversation, items, days
 

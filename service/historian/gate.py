@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from service.historian.absolutize import recurrences
+
 _CN_PRONOUNS = (
     r"他们|她们|它们|我们|你们|咱们|这位|那位|"
     r"(?<![其吉])他|她|(?<![其])它|我(?!国)|你(?!好)|您|咱|俺"
@@ -71,9 +73,12 @@ def gate(text: str) -> list[GateHit]:
     """Every relative expression in ``text`` (empty when it is absolute)."""
     hits: list[GateHit] = []
     seen: set[tuple[str, str]] = set()
+    habits = recurrences(text)
     for kind, pattern in _CHECKS:
         for match in pattern.finditer(text):
             token = match.group(0)
+            if kind == "relative_time" and _within(match.span(), habits):
+                continue  # 每周五, every Friday: a recurrence names no one day to resolve
             if kind == "pronoun" and token == "US":  # noqa: S105
                 continue  # the country, not "us"
             key = (kind, token.lower())
@@ -81,6 +86,10 @@ def gate(text: str) -> list[GateHit]:
                 seen.add(key)
                 hits.append(GateHit(kind, token))
     return hits
+
+
+def _within(span: tuple[int, int], spans: list[tuple[int, int]]) -> bool:
+    return any(start <= span[0] and span[1] <= end for start, end in spans)
 
 
 def explicit_ids(text: str) -> set[str]:

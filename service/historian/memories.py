@@ -13,15 +13,16 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, time, tzinfo
+from datetime import UTC, tzinfo
 from typing import Any
 
 import numpy as np
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.context import in_range
 from service.embedding import Embedder
 from service.errors import Invalid, NotFound
+from service.historian import reminders
+from service.historian.absolutize import Person, Situation, absolutize
 from service.historian.conversation import Conversation, Operation, Plan
 from service.historian.gate import gate
 from service.historian.memory_tools import (
@@ -49,7 +50,6 @@ __all__ = [
     "Plan",
     "day_summary",
     "guess_category",
-    "reminder_time",
 ]
 
 _PREFERENCE = re.compile(
@@ -63,8 +63,6 @@ _PROFILE = re.compile(
     r"\b(?:works? as|is an?|lives? in|comes? from|name is|nickname|years old)\b",
     re.I,
 )
-_REMINDER = re.compile(r"提醒|remind|别忘了|记得要?|\bdon't forget\b", re.I)
-_DATE = re.compile(r"(\d{4}-\d{2}-\d{2})(?:\s*(\d{1,2}:\d{2}))?")
 
 
 def guess_category(text: str) -> str:
@@ -74,24 +72,6 @@ def guess_category(text: str) -> str:
     if _PROFILE.search(text):
         return "PROFILE"
     return "FACT"
-
-
-def reminder_time(text: str, zone: tzinfo, default_hour: int) -> datetime | None:
-    """The first absolute date (and time) in a rewritten text, as the trigger time; none
-    where it names no day the clocks can hold."""
-    match = _DATE.search(text)
-    if match is None:
-        return None
-    clock = time(default_hour)
-    if match.group(2):
-        hour, minute = (int(x) for x in match.group(2).split(":"))
-        clock = time(hour % 24, minute % 60)
-    try:
-        # "2026-02-30" or a serial number's "2024-13-45" is no day, and a time within a day
-        # of the calendar's ends may have no UTC to store: each failed the job at every try.
-        return in_range(datetime.combine(date.fromisoformat(match.group(1)), clock, zone))
-    except ValueError:
-        return None
 
 
 @dataclass
@@ -145,26 +125,15 @@ class MemoryKeeper:
 
     def _offline(self, conversation: Conversation, items: list[tuple[str, str]]) -> Plan:
         plan = Plan()
-        settings = self.settings.cognitive.memory
         for index, (text, original) in enumerate(items):
             if gate(text):
                 plan.notes.append(f"not remembered (still relative): {text}")
                 continue
-            if _REMINDER.search(original):
-                trigger = reminder_time(
-                    text, conversation.moment.tzinfo or _utc(), settings.todo_default_hour
-                )
-                plan.operations.append(
-                    Operation(
-                        "add_todo",
-                        {
-                            "description": text,
-                            "trigger_time": trigger.isoformat() if trigger else None,
-                            "assignee_id": None,
-                            "item": index,
-                        },
-                    )
-                )
+            reminder = reminders.request(original)
+            if reminder is not None:
+                todo = self._reminder(conversation, index, reminder, plan)
+                if todo is not None:
+                    plan.operations.append(todo)
                 continue
             # The fact is about who said it: in a batch of several people's messages, the
             # sender of its message (not the group, where everyone would read it).
@@ -195,6 +164,36 @@ class MemoryKeeper:
                 )
             )
         return plan
+
+    def _reminder(
+        self, conversation: Conversation, index: int, reminder: reminders.Reminder, plan: Plan
+    ) -> Operation | None:
+        """A request to be reminded as the ``add_todo`` call the model would make, checked by
+        the same tool; none where it names no time (the model can ask when)."""
+        moment = conversation.moments.get(index, conversation.moment)
+        trigger = reminders.trigger(
+            reminder, moment, self.settings.cognitive.memory.todo_default_hour
+        )
+        if not reminder.times:
+            plan.notes.append(f"no todo (a reminder naming no time): {reminder.task}")
+            return None
+        who = conversation.speakers.get(index) or conversation.speaker_id
+        speaker = Person(conversation.participants.get(who or "") or None, who)
+        if speaker.id == conversation.speaker_id and not speaker.name:
+            speaker = Person(conversation.speaker_name, who)
+        task = absolutize(reminder.task, Situation(moment, speaker, Person(None, None)))
+        args = {
+            "description": reminder.description(task),
+            "trigger_time": trigger.isoformat() if trigger else None,
+            "assignee_id": who if reminder.whom is None else None,
+        }
+        try:
+            todo = validate_call("add_todo", args, Scene(conversation, {}, set()))
+        except Invalid as exc:
+            plan.notes.append(f"no todo: {exc.message}")
+            return None
+        todo.args["item"] = index
+        return todo
 
     async def _llm(
         self,
