@@ -28,6 +28,9 @@ class Conversation:
     shareable: frozenset[int] = frozenset()
     # Item index → the message it was read from (the message stream): its provenance.
     sources: dict[int, str] = field(default_factory=dict)
+    # Item index → the standing fact it states (work, home …): offline, it replaces the
+    # person's older memory of that slot instead of being added beside it.
+    slots: dict[int, str] = field(default_factory=dict)
 
     @property
     def filter(self) -> Viewer:
