@@ -42,7 +42,8 @@ _ANNOUNCEMENT = re.compile(
     r"群规|群公告|(?:本群|群里|群内)(?:禁止|不允许|不准|严禁|不许|不要|规定|只能|请勿)|以后群里|"
     r"(?:大家|所有人|全体成员?|各位)(?:注意|请|都要|必须|不要|别|记得)|请大家|"
     r"\bgroup rules?\b|\b(?:chat|group) announcement\b|"
-    r"\bfrom now on,? (?:everyone|everybody|all of you|no one|nobody|we all|in this group)\b|"
+    r"\bfrom (?:now|\d{4}-\d{2}-\d{2}) on,? "
+    r"(?:everyone|everybody|all of you|no one|nobody|we all|in this group)\b|"
     r"\b(?:everyone|everybody|all members|no one|nobody) in (?:this|the|our) (?:group|chat)\b|"
     r"\b(?:no|don't|do not) \w+(?:ing)? (?:is allowed )?in (?:this|the|our) (?:group|chat)\b",
     re.I,

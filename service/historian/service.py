@@ -28,8 +28,7 @@ from service.historian.profiles import (
 from service.historian.rewrite import Item, Outcome, rewrite_with_llm, rule_outcome
 from service.historian.rewrite import Situation as PromptSituation
 from service.historian.standing import SLOTS
-from service.historian.statements import draft, slot_of_said
-from service.historian.subjects import unaddressed
+from service.historian.statements import draft, observed
 from service.llm import ChatModel, LLMError
 from service.observability import GATE
 from service.privacy.keys import contributors
@@ -539,17 +538,17 @@ class Historian:
         shareable = set(payload.get("shareable") or [])
         for observation in payload.get("observations", []):
             # The bot is spoken to, never what a person's observation is about.
-            said = unaddressed(observation, bot) or observation
+            statement = observed(observation, Situation(moment, speaker, bot, location), bot)
             items.append(
                 Item(
                     len(items),
                     "observation",
                     observation,
-                    draft(said, Situation(moment, speaker, bot, location)),
+                    statement.text,
                     speaker,
                     bot,
                     shareable=len(items) in shareable,
-                    slot=slot_of_said(said, bot),
+                    slot=statement.slot,
                 )
             )
         memo = payload.get("memo") or ""

@@ -34,6 +34,7 @@ class Standing:
 
     slot: str
     clause: str
+    rest: str = ""  # what the sentence goes on to say after it ("，主要写 Go")
 
     @property
     def kind(self) -> str:
@@ -141,16 +142,17 @@ _CN_DAY_BIRTHDAY = re.compile(
 
 def _chinese(sentence: str) -> Standing | None:
     seen = 0
-    for clause in re.split(r"[，,；;]", sentence):
-        clause = clause.strip(" 。.!！~～")
+    pieces = re.split(r"([，,；;])", sentence)
+    for n in range(0, len(pieces), 2):
+        after = "".join(pieces[n + 1 :]).rstrip(" 。.!！~～")
+        clause = pieces[n].strip(" 。.!！~～")
         clause = re.sub(r"^(?:嗯|哦|噢|对了|其实|顺便说下|顺便说一下|告诉你们)[，,\s]*", "", clause)
         if not clause:
             continue
         for slot, pattern in _CN_OBJECT_FIRST:
             if m := pattern.match(clause):
-                if slot == "birthday":
-                    return Standing(slot, f"我的生日是{m.group('o')}")
-                return Standing(slot, f"我的工作是{m.group('o')}")
+                said = "我的生日是" if slot == "birthday" else "我的工作是"
+                return Standing(slot, said + m.group("o"), after)
         subject = _CN_SUBJECT.match(clause)
         seen += 1
         if subject is None and seen > 1:
@@ -160,23 +162,18 @@ def _chinese(sentence: str) -> Standing | None:
         assert between is not None
         predicate = rest[between.end() :]
         if subject and (m := _CN_DAY_BIRTHDAY.match(rest)):
-            return Standing("birthday", f"我的生日是{m.group('o')}")
+            return Standing("birthday", f"我的生日是{m.group('o')}", after)
         for slot, pattern in _CN_RULES:
-            m = pattern.match(predicate)
-            if m is None:
+            if pattern.match(predicate) is None:
                 continue
             if (
                 not subject
                 and slot in ("pet", "relationship", "birthday")
-                and predicate[:1]
-                in (
-                    "的",
-                    "家",
-                )
+                and predicate[:1] in "的家"
             ):
                 return None  # "的猫叫…" with no one before it is not the speaker's
             kept = re.sub(r"现在|目前|如今|眼下", "", rest[: between.end()])
-            return Standing(slot, "我" + kept + predicate)
+            return Standing(slot, "我" + kept + predicate, after)
     return None
 
 
@@ -288,18 +285,25 @@ _EN_OPENING = re.compile(
 
 
 def _english(sentence: str) -> Standing | None:
-    for clause in re.split(r"(?<=[,;])\s+|\s+(?:but|and|so)\s+(?=I\b|[Mm]y\b)", sentence):
+    # The whole sentence first ("My cat, Fluffy, is …" holds commas), then each clause.
+    clauses = re.split(r"(?<=[,;])\s+|\s+(?:but|and|so)\s+(?=I\b|[Mm]y\b)", sentence)
+    for clause in dict.fromkeys([sentence, *clauses]):
         clause = _EN_OPENING.sub("", clause.strip())
         if m := _EN_OBJECT_FIRST.match(clause):
             return Standing("birthday", f"my birthday is {m.group('o')}")
         for slot, pattern in _EN_RULES:
             m = pattern.match(clause)
             if m is not None:
-                return Standing(slot, clause.strip(" .!~,;"))
+                # The clause it is stated in: up to the next comma after what it matched.
+                end = re.search(r"[,;]|$", clause[m.end() :])
+                assert end is not None
+                cut = m.end() + end.start()
+                return Standing(slot, clause[:cut].strip(" .!~,;"), clause[cut:].rstrip(" .!~"))
     return None
 
 
-def _sentences(text: str) -> list[str]:
+def sentences(text: str) -> list[str]:
+    """A message's sentences (Chinese and English stops, line breaks)."""
     # English sentences end at a stop followed by a space; Chinese at its own marks.
     parts = re.split(r"[\n。！!？?]+|(?<=[a-z0-9)])\.\s+|~+", text)
     return [p.strip() for p in parts if p and p.strip()]
@@ -325,7 +329,7 @@ def standing_facts(text: str, limit: int = 3) -> list[Standing]:
     """The standing facts of the speaker in a message, one per sentence, at most ``limit``
     (one of each slot: a later sentence of the same slot corrects an earlier one)."""
     found: dict[str, Standing] = {}
-    for sentence in _sentences(text):
+    for sentence in sentences(text):
         fact = standing(sentence)
         if fact is not None:
             found.pop(fact.slot, None)

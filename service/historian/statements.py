@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from service.historian.absolutize import Person, Situation, absolutize
 from service.historian.gate import gate
 from service.historian.profiles import announces_for_group
-from service.historian.standing import SLOTS, standing, standing_facts
+from service.historian.standing import SLOTS, sentences, standing, standing_facts
 from service.historian.subjects import in_third_person, unaddressed
 
 # Leading white space is matched (and removed) from its first character only: tried from
@@ -22,6 +22,7 @@ REMEMBER = re.compile(
     re.I,
 )
 _STRIP = " ，,。.!！"
+_FROM_NOW_ON = re.compile(r"\b(from)\s+now\s+on\b", re.I)
 
 
 @dataclass(frozen=True)
@@ -42,14 +43,23 @@ class Statement:
 def draft(text: str, situation: Situation) -> str:
     """The rules' rewrite: English first person turned into the third (its verbs agreeing),
     then times, pronouns and places made absolute."""
+    # "From now on" starts a rule on the day it is said; read word by word, "now" would
+    # become "as of <day>" inside it.
+    day = situation.moment.date().isoformat()
+    text = _FROM_NOW_ON.sub(lambda m: f"{m.group(1)} {day} on", text)
     return absolutize(in_third_person(text, situation.first_person), situation)
 
 
-def slot_of_said(text: str, bot: Person) -> str | None:
-    """The slot of the one standing fact a speaker's words state (their addresses to the bot
-    taken off), or None where they state none, or several."""
-    found = standing_facts(unaddressed(text, bot))
-    return found[0].slot if len(found) == 1 else None
+def observed(text: str, situation: Situation, bot: Person) -> Statement:
+    """An observation the bot handed over, rewritten by the rules, its addresses to the bot
+    taken off. Where it is one sentence stating a standing fact, the fact is what is kept,
+    with its slot and its subject ("现在在阿里巴巴做前端开发" → "张三(10001)在阿里巴巴…")."""
+    said = unaddressed(text, bot) or text
+    found = standing_facts(said)
+    if len(found) == 1 and len(sentences(said)) == 1:
+        fact = found[0]
+        return Statement(draft(fact.clause + fact.rest, situation), fact.clause, fact.slot)
+    return Statement(draft(said, situation), said)
 
 
 def offline_statements(text: str, situation: Situation, bot: Person) -> list[Statement]:

@@ -47,6 +47,7 @@ def unaddressed(text: str, bot: Person, others: Iterable[str] = ()) -> str:
 
 # ---------------------------------------------------------------- English third person
 
+_NEGATED = {"haven": "hasn", "have": "has", "don": "doesn", "do": "does", "aren": "isn"}
 _IRREGULAR = {"be": "is", "have": "has", "do": "does", "go": "goes", "am": "is"}
 # Left as they are: modals, past forms, and verbs whose past looks like the present.
 _UNCHANGED = frozenset(
@@ -69,7 +70,7 @@ _ADVERBS = (
 _FIRST = re.compile(
     r"\bI(?P<c>'m|’m|'ve|’ve|'ll|’ll|'d|’d)(?![\w'’])"
     r"|\bI(?P<neg>\s+(?:don't|don’t|do not))\b"
-    rf"|\bI(?P<adv>\s+{_ADVERBS})(?P<verb>[a-z]+)\b(?!['’])"
+    rf"|\bI(?P<adv>\s+{_ADVERBS})(?P<verb>[a-z]+)(?P<nt>n?['’]t\b)?(?![\w'’])"
     r"|\bI\b(?!['’]\w)"
     r"|(?i:\b(?P<poss>my|mine)\b)"
     r"|(?i:\b(?P<obj>me|myself)\b)"
@@ -104,6 +105,10 @@ def in_third_person(text: str, person: Person) -> str:
             return who + {"m": " is", "ve": " has", "ll": " will", "d": " would"}[contraction]
         if m.group("neg"):
             return who + (" does not" if "not" in m.group("neg") else " doesn't")
+        if m.group("nt"):
+            # "haven't" → "hasn't"; a modal's or a past form's negation stays as it is.
+            verb = _NEGATED.get(m.group("verb"), m.group("verb"))
+            return f"{who}{m.group('adv')}{verb}{m.group('nt')}"
         if m.group("verb"):
             return f"{who}{m.group('adv')}{conjugated(m.group('verb'))}"
         if m.group("poss"):
