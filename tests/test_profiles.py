@@ -293,8 +293,9 @@ async def test_offline_merge_builds_a_dated_list_and_skips_duplicates(
     member = (await client.get("/v1/profiles/member/g1/10001", headers=tenant.headers)).json()
     assert member["name"] == "张三"
     lines = [line for line in member["body"].splitlines() if line.startswith("- ")]
+    # Where someone works is a standing fact: its line stands for the kind, not in the log.
     assert lines == [
-        "- 2026-02-21: 张三(10001)是后端工程师，主要写 Go",
+        "- 工作：张三(10001)是后端工程师，主要写 Go（2026-02-21）",
         "- 2026-02-21: 张三(10001)对花生过敏",
     ]
     assert member["version"] == 2

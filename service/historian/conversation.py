@@ -31,6 +31,9 @@ class Conversation:
     # Item index → when it was said, on the conversation's clocks, where that is not
     # ``moment`` (the message stream): what its relative words are read against.
     moments: dict[int, datetime] = field(default_factory=dict)
+    # Item index → the standing fact it states (work, home …): offline, it replaces the
+    # person's older memory of that slot instead of being added beside it.
+    slots: dict[int, str] = field(default_factory=dict)
 
     @property
     def filter(self) -> Viewer:

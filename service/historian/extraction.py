@@ -8,7 +8,6 @@ merges what they say into profiles and memories here.
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import Any
@@ -24,7 +23,13 @@ from service.historian.absolutize import Person, Situation, absolutize
 from service.historian.conversation import Conversation, Plan
 from service.historian.gate import gate
 from service.historian.memories import MemoryKeeper, day_summary
-from service.historian.profiles import ProfileMerger, Target, about_the_group, private_targets
+from service.historian.profiles import (
+    ProfileMerger,
+    Target,
+    about_the_group,
+    private_targets,
+)
+from service.historian.statements import offline_statements
 from service.llm import ChatModel
 from service.memories import service as memories
 from service.memories.digest import said_in
@@ -46,29 +51,28 @@ log = logging.getLogger("service.historian.extraction")
 __all__ = ["EXTRACT_JOB", "Extractor", "extraction_material", "extraction_targets"]
 
 
-# Leading white space is matched (and removed) from its first character only: tried from
-# every character of a long run of spaces, the search was quadratic in the run. The English
-# words are whole words: "notebook", "remembered" and "keynote" ask nothing.
-_REMEMBER = re.compile(
-    r"(?<!\s)\s*(?:请|帮我|麻烦)?(?:记住|记得|别忘了|不要忘了|记一下)了?[：:，,\s]*"
-    r"|(?<!\s)\s*\b(?:please\s+)?(?:remember|don't forget|do not forget|note|keep in mind)\b"
-    r"\s*(?:that\s+)?[:,]?\s*",
-    re.I,
-)
 MAX_SPEAKER_TARGETS = 5
+NOBODY = Person(None, None)  # a tenant that named no bot
 
 
-async def _tenant_zone(session: AsyncSession, tenant_id: Any) -> ZoneInfo:
+async def _tenant_zone(session: AsyncSession, tenant_id: Any) -> tuple[ZoneInfo, Person]:
+    """The tenant's time zone, and its bot (whom a message may address by name)."""
     tenant = await get_tenant(session, tenant_id)
-    name = (tenant.settings or {}).get("timezone") if tenant is not None else None
-    return ZoneInfo(name or DEFAULT_TIMEZONE)
+    settings = (tenant.settings or {}) if tenant is not None else {}
+    bot = settings.get("bot")
+    bot = bot if isinstance(bot, dict) else {}
+    zone = ZoneInfo(settings.get("timezone") or DEFAULT_TIMEZONE)
+    return zone, Person(bot.get("name") or None, bot.get("id") or None)
 
 
-def extraction_targets(key: str, unread: list[Any], zone: ZoneInfo, *, llm: bool) -> list[Target]:
+def extraction_targets(
+    key: str, unread: list[Any], zone: ZoneInfo, *, llm: bool, bot: Person = NOBODY
+) -> list[Target]:
     """Profiles the unread messages concern, with their facts.
 
-    With an LLM, every message is material and the model decides; without one, only the
-    messages that ask to be remembered become facts (rule-absolutized, prefix removed).
+    With an LLM, every message is material and the model decides; without one, what the
+    messages ask to be remembered (prefix removed), the group's rules and the speakers'
+    standing facts (``offline_statements``), rule-absolutized.
     """
     kind, _, ident = key.partition(":")
     speakers: dict[str, str | None] = {}
@@ -83,17 +87,20 @@ def extraction_targets(key: str, unread: list[Any], zone: ZoneInfo, *, llm: bool
         if llm:
             line = f"{who.label() if who.known else '?'} ({local:%Y-%m-%d %H:%M}): {message.text}"
             fact = Fact(clip(line, 500), local.date().isoformat())
-        else:
-            if not _REMEMBER.search(message.text) or reminders.request(message.text):
-                continue  # a request to be reminded is a todo, not a fact about anyone
-            stripped = _REMEMBER.sub("", message.text, count=1).strip(" ，,。.!！")
-            text_ = absolutize(stripped, Situation(local, who, Person(None, None), None))
-            if gate(text_):
+            group_facts.append(fact)
+            if message.sender_id:
+                facts_by_sender.setdefault(message.sender_id, []).append(fact)
+            continue
+        if reminders.request(message.text):
+            continue  # a request to be reminded is a todo, not a fact about anyone
+        situation = Situation(local, who, Person(None, None), None)
+        for statement in offline_statements(message.text, situation, bot):
+            if gate(statement.text):
                 continue  # still relative after the rules: not a fact to keep about anyone
-            fact = Fact(text_, local.date().isoformat())
-        group_facts.append(fact)
-        if message.sender_id:
-            facts_by_sender.setdefault(message.sender_id, []).append(fact)
+            fact = Fact(statement.text, local.date().isoformat(), kind=statement.kind)
+            group_facts.append(fact)
+            if message.sender_id and not statement.for_group:
+                facts_by_sender.setdefault(message.sender_id, []).append(fact)
     targets: list[Target] = []
     if kind == "p":
         return private_targets(ident, speakers.get(ident), group_facts)
@@ -122,7 +129,13 @@ def extraction_targets(key: str, unread: list[Any], zone: ZoneInfo, *, llm: bool
 
 
 def extraction_material(
-    key: str, unread: list[Any], zone: ZoneInfo, moment: datetime, *, llm: bool
+    key: str,
+    unread: list[Any],
+    zone: ZoneInfo,
+    moment: datetime,
+    *,
+    llm: bool,
+    bot: Person = NOBODY,
 ) -> tuple[Conversation, list[tuple[str, str]], set[date]]:
     """The memory step's view of a batch of messages: conversation, items, days touched.
 
@@ -132,6 +145,7 @@ def extraction_material(
     participants: dict[str, str | None] = {}
     items: list[tuple[str, str]] = []
     speakers: dict[int, str] = {}  # item → its sender: a personal fact stays theirs
+    slots: dict[int, str] = {}  # item → the standing fact it states: it replaces the older
     sources: dict[int, str] = {}  # item → its message
     moments: dict[int, datetime] = {}  # item → when its message was sent
     days: set[date] = set()
@@ -154,15 +168,16 @@ def extraction_material(
                 (absolutize(message.text, Situation(local, who, Person(None, None))), message.text)
             )
             moments[before] = local
-        elif _REMEMBER.search(message.text):
-            stripped = _REMEMBER.sub("", message.text, count=1).strip(" ，,。.!！")
-            items.append(
-                (absolutize(stripped, Situation(local, who, Person(None, None), None)), stripped)
-            )
-        if len(items) > before:
-            sources[before] = message.message_id
-        if len(items) > before and message.sender_id:
-            speakers[before] = message.sender_id
+        else:
+            situation = Situation(local, who, Person(None, None), None)
+            for statement in offline_statements(message.text, situation, bot):
+                if statement.slot:
+                    slots[len(items)] = statement.slot
+                items.append((statement.text, statement.original))
+        for index in range(before, len(items)):
+            sources[index] = message.message_id
+            if message.sender_id:
+                speakers[index] = message.sender_id
     speaker = (
         ident if kind == "p" else (next(iter(participants)) if len(participants) == 1 else None)
     )
@@ -178,6 +193,7 @@ def extraction_material(
         speakers=speakers,
         sources=sources,
         moments=moments,
+        slots=slots,
     )
     return conversation, items, days
 
@@ -200,9 +216,9 @@ class Extractor:
         tenant_id = job.job.tenant_id
         async with job.transaction() as session:
             mark, unread = await messages.unread(session, tenant_id, key, upto, limit)
-            zone = await _tenant_zone(session, tenant_id)
+            zone, bot = await _tenant_zone(session, tenant_id)
             group_name = await messages.group_name(session, tenant_id, key)
-        targets = extraction_targets(key, unread, zone, llm=self.llm is not None)
+        targets = extraction_targets(key, unread, zone, llm=self.llm is not None, bot=bot)
 
         async def read(profile: ProfileKey) -> dict[str, Any] | None:
             async with job.transaction() as session:
@@ -212,7 +228,7 @@ class Extractor:
         merger = ProfileMerger(self.embedder, self.llm, self.settings)
         staged, notes, calls = await merger.prepare(read, targets, moment)
         conversation, items, days = extraction_material(
-            key, unread, zone, moment, llm=self.llm is not None
+            key, unread, zone, moment, llm=self.llm is not None, bot=bot
         )
         conversation.group_name = group_name
         keeper = MemoryKeeper(self.embedder, self.llm, self.settings)

@@ -160,6 +160,11 @@ class MemoryKeeper:
                         "confidence": 0.6,
                         "user_id": who if scope != "GROUP" else None,
                         "item": index,
+                        **(
+                            {"slot": conversation.slots[index]}
+                            if scope != "GROUP" and who and index in conversation.slots
+                            else {}
+                        ),
                     },
                 )
             )

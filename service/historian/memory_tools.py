@@ -19,6 +19,7 @@ from service.context import in_range
 from service.errors import Invalid
 from service.historian.conversation import Conversation, Operation
 from service.historian.gate import gate
+from service.historian.standing import slot_of
 from service.memories import service as memories
 from service.memories.models import CATEGORIES, SCOPES
 from service.settings import MemorySettings
@@ -226,6 +227,8 @@ async def _apply_add_memory(writing: Writing, args: dict[str, Any]) -> str:
             args = {**args, "scope": ceiling.scope}
             user_id, group_id = ceiling.user_id, ceiling.group_id
             writing.notes.append(f"add_memory: sensitive, kept as {args['scope']}")
+    if args.get("slot") and await _replaced(writing, args, user_id, group_id):
+        return "updated"
     _, created = await memories.add(
         writing.session,
         writing.tenant_id,
@@ -242,6 +245,51 @@ async def _apply_add_memory(writing: Writing, args: dict[str, Any]) -> str:
         evidence=writing.evidence,
     )
     return "added" if created else "duplicates"
+
+
+async def _replaced(
+    writing: Writing, args: dict[str, Any], user_id: str | None, group_id: str | None
+) -> bool:
+    """A standing fact (work, home …) replacing the person's older memory of the same slot:
+    the newest one takes the new content (its history keeps the old), any other of the slot
+    ends. False where the person has none of the slot yet."""
+    rows = await memories.bound_to(
+        writing.session, writing.tenant_id, args["scope"], user_id, group_id
+    )
+    same = [row for row in rows if slot_of(str(row["content"])) == args["slot"]]
+    if not same:
+        return False
+    newest, *older = same
+    reason = f"a newer {args['slot']} fact replaces it"
+    if newest["content"] != args["content"]:
+        old = newest.get("evidence") or {}
+        evidence = {
+            name: list(dict.fromkeys([*old.get(name, []), *writing.evidence.get(name, [])]))
+            for name in {*old, *writing.evidence}
+            if isinstance(old.get(name, []), list)
+            and isinstance(writing.evidence.get(name, []), list)
+        }
+        await memories.change(
+            writing.session,
+            writing.tenant_id,
+            int(newest["id"]),
+            cause=writing.cause,
+            reason=reason,
+            content=args["content"],
+            vector=writing.vector,
+            evidence=evidence,
+            valid_from=writing.conversation.moment,
+        )
+    for row in older:
+        await memories.deactivate(
+            writing.session,
+            writing.tenant_id,
+            int(row["id"]),
+            cause=writing.cause,
+            reason=reason,
+            valid_to=writing.conversation.moment,
+        )
+    return True
 
 
 ADD_MEMORY = Tool(

@@ -37,9 +37,33 @@ _GROUP_WORDS = re.compile(
 )
 
 
+# A rule or an announcement to the group: it is the group's, whoever of its members said it.
+_ANNOUNCEMENT = re.compile(
+    r"群规|群公告|(?:本群|群里|群内)(?:禁止|不允许|不准|严禁|不许|不要|规定|只能|请勿)|以后群里|"
+    r"(?:大家|所有人|全体成员?|各位)(?:注意|请|都要|必须|不要|别|记得)|请大家|"
+    r"\bgroup rules?\b|\b(?:chat|group) announcement\b|"
+    r"\bfrom (?:now|\d{4}-\d{2}-\d{2}) on,? "
+    r"(?:everyone|everybody|all of you|no one|nobody|we all|in this group)\b|"
+    r"\b(?:everyone|everybody|all members|no one|nobody) in (?:this|the|our) (?:group|chat)\b|"
+    r"\b(?:no|don't|do not) \w+(?:ing)? (?:is allowed )?in (?:this|the|our) (?:group|chat)\b",
+    re.I,
+)
+
+
+def announces_for_group(text: str) -> bool:
+    """Whether a statement is a rule or an announcement for the whole group ("本群禁止发广告",
+    "from now on everyone …", "group rule: …"): it goes to the group, not to the speaker."""
+    return bool(_ANNOUNCEMENT.search(text))
+
+
 def about_the_group(text: str) -> bool:
     """Whether a fact concerns the group as a whole (rules, topics, everyone)."""
-    return bool(_GROUP_WORDS.search(text))
+    return bool(_GROUP_WORDS.search(text)) or announces_for_group(text)
+
+
+def of_the_member(facts: list[Fact]) -> list[Fact]:
+    """The facts a member's profile takes offline: not the group's rules and announcements."""
+    return [f for f in facts if not announces_for_group(f.text)]
 
 
 Reader = Callable[[ProfileKey], Awaitable[dict[str, Any] | None]]
@@ -404,7 +428,7 @@ def end_targets(context: Any, facts: list[Fact], llm: bool) -> list[Target]:
             Target(
                 ProfileKey("member", sender, context.group_id),
                 context.sender_name,
-                list(facts),
+                list(facts) if llm else of_the_member(facts),
                 "这个人在本群中的形象 how this group knows the person",
             )
         )

@@ -69,6 +69,7 @@ class Item:
     first_person: Person
     second_person: Person
     shareable: bool = False  # the person lets it be known beyond the chat it was said in
+    slot: str | None = None  # the standing fact it states (work, home …), if any
 
 
 @dataclass

@@ -15,7 +15,7 @@ from service import pii
 from service.context import ConversationContext
 from service.embedding import Embedder
 from service.events import service as events
-from service.historian.absolutize import Person, Situation, absolutize
+from service.historian.absolutize import Person, Situation
 from service.historian.memories import Conversation, MemoryKeeper, Plan
 from service.historian.profiles import (
     ProfileMerger,
@@ -27,6 +27,8 @@ from service.historian.profiles import (
 )
 from service.historian.rewrite import Item, Outcome, rewrite_with_llm, rule_outcome
 from service.historian.rewrite import Situation as PromptSituation
+from service.historian.standing import SLOTS
+from service.historian.statements import draft, observed
 from service.llm import ChatModel, LLMError
 from service.observability import GATE
 from service.privacy.keys import contributors
@@ -371,7 +373,13 @@ class Historian:
             if item.kind == "observation" and outcome.accepted
         ]
         facts = [
-            Fact(outcome.text, work.moment.date().isoformat(), event_id, item.shareable)
+            Fact(
+                outcome.text,
+                work.moment.date().isoformat(),
+                event_id,
+                item.shareable,
+                SLOTS[item.slot] if item.slot else None,
+            )
             for item, outcome, event_id, _ in work.accepted
         ]
         work.targets = end_targets(work.context, facts, llm=self.llm is not None)
@@ -385,6 +393,9 @@ class Historian:
         work.conversation.shareable = frozenset(
             n for n, (item, _, _) in enumerate(work.observed) if item.shareable
         )
+        work.conversation.slots = {
+            n: item.slot for n, (item, _, _) in enumerate(work.observed) if item.slot
+        }
 
     def _compares(self, work: EndWork) -> bool:
         """Whether the memory step reads the memories near the job's items: only the LLM
@@ -526,22 +537,24 @@ class Historian:
         items: list[Item] = []
         shareable = set(payload.get("shareable") or [])
         for observation in payload.get("observations", []):
-            draft = absolutize(observation, Situation(moment, speaker, bot, location))
+            # The bot is spoken to, never what a person's observation is about.
+            statement = observed(observation, Situation(moment, speaker, bot, location), bot)
             items.append(
                 Item(
                     len(items),
                     "observation",
                     observation,
-                    draft,
+                    statement.text,
                     speaker,
                     bot,
                     shareable=len(items) in shareable,
+                    slot=statement.slot,
                 )
             )
         memo = payload.get("memo") or ""
         if memo:
-            draft = absolutize(memo, Situation(moment, bot, user, location))
-            items.append(Item(len(items), "memo", memo, draft, bot, user))
+            text = draft(memo, Situation(moment, bot, user, location))
+            items.append(Item(len(items), "memo", memo, text, bot, user))
         return items
 
     async def _rewrite(

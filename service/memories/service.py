@@ -143,6 +143,19 @@ def same_binding(scope: str, user_id: str | None, group_id: str | None) -> Any:
     )
 
 
+async def bound_to(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    scope: str,
+    user_id: str | None,
+    group_id: str | None,
+    limit: int = 200,
+) -> list[dict[str, Any]]:
+    """The active memories bound exactly like this (not day summaries), newest first."""
+    where = and_(same_binding(scope, user_id, group_id), Memory.category != "SUMMARY")
+    return await repository.listing(session, tenant_id, where=where, limit=limit, before=None)
+
+
 async def add(
     session: AsyncSession,
     tenant_id: uuid.UUID,

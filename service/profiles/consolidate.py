@@ -211,10 +211,11 @@ class Body:
         lines += [r.text for r in self.records]
         return lines
 
-    def add(self, day: str, text: str) -> None:
-        """A new fact: a standing fact replaces its kind's line, anything else is logged."""
+    def add(self, day: str, text: str, kind: str | None = None) -> None:
+        """A new fact: a standing fact (of ``kind``, or of the kind its wording shows)
+        replaces its kind's line, anything else is logged."""
         text = " ".join(text.split())  # one line: a statement cannot open a section
-        kind = kind_of(text)
+        kind = kind or kind_of(text)
         if kind is not None:
             self.kinds.pop(kind, None)  # re-inserted last: the newest kind reads last
             self.kinds[kind] = f"{text}（{day}）"

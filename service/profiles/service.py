@@ -44,6 +44,9 @@ class Fact:
     day: str  # YYYY-MM-DD, local
     event_id: str | None = None
     shareable: bool = False  # the person lets it be known beyond the chat it was said in
+    # The standing fact it states (工作, 居住地 …), where the sentence's structure said so: a
+    # newer one of the kind replaces the older one.
+    kind: str | None = None
 
 
 def key_of(entity_type: str, entity_id: str, group_id: str | None = None) -> ProfileKey:
@@ -289,7 +292,7 @@ def merge_facts(
     added = False
     for fact in facts:
         if not is_duplicate(fact.text, known):
-            body.add(fact.day, fact.text)
+            body.add(fact.day, fact.text, fact.kind)
             known.append(fact.text)
             added = True
     if not added:
