@@ -106,6 +106,7 @@ from service.db.embedded import embedded_url, stop_embedded
 from service.memories.upkeep import enqueue_consolidation
 from service.messages import service as messages
 from service.messages.service import enqueue_extraction
+from service.recall.service import estimate_tokens
 from service.retrieval.terms import COMMON_CHINESE_CHARS, stem, terms
 from service.settings import QuerySettings, Settings
 
@@ -420,6 +421,8 @@ class Turn:
     duplicates: int
     filler: int
     tokens: int
+    dropped: int = 0  # items the token budget cut
+    profile_tokens: int = 0  # the block's tokens that are profiles
 
 
 async def ask(api: ContextApi, bench: Bench, q: Question, at: str | None) -> Turn:
@@ -478,6 +481,7 @@ async def ask(api: ContextApi, bench: Bench, q: Question, at: str | None) -> Tur
             below += weak
             duplicates += twin
             filler += digest or weak or twin
+    profiles = sum(estimate_tokens(p["text"]) for p in others if p["kind"] != "memo")
     return Turn(
         q.category,
         hit3,
@@ -488,6 +492,8 @@ async def ask(api: ContextApi, bench: Bench, q: Question, at: str | None) -> Tur
         duplicates,
         filler,
         got["token_estimate"],
+        len(got["dropped"]),
+        profiles,
     )
 
 
@@ -515,6 +521,8 @@ def figures(turns: list[Turn]) -> dict[str, Any]:
         "near_duplicate": share(sum(t.duplicates for t in turns)),
         "tokens_mean": statistics.fmean(tokens) if tokens else 0.0,
         "tokens_p95": tokens[min(len(tokens) - 1, int(0.95 * len(tokens)))] if tokens else 0,
+        "dropped_per_turn": statistics.fmean(t.dropped for t in turns) if turns else 0.0,
+        "profile_tokens_mean": statistics.fmean(t.profile_tokens for t in turns) if turns else 0.0,
     }
 
 
@@ -570,6 +578,10 @@ def report(name: str, result: dict[str, Any]) -> None:
         f" of {a['items_per_turn']:.2f} items a turn, off-topic "
         + " / ".join(f"{f['items_per_turn']:.2f}" for f in off.values())
         + f" items, tokens {a['tokens_mean']:.0f} (p95 {a['tokens_p95']})"
+    )
+    print(
+        f"  the block: {a['profile_tokens_mean']:.0f} of its tokens are profiles;"
+        f" {a['dropped_per_turn']:.2f} items a turn cut by the token budget"
     )
 
 
