@@ -55,6 +55,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -143,10 +144,9 @@ class EventApi(Api):
         return dict(counts)
 
 
-async def hand_over(api: EventApi, dataset: Dataset) -> list[int]:
-    """Every message of every chat as one ``end`` call (its sender, its time, its text as
-    the one observation), in the order said."""
-    jobs = []
+def told(dataset: Dataset) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    """Every message of every chat in the order said, with the body of its ``end`` call
+    (its sender, its time, its text as the one observation)."""
     for context, messages in dataset.chats:
         where = {k: v for k, v in context.items() if k in ("request_type", "group_id", "user_id")}
         # A request id is the tenant's idempotency key: turn ids repeat across chats
@@ -171,8 +171,12 @@ async def hand_over(api: EventApi, dataset: Dataset) -> list[int]:
                 ),
                 "observations": [message["text"]],
             }
-            jobs.append(await api.end(body, message["message_id"]))
-    return jobs
+            yield message, body
+
+
+async def hand_over(api: EventApi, dataset: Dataset) -> list[int]:
+    """Every message of every chat as one ``end`` call (see ``told``), in the order said."""
+    return [await api.end(body, message["message_id"]) for message, body in told(dataset)]
 
 
 def report(title: str, overall: Scores, by_category: dict[str, Scores] | None = None) -> None:

@@ -322,10 +322,10 @@ def memdaily_dataset(path: Path) -> Dataset:
 class CachedEmbedder:
     """An embedder that remembers every passage's vector in a folder (keyed by model, kind
     and text), so that the next run embeds only what it has not seen; questions are embedded
-    each run, as in service."""
+    each run, as in service, unless ``queries`` keeps theirs too."""
 
-    def __init__(self, inner: Any, folder: Path) -> None:
-        self.inner = inner
+    def __init__(self, inner: Any, folder: Path, queries: bool = False) -> None:
+        self.inner, self.queries = inner, queries
         self.name, self.dimension = inner.name, inner.dimension
         self.calibration = inner.calibration
         self.path = folder / f"vectors-{re.sub(r'[^A-Za-z0-9_.-]', '_', inner.name)}.npz"
@@ -350,8 +350,14 @@ class CachedEmbedder:
         return [self.vectors[k] for k in keys]
 
     async def query(self, text: str) -> Any:
-        # Not kept: a question's embedding is part of the search latency measured here.
-        return await self.inner.query(text)
+        # Not kept unless asked: a question's embedding is part of the search latency.
+        if not self.queries:
+            return await self.inner.query(text)
+        key = self._key("q", text)
+        if key not in self.vectors:
+            self.vectors[key] = np.asarray(await self.inner.query(text), dtype=np.float32)
+            self.added += 1
+        return self.vectors[key]
 
     def save(self) -> None:
         if self.added:
@@ -903,12 +909,13 @@ def forget_queries(runtime: Any) -> None:
         cache.clear()
 
 
-def use_cache(app: Any, folder: Path | None) -> CachedEmbedder | None:
-    """Embed through a vector cache in ``folder`` (None: no cache)."""
+def use_cache(app: Any, folder: Path | None, queries: bool = False) -> CachedEmbedder | None:
+    """Embed through a vector cache in ``folder`` (None: no cache); ``queries``: questions'
+    vectors kept too."""
     if folder is None:
         return None
     current = app.state.runtime.embedder
-    cached = CachedEmbedder(current.inner, folder)
+    cached = CachedEmbedder(current.inner, folder, queries)
     current.inner = cached
     return cached
 
