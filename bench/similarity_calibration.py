@@ -17,6 +17,12 @@ settings name (``MEMORIA_MODELS__EMBEDDING__…`` or ``MEMORIA_CONFIG``):
 Pairs come from LoCoMo (English questions and the turns of their conversation) and MADial
 (Chinese dialogues and the user's memories); the evidence pairs are shown for comparison.
 
+It also sweeps the context's relevance floor (``context_min_relevance``): for each floor,
+the share of evidence pairs kept, of questions whose best evidence line passes, of unrelated
+pairs kept, of questions whose best unrelated
+line still passes (filler a turn would inject), and of small-talk turns (greetings, thanks)
+that would still inject something of the conversation.
+
 Run: python bench/similarity_calibration.py [--data DIR] [--conversations 1]
 """
 
@@ -37,6 +43,22 @@ from service.embedding import build_embedder
 from service.embedding.base import calibration
 from service.settings import QuerySettings, load_settings
 
+# Turns about nothing stored: what a bot hears most and should be handed nothing for.
+SMALL_TALK = (
+    "早上好",
+    "大家好",
+    "哈哈哈哈",
+    "在吗？",
+    "谢谢！",
+    "好的",
+    "晚安",
+    "Good morning!",
+    "hi there",
+    "thanks, lol",
+    "ok",
+    "see you",
+)
+
 
 def quantiles(values: list[float]) -> str:
     marks = (5, 50, 90, 95, 99)
@@ -53,6 +75,10 @@ async def main() -> None:
     embedder = build_embedder(settings)
     related: list[float] = []
     unrelated: list[float] = []
+    # Per question (and per small-talk turn): the best cosine of a line that does not answer it.
+    best_unrelated: list[float] = []
+    best_evidence: list[float] = []
+    small_talk: list[float] = []
     try:
         turns, questions = load_locomo(args.data / "locomo_dev.jsonl")
         for conv_id in list(turns)[: args.conversations]:
@@ -61,8 +87,17 @@ async def main() -> None:
             passages = np.array(await embedder.passages([turn_text(t) for t in rows]))
             for q in (q for q in questions if q["conv_id"] == conv_id):
                 cosines = passages @ await embedder.query(q["question"])
+                others = [float(c) for t, c in zip(ids, cosines, strict=True)]
                 for turn_id, cosine in zip(ids, cosines, strict=True):
                     (related if turn_id in q["evidence"] else unrelated).append(float(cosine))
+                best_unrelated.append(
+                    max(c for t, c in zip(ids, others, strict=True) if t not in q["evidence"])
+                )
+                hits = [c for t, c in zip(ids, others, strict=True) if t in q["evidence"]]
+                if hits:
+                    best_evidence.append(max(hits))
+            for line in SMALL_TALK:
+                small_talk.append(float(np.max(passages @ await embedder.query(line))))
         memories, dialogues = load_madial(args.data / "madial-zh")
         embedded: dict[int, np.ndarray] = {}
         for user, query, relevant in madial_queries(dialogues):
@@ -72,6 +107,19 @@ async def main() -> None:
             cosines = embedded[user] @ await embedder.query(query[-1000:])
             for memory, cosine in zip(rows, cosines, strict=True):
                 (related if str(memory["id"]) in relevant else unrelated).append(float(cosine))
+            misses = [
+                float(c) for m, c in zip(rows, cosines, strict=True) if str(m["id"]) not in relevant
+            ]
+            if misses:
+                best_unrelated.append(max(misses))
+            hits = [
+                float(c) for m, c in zip(rows, cosines, strict=True) if str(m["id"]) in relevant
+            ]
+            if hits:
+                best_evidence.append(max(hits))
+        for vectors in list(embedded.values())[:20]:
+            for line in SMALL_TALK:
+                small_talk.append(float(np.max(vectors @ await embedder.query(line))))
     finally:
         await embedder.close()
 
@@ -87,6 +135,17 @@ async def main() -> None:
     for name, values in (("unrelated", unrelated), ("related", related)):
         share = np.mean([current.similarity(v) >= threshold for v in values])
         print(f"  {name} pairs at or above {threshold} once calibrated: {share:.1%}")
+    print("  context_min_relevance sweep (calibrated): kept share of")
+    print(
+        "    floor  evidence  best evidence/question  unrelated  best unrelated/question"
+        "  small-talk turns"
+    )
+    for floor_ in (0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6):
+        kept = [
+            np.mean([current.similarity(v) >= floor_ for v in values])
+            for values in (related, best_evidence, unrelated, best_unrelated, small_talk)
+        ]
+        print(f"    {floor_:.2f}  " + "  ".join(f"{k:8.1%}" for k in kept))
 
 
 if __name__ == "__main__":

@@ -28,7 +28,24 @@ class _Section(BaseModel):
 class QuerySettings(_Section):
     """Retrieval defaults (seed 002, ``[cognitive.query]``); each tenant may override them."""
 
+    # The most events, and the most memories, a turn is handed: a maximum, not a quota (what
+    # falls under ``context_min_relevance`` is left out, so a turn about nothing stored gets
+    # none).
     auto_top_k: int = Field(3, ge=0, le=50)
+    # The least relevance, on the embedder's calibrated scale (0 = what the model gives an
+    # unrelated pair, 1 = a clearly related one; see service.embedding.base.Calibration), of
+    # an event or a memory injected into a turn; the searches' ``min_relevance`` means the
+    # same. bench/similarity_calibration.py on LoCoMo and MADial (multilingual-e5-small, its
+    # dense similarity alone; an event's lexical evidence only lifts it): at 0.40 / 0.45 /
+    # 0.50 / 0.55, unrelated pairs kept 10.0 / 5.0 / 1.8 / 0.5%, questions whose best evidence
+    # passes 57 / 53 / 45 / 30%, small-talk turns ("早上好", "谢谢！") still handed something
+    # 44 / 33 / 8 / 0%. Past 0.45 a short question's own evidence is lost ("我的宠物" and
+    # its owner's pets score 0.45-0.5); the small talk that passes 0.45 is mostly a short
+    # message matched through its query's light context (seed 002: sender and group named),
+    # which is why such a message's items must also reach the floor on its own words,
+    # embedded apart, or share a term with it. A bot's searches take no floor unless asked
+    # (``min_relevance``). 0: no floor at all.
+    context_min_relevance: float = Field(0.45, ge=0, le=1)
     enable_rerank: bool = True
     recent_end_summaries_inject_k: int = Field(30, ge=0, le=500)
     time_decay_enabled: bool = True

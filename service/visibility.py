@@ -4,7 +4,9 @@ Every item Memoria keeps is shown in one of four places:
 
 - ``PRIVATE`` to a user: only in that user's private chat;
 - ``GROUP`` of a group: in that group;
-- ``MEMBER_IN_GROUP`` (a user in a group): in that group, about that member;
+- ``MEMBER_IN_GROUP`` (a user in a group): in that group, about that member, to every member
+  of it (what a member said in the group is known to the group, as the member's profile
+  there is; never outside it);
 - ``GLOBAL`` for a user: in every conversation of that user.
 
 Events, messages, todos and memos are bound to the conversation they were said in (their
@@ -129,9 +131,10 @@ class Viewer:
     """A conversation that reads, and which scopes it reads.
 
     A group (``group_id``, maybe a ``user_id``: the person served): the group's GROUP items,
-    its MEMBER_IN_GROUP ones (of that person, or of every member when none is named), and the
-    person's GLOBAL ones. A private chat (``Viewer.private``): the user's PRIVATE and GLOBAL
-    items. PRIVATE items are read nowhere else.
+    its MEMBER_IN_GROUP ones (of every member: said in the group, they are the group's to
+    know, whoever is served), and the person's GLOBAL ones. A private chat
+    (``Viewer.private``): the user's PRIVATE and GLOBAL items. PRIVATE items are read nowhere
+    else.
     """
 
     group_id: str | None
@@ -181,11 +184,7 @@ class Viewer:
         if item.scope == "GROUP":
             return bool(self.group_id) and item.group_id == self.group_id
         if item.scope == "MEMBER_IN_GROUP":
-            return (
-                bool(self.group_id)
-                and item.group_id == self.group_id
-                and (not self.user_id or item.user_id == self.user_id)
-            )
+            return bool(self.group_id) and item.group_id == self.group_id
         if item.scope == "GLOBAL":
             return bool(self.user_id) and item.user_id == self.user_id
         return not self.group_id and bool(self.user_id) and item.user_id == self.user_id
@@ -196,10 +195,9 @@ class Viewer:
         if self.group_id and "GROUP" in self.scopes:
             parts.append(and_(columns.scope == "GROUP", columns.group_id == self.group_id))
         if self.group_id and "MEMBER_IN_GROUP" in self.scopes:
-            member = and_(columns.scope == "MEMBER_IN_GROUP", columns.group_id == self.group_id)
-            if self.user_id:
-                member = and_(member, columns.user_id == self.user_id)
-            parts.append(member)
+            parts.append(
+                and_(columns.scope == "MEMBER_IN_GROUP", columns.group_id == self.group_id)
+            )
         if self.user_id and "GLOBAL" in self.scopes:
             parts.append(and_(columns.scope == "GLOBAL", columns.user_id == self.user_id))
         if self.user_id and not self.group_id and "PRIVATE" in self.scopes:
@@ -218,6 +216,11 @@ class Viewer:
         if scope == "GROUP" and user_id is not None:
             return False
         if scope == "MEMBER_IN_GROUP" and user_id is None:
+            return False
+        # Every member reads a member's items in the group, but a conversation that serves
+        # one person writes only that person's: a turn of one member never files a fact
+        # under another's name (the group's own reader, the historian, writes any member's).
+        if scope == "MEMBER_IN_GROUP" and self.user_id and user_id != self.user_id:
             return False
         return self.sees(Visibility(cast(Scope, scope), group_id, user_id))
 

@@ -363,6 +363,11 @@ async def test_search_is_hard_filtered_and_marks_use(client: AppClient) -> None:
     await add(client, tenant, "用户B(10002) 喜欢川菜", user_id="10002")
     await add(client, tenant, "群 g2 的人都爱吃火锅", scope="GROUP", group_id="g2", user_id=None)
     await add(client, tenant, "用户A(10001) 是素食者", scope="GLOBAL", group_id=None)
+    await add(
+        client, tenant, "用户B(10002) 是素食者", scope="GLOBAL", group_id=None, user_id="10002"
+    )
+    await add(client, tenant, "用户A(10001) 私下爱吃辣条", scope="PRIVATE", group_id=None)
+    await add(client, tenant, "用户A(10001) 在 g2 爱吃面", group_id="g2")
     hits = (
         await client.post(
             "/v1/memories/search",
@@ -371,7 +376,13 @@ async def test_search_is_hard_filtered_and_marks_use(client: AppClient) -> None:
         )
     ).json()
     contents = {h["content"] for h in hits}
-    assert contents == {"用户A(10001) 喜欢川菜和火锅", "用户A(10001) 是素食者"}
+    # The group's members' items said in it (用户B's too), the person's own GLOBAL one; no
+    # other group's, no one's PRIVATE, no other person's GLOBAL.
+    assert contents == {
+        "用户A(10001) 喜欢川菜和火锅",
+        "用户B(10002) 喜欢川菜",
+        "用户A(10001) 是素食者",
+    }
     # Use is written to the primary in batches (the search itself writes nothing).
     await client.app.state.runtime.db.last_use.flush()
     used = (await client.get(f"/v1/memories/{mine['id']}", headers=tenant.headers)).json()

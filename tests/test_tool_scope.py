@@ -108,7 +108,8 @@ def memory_scope_ok(conversation: dict[str, Any], memory: dict[str, Any]) -> boo
         return bool(memory["content"].startswith(person))
     if memory["scope"] == "GROUP":
         return f"群 {group} " in memory["content"]
-    return bool(memory["content"] == f"{person} 在 {group} 爬山")
+    # A member's item said in the group is read by every member there.
+    return bool(memory["content"].endswith(f" 在 {group} 爬山"))
 
 
 class Bridge:

@@ -75,10 +75,17 @@ def test_a_private_item_is_read_only_in_its_persons_private_chat() -> None:
 
 
 def test_a_group_reads_its_members_items_and_a_private_chat_its_own() -> None:
+    # Whoever is served in a group reads what every member said there, and of GLOBAL items
+    # only their own; nothing of another group, nothing PRIVATE.
     assert reach(Viewer("g", "a")) == {
         Visibility("GROUP", "g"),
-        Visibility("MEMBER_IN_GROUP", "g", "a"),
+        *(Visibility("MEMBER_IN_GROUP", "g", p) for p in PEOPLE),
         Visibility("GLOBAL", None, "a"),
+    }
+    assert reach(Viewer("h", "b")) == {
+        Visibility("GROUP", "h"),
+        *(Visibility("MEMBER_IN_GROUP", "h", p) for p in PEOPLE),
+        Visibility("GLOBAL", None, "b"),
     }
     assert reach(Viewer("g", None)) == {
         Visibility("GROUP", "g"),
@@ -125,6 +132,22 @@ def test_a_reader_writes_only_where_it_reads() -> None:
                 assert viewer.sees(place) or (
                     place.scope == "GLOBAL" and viewer.group_id and not viewer.user_id
                 )
+                # Serving one person, it files member items under that person only.
+                if place.scope == "MEMBER_IN_GROUP" and viewer.user_id:
+                    assert place.user_id == viewer.user_id
+
+
+def test_a_member_item_is_read_by_every_member_of_its_group_and_nowhere_else() -> None:
+    item = Visibility("MEMBER_IN_GROUP", "g", "b")
+    for viewer in readers():
+        if "MEMBER_IN_GROUP" not in viewer.scopes:
+            assert not viewer.sees(item)
+        else:
+            assert viewer.sees(item) == (viewer.group_id == "g"), viewer
+    assert Viewer("g", "a").sees(item) and Viewer("g", "b").sees(item)
+    assert not Viewer("h", "b").sees(item)  # the same person in another group
+    assert not Viewer.private("b").sees(item)  # the person's private chat
+    assert not Viewer.private("a").sees(item)
 
 
 def test_a_profile_is_shown_where_its_kind_says() -> None:

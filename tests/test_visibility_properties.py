@@ -89,7 +89,8 @@ class Origin:
     via: str = "end"
 
     def visible_from(self, asker: Conversation, members: set[str], profile_read: bool) -> bool:
-        """The rule under test. A group's turn: in that group. A private turn: in that private
+        """The rule under test. A group's turn: in that group, whoever of it speaks (what a
+        member said of themselves there included), never elsewhere. A private turn: in that private
         chat; marked shareable, also in the person's own turns in groups and, read from their
         user profile, in the groups they are a member of."""
         if self.said_in.group_id is not None:

@@ -218,14 +218,17 @@ async def nearest(
     *,
     where: ColumnElement[bool],
     limit: int,
+    with_vectors: bool = False,
 ) -> list[dict[str, Any]]:
-    """Memories nearest to ``vector`` among those matching ``where`` (exact, small sets)."""
+    """Memories nearest to ``vector`` among those matching ``where`` (exact, small sets),
+    each with its cosine (``score``) and, ``with_vectors``, its own vector (``embedding``)."""
     # An untyped parameter: the connection's binary vector codec encodes the array itself.
     distance = Memory.embedding.op("<=>", return_type=Float())(
         bindparam("vector", vector, type_=NullType())
     )
+    fields = [*_FIELDS, Memory.embedding] if with_vectors else _FIELDS
     query = (
-        select(*_FIELDS, (1 - distance).label("score"))
+        select(*fields, (1 - distance).label("score"))
         .where(Memory.tenant_id == tenant_id, Memory.embedding.is_not(None), where)
         .order_by(distance)
         .limit(limit)

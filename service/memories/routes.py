@@ -144,8 +144,8 @@ class MemoryController(Controller):
     ) -> list[MemoryHit]:
         """Memories nearest in meaning, only within the conversation's scopes."""
         vector = await embedder.query(data.query)
-        rows = await service.search(session, tenant.tenant_id, data, vector)
-        return [MemoryHit(score=float(r["score"]), **_info(r).model_dump()) for r in rows]
+        rows = await service.search(session, tenant.tenant_id, data, vector, embedder.calibration)
+        return [MemoryHit(score=round(r["relevance"], 4), **_info(r).model_dump()) for r in rows]
 
     @post("/forget", status_code=200)
     async def forget(

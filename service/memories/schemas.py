@@ -36,10 +36,21 @@ class MemoryInfo(BaseModel):
     updated_at: datetime
 
 
+# What a search's score is, the same for memories, profiles and events.
+RELEVANCE = (
+    "relevance on the embedder's calibrated scale: 0 is what the model gives an unrelated"
+    " text, 1 a clearly related one (below 0: less related than a typical unrelated text)"
+)
+MIN_RELEVANCE = (
+    "只返回相关度不低于此值的结果 / only results at least this relevant (0..1, the scale of"
+    " score; the tenant's context_min_relevance is the floor of a turn's context)"
+)
+
+
 class MemoryHit(MemoryInfo):
     """A memory found by meaning."""
 
-    score: float
+    score: float = Field(description=RELEVANCE)
 
 
 class MemoryCreate(BaseModel):
@@ -112,6 +123,7 @@ class MemorySearch(BaseModel):
     )
     include_inactive: bool = False
     top_k: int = Field(default=12, ge=1, le=200, description="返回条数 / how many results")
+    min_relevance: float | None = Field(default=None, ge=0, le=1, description=MIN_RELEVANCE)
 
 
 class ForgetRequest(BaseModel):

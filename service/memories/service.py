@@ -13,7 +13,7 @@ from sqlalchemy import and_
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service import pii
-from service.embedding.base import Vector
+from service.embedding.base import Calibration, Vector
 from service.errors import Invalid, NotFound
 from service.memories import repository
 from service.memories.models import CATEGORIES, SCOPES, Memory
@@ -72,13 +72,18 @@ async def search_in_scope(
     active_only: bool = True,
     categories: Sequence[str] | None = None,
     mark_used: bool = True,
+    calibration: Calibration = Calibration(),  # noqa: B008 (frozen, shared safely)
+    min_relevance: float | None = None,
+    with_vectors: bool = False,
 ) -> list[dict[str, Any]]:
     """The memories nearest in meaning that a conversation may see, best first.
 
     The one place a conversation reads memories by meaning (REST search, the bot's tools, the
     context builder): ``scope`` is the hard filter that keeps a group's and a person's private
-    memories apart. What is found counts as used, unless ``mark_used`` is off (a search for
-    memories to forget).
+    memories apart. Each row's ``relevance`` is its cosine on the embedder's ``calibration``
+    (the scale events are ranked on); under ``min_relevance`` a memory is not found. What is
+    found counts as used, unless ``mark_used`` is off (a search for memories to forget, or a
+    turn that marks only what it injects: ``mark_used``).
     """
     conditions = [scope.where(MEMORY)]
     if active_only:
@@ -86,18 +91,33 @@ async def search_in_scope(
     if categories:
         conditions.append(Memory.category.in_(categories))
     rows = await repository.nearest(
-        session, tenant_id, vector, where=and_(*conditions), limit=limit
+        session, tenant_id, vector, where=and_(*conditions), limit=limit, with_vectors=with_vectors
     )
+    for row in rows:
+        row["relevance"] = float(calibration.similarity(float(row["score"])))
+    if min_relevance is not None:
+        rows = [r for r in rows if r["relevance"] >= min_relevance]
     if mark_used:
         await repository.touch(session, tenant_id, [r["id"] for r in rows])
     return rows
 
 
+async def used(session: AsyncSession, tenant_id: uuid.UUID, ids: Sequence[int]) -> None:
+    """Count these memories as used now (a turn that injected them)."""
+    if ids:
+        await repository.touch(session, tenant_id, list(ids))
+
+
 async def search(
-    session: AsyncSession, tenant_id: uuid.UUID, request: MemorySearch, vector: Vector
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    request: MemorySearch,
+    vector: Vector,
+    calibration: Calibration = Calibration(),  # noqa: B008 (frozen, shared safely)
 ) -> list[dict[str, Any]]:
     """``POST /v1/memories/search`` and ``cognitive_search_memories``: nearest in meaning,
-    within the conversation's scopes only; what is found counts as used."""
+    within the conversation's scopes only, at least ``min_relevance`` relevant when the
+    request sets it; what is found counts as used."""
     return await search_in_scope(
         session,
         tenant_id,
@@ -106,6 +126,8 @@ async def search(
         limit=request.top_k,
         active_only=not request.include_inactive,
         categories=request.categories,
+        calibration=calibration,
+        min_relevance=request.min_relevance,
     )
 
 

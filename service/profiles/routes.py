@@ -251,8 +251,15 @@ class ProfileController(Controller):
             vector,
             default_top_k=q.profile_top_k,
             allow_cross=q.allow_cross_group_tools,
+            calibration=embedder.calibration,
+            lexical_weight=q.lexical_weight,
         )
-        return [ProfileHit(**{k: r[k] for k in ProfileHit.model_fields}) for r in rows]
+        return [
+            ProfileHit(
+                **{**{k: r[k] for k in ProfileHit.model_fields}, "score": round(r["relevance"], 4)}
+            )
+            for r in rows
+        ]
 
 
 def _plain_key(entity_type: str, entity_id: str) -> ProfileKey:

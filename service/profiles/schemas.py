@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.context import ID_MAX, ConversationContext
+from service.memories.schemas import MIN_RELEVANCE, RELEVANCE
 
 
 class ProfileInfo(BaseModel):
@@ -74,6 +75,7 @@ class ProfileSearch(BaseModel):
         le=200,
         description="返回条数（默认 8） / how many results (default 8, a tenant setting)",
     )
+    min_relevance: float | None = Field(default=None, ge=0, le=1, description=MIN_RELEVANCE)
     context: ConversationContext | None = None
 
 
@@ -94,4 +96,4 @@ class ProfileLookup(BaseModel):
 class ProfileHit(ProfileInfo):
     """A profile found by meaning."""
 
-    score: float
+    score: float = Field(description=RELEVANCE)

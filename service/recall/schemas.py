@@ -31,7 +31,13 @@ class ContextItem(BaseModel):
     id: str
     kind: str
     text: str
-    score: float | None = None
+    score: float | None = Field(
+        default=None,
+        description="events and memories: relevance on the embedder's calibrated scale (0 is"
+        " what the model gives an unrelated text, 1 a clearly related one; an event's with its"
+        " recency lift, at most ×(1 + time_decay_boost)); none under the tenant's"
+        " context_min_relevance is injected",
+    )
     meta: dict[str, Any] = Field(default_factory=dict)
 
 

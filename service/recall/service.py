@@ -6,7 +6,9 @@ involved; in a private chat, only that user's (with their PRIVATE memories, read
 else). Nothing from another group is ever mixed in.
 Then ranking (service.recall.ranking): dense and lexical candidates fused, the seeds' time
 decay ``final = relevance × (1 + boost × 0.5^(age / half_life))`` when ``sim ≥
-min_similarity``, an optional reranker, near-duplicates dropped.
+min_similarity``, an optional reranker, near-duplicates dropped. A turn is handed only the
+events and memories at least ``context_min_relevance`` relevant on the embedder's calibrated
+scale, best first in one list (``recall``): a turn about nothing stored gets none.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.context import ConversationContext, on_clocks, on_clocks_of
 from service.db.engine import Database, settled
-from service.embedding import Embedder, Started, embedded_while
+from service.embedding import Embedder, Started, embedded_while, start_embedding
 from service.embedding.base import Vector
 from service.ends import service as memos
 from service.errors import Forbidden, Invalid
@@ -32,7 +34,13 @@ from service.llm.rerank import Reranker
 from service.memories import service as memory_rules
 from service.profiles import service as profiles
 from service.profiles.document import ProfileKey
-from service.recall.ranking import EventQuery, RankedEvent, lexical_candidates, rank_events
+from service.recall.ranking import (
+    DUPLICATE_COSINE,
+    EventQuery,
+    RankedEvent,
+    lexical_candidates,
+    rank_events,
+)
 from service.recall.schemas import (
     ContextItem,
     ContextRequest,
@@ -41,6 +49,8 @@ from service.recall.schemas import (
     EventSearch,
     EventSearchResult,
 )
+from service.retrieval.fusion import unit_vector
+from service.retrieval.terms import MAX_QUERY_TERMS, near_duplicate, query_terms, terms
 from service.settings import QuerySettings
 from service.tenants.service import TenantContext
 from service.text import message_content
@@ -48,19 +58,27 @@ from service.todos import service as todos
 from service.visibility import Viewer
 
 SHORT_QUERY = 20
-MEMORY_TOP_K = 5
+# The memories a turn reads to choose from (at least twice ``auto_top_k``): near-duplicates
+# and an event's twin are dropped after the read.
+MEMORY_CANDIDATES = 6
 # A mention: ``[CQ:at,qq=…]`` or an ``<at … qq|id|user_id=…>`` tag. Inside the tag no '<' is
 # crossed, so each scan ends at the next tag and the whole search stays linear in the text (a
 # '[^>]*?' ran to the end of the text from every '<at': quadratic on repeated '<at ').
 _AT = re.compile(r"\[CQ:at,qq=(\w+)\]|<at\b[^<>]*?\b(?:qq|id|user_id)=\"?(\w+)")
 
 
+def said(request: ContextRequest) -> str:
+    """What the turn's messages say: the ``<content>`` of their frames, the last five."""
+    texts = [request.message] if request.message else list(request.messages or [])
+    contents = [message_content(t) for t in texts if t and t.strip()]
+    return "\n".join(contents[-5:])[-1000:]
+
+
 def build_query(request: ContextRequest) -> str:
     """Seed 002's query construction: the ``<content>`` of the frame, and for short content
     a line of light context (chat kind, @-mention, sender, group name)."""
     texts = [request.message] if request.message else list(request.messages or [])
-    contents = [message_content(t) for t in texts if t and t.strip()]
-    query = "\n".join(contents[-5:])[-1000:]
+    query = said(request)
     if len(query) <= SHORT_QUERY:
         at = request.at_bot
         if at is None and request.bot_id:
@@ -103,6 +121,58 @@ class Injected:
     memories: list[ContextItem] = field(default_factory=list)
     todos: list[ContextItem] = field(default_factory=list)
     memos: list[ContextItem] = field(default_factory=list)
+    # The ids of the events and memories, best first: the order the prompt shows them in.
+    recalled: list[str] = field(default_factory=list)
+
+
+def recall(
+    items: list[ContextItem],
+    top_k: int,
+    vectors: dict[str, Vector | None],
+    sources: dict[str, set[str]],
+) -> list[ContextItem]:
+    """The events and memories a turn is handed, best first: one list ranked by score (an
+    event's relevance with its recency lift, a memory's relevance, both on the embedder's
+    calibrated scale), at most ``top_k`` of each kind, none repeating one kept before it.
+
+    One list, so that the first items the prompt shows are the best, whatever their kind;
+    a cap of each kind rather than of both together, since an event (what happened, when)
+    and a memory (what is known of someone) answer different questions and a turn often
+    needs one of each, while the floor already keeps the unrelated out. A repeat is an
+    event's memory (made from it: ``sources``) or the same statement (``near_duplicate``
+    on ``vectors``), of either kind: the better one is kept.
+    """
+    ranked = sorted(items, key=lambda i: (-(i.score or 0.0), i.id))
+    kept: list[ContextItem] = []
+    counts: dict[str, int] = {}
+    for item in ranked:
+        if counts.get(item.kind, 0) >= top_k:
+            continue
+        if any(_repeats(item, other, vectors, sources) for other in kept):
+            continue
+        kept.append(item)
+        counts[item.kind] = counts.get(item.kind, 0) + 1
+    return kept
+
+
+def _repeats(
+    a: ContextItem,
+    b: ContextItem,
+    vectors: dict[str, Vector | None],
+    sources: dict[str, set[str]],
+) -> bool:
+    if b.id in sources.get(a.id, set()) or a.id in sources.get(b.id, set()):
+        return True
+    va, vb = vectors.get(a.id), vectors.get(b.id)
+    cosine = float(va @ vb) if va is not None and vb is not None else 0.0
+    return near_duplicate(a.text, b.text, cosine, DUPLICATE_COSINE)
+
+
+def _event_sources(row: dict[str, Any]) -> set[str]:
+    """The events a memory was made from (its evidence), as context ids."""
+    evidence = row.get("evidence") or {}
+    found = evidence.get("event_ids") if isinstance(evidence, dict) else None
+    return {f"event:{e}" for e in found if isinstance(e, str)} if isinstance(found, list) else set()
 
 
 @dataclass
@@ -151,8 +221,38 @@ class Reader:
             injected.todos = await self._todos(session, tenant, scope.conversation_key, zone)
             await self._profiles(session, tenant, scope, injected)
 
-        vector, ranked = await self._ranked(session, tenant, search, unembedded, started=started)
-        injected.events = [
+        # A short message's query names the sender and the group, which every item about
+        # them matches ("早上好" from 张三 found 张三's trip at 0.70): what is handed must be
+        # relevant to what the message itself says too, read on its own vector.
+        own, floor = said(request), q.context_min_relevance
+        padded = floor > 0 and own != query
+        gate = start_embedding(self.embedder, own) if padded and own.strip() else None
+        try:
+            vector, ranked = await self._ranked(
+                session, tenant, search, unembedded, started=started
+            )
+            words = None if gate is None else await gate.vector
+        finally:
+            if gate is not None:
+                gate.discard()
+        calibration = self.embedder.calibration
+
+        # The message's own terms of two characters or more (a lone character matches most).
+        own_terms = {t for t in query_terms(own, MAX_QUERY_TERMS) if len(t) > 1}
+
+        def relevant(vector_of_item: Any, text: str) -> bool:
+            # On the message's own words, where the query added more (nothing without words):
+            # near enough in meaning, or sharing a term with it.
+            if padded and not own.strip():
+                return False
+            unit = unit_vector(vector_of_item)
+            if words is None or unit is None:
+                return True
+            if float(calibration.similarity(float(unit @ words))) >= floor:
+                return True
+            return not own_terms.isdisjoint(terms(text))
+
+        events = [
             ContextItem(
                 id=f"event:{e.row['id']}",
                 kind="event",
@@ -164,20 +264,42 @@ class Reader:
                 },
             )
             for e in ranked
+            if floor <= 0
+            or (e.relevance >= floor and relevant(e.row.get("embedding"), e.row["text"]))
         ]
         memory_rows = await memory_rules.search_in_scope(
-            session, tenant.tenant_id, scope, vector, limit=MEMORY_TOP_K
+            session,
+            tenant.tenant_id,
+            scope,
+            vector,
+            limit=max(MEMORY_CANDIDATES, 2 * q.auto_top_k),
+            # Only what the turn is handed counts as used.
+            mark_used=False,
+            calibration=calibration,
+            min_relevance=floor if floor > 0 else None,
+            with_vectors=True,
         )
-        injected.memories = [
+        memories = [
             ContextItem(
                 id=f"memory:{r['id']}",
                 kind="memory",
                 text=r["content"],
-                score=round(float(r["score"]), 4),
+                score=round(r["relevance"], 4),
                 meta={"scope": r["scope"], "category": r["category"]},
             )
             for r in memory_rows
+            if floor <= 0 or relevant(r.get("embedding"), r["content"])
         ]
+        vectors = {f"event:{e.row['id']}": unit_vector(e.row.get("embedding")) for e in ranked}
+        vectors.update({f"memory:{r['id']}": unit_vector(r.get("embedding")) for r in memory_rows})
+        sources = {f"memory:{r['id']}": _event_sources(r) for r in memory_rows}
+        recalled = recall(events + memories, q.auto_top_k, vectors, sources)
+        injected.events = [i for i in recalled if i.kind == "event"]
+        injected.memories = [i for i in recalled if i.kind == "memory"]
+        injected.recalled = [i.id for i in recalled]
+        await memory_rules.used(
+            session, tenant.tenant_id, [int(i.id.partition(":")[2]) for i in injected.memories]
+        )
         return _assemble(query, True, injected, request, q)
 
     async def _ranked(
@@ -447,6 +569,13 @@ def clock(value: Any, missing: str) -> str:
     return f"{moment:%Y-%m-%d %H:%M}{offset}"
 
 
+def _recalled_prefix(item: ContextItem) -> str:
+    """A memory's place and category, an event's day."""
+    if item.kind == "memory":
+        return f"({item.meta.get('scope')}/{item.meta.get('category')}) "
+    return f"{str(item.meta.get('occurred_at', ''))[:10]}: "
+
+
 def _render(injected: Injected, kept: set[str]) -> str:
     """The ``<cognitive_context>`` block (seed 001). Stored text is escaped: whatever a memory
     says, it stays quoted data inside its element and can never close or open a tag."""
@@ -466,17 +595,11 @@ def _render(injected: Injected, kept: set[str]) -> str:
     ):
         if item is not None and item.id in kept:
             lines.append(f'  <{tag} id="{e(item.id)}">{e(item.text.strip())}</{tag}>')
+    # Events and memories in one list, best first (see ``recall``).
+    by_id = {i.id: i for i in injected.events + injected.memories}
+    order = injected.recalled or list(by_id)
     sections: tuple[tuple[str, list[ContextItem], Callable[[ContextItem], str]], ...] = (
-        (
-            "memories",
-            injected.memories,
-            lambda i: f"({i.meta.get('scope')}/{i.meta.get('category')}) ",
-        ),
-        (
-            "recent_relevant_events",
-            injected.events,
-            lambda i: f"{str(i.meta.get('occurred_at', ''))[:10]}: ",
-        ),
+        ("recalled", [by_id[i] for i in order if i in by_id], _recalled_prefix),
         (
             "todos",
             injected.todos,

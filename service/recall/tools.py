@@ -111,14 +111,14 @@ TOOLS = (
         "语义搜索用户/群聊侧写，用于查找具有特定特征的用户或群 / "
         "Search profiles by meaning, to find people or groups with some trait",
         ProfileSearch,
-        ("query", "entity_type", "group_id", "top_k"),
+        ("query", "entity_type", "group_id", "top_k", "min_relevance"),
     ),
     Tool(
         "cognitive_search_memories",
         "搜索当前会话可见的长期记忆（偏好、事实、画像、摘要） / "
         "Search the long-term memories visible in this conversation",
         MemorySearch,
-        ("query", "categories", "top_k"),
+        ("query", "categories", "top_k", "min_relevance"),
     ),
     Tool(
         "end",
@@ -210,6 +210,8 @@ async def call(
             await embedder.query(search.query),
             default_top_k=tenant.query.profile_top_k,
             allow_cross=allow_cross,
+            calibration=embedder.calibration,
+            lexical_weight=tenant.query.lexical_weight,
         )
         return [
             {
@@ -218,7 +220,7 @@ async def call(
                 "group_id": r["group_id"],
                 "name": r["name"],
                 "body": r["body"],
-                "score": round(float(r["score"]), 4),
+                "score": round(r["relevance"], 4),
             }
             for r in rows
         ]
@@ -234,6 +236,8 @@ async def call(
         if "top_k" in wanted.model_fields_set
         else tenant.query.tool_default_top_k,
         categories=wanted.categories,
+        calibration=embedder.calibration,
+        min_relevance=wanted.min_relevance,
     )
     return [
         {
@@ -241,7 +245,7 @@ async def call(
             "scope": r["scope"],
             "category": r["category"],
             "content": r["content"],
-            "score": round(float(r["score"]), 4),
+            "score": round(r["relevance"], 4),
         }
         for r in found
     ]
