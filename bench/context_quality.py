@@ -22,7 +22,7 @@ next turn's message of its conversation, asked with ``POST /v1/context``:
 Figures per set and category:
 
 - hit@3: share of questions with an evidence turn among the first three events and
-  memories, in the order the prompt shows them (memories, then events). An event counts
+  memories, in the order the prompt shows them (read from its ``<item>`` ids). An event counts
   for the turn whose ``end`` call wrote it (the call answers with the ids of its events);
   a memory for the turns its ``evidence`` names (``message_ids``, and ``event_ids`` through
   the events' turns), when it names at most three: a memory that names a whole batch of
@@ -88,6 +88,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import html
 import json
 import logging
 import re
@@ -451,6 +452,17 @@ class Turn:
     same_turn: int = 0  # near-duplicates made from a turn another item was made from
 
 
+_SHOWN = re.compile(r'<item id="((?:event|memory):[^"]*)">')
+
+
+def shown(got: dict[str, Any]) -> list[dict[str, Any]]:
+    """The events and memories of a context answer in the order its prompt shows them: what
+    the bot's model reads first, whatever sections the block groups them in."""
+    by_id = {i["id"]: i for i in got["memories"] + got["events"]}
+    order = [html.unescape(m.group(1)) for m in _SHOWN.finditer(got["prompt"])]
+    return [by_id[i] for i in order if i in by_id]
+
+
 async def ask(api: ContextApi, bench: Bench, q: Question, at: str | None) -> Turn:
     """One turn's context, measured."""
     kind = "group" if "group_id" in q.scope else "private"
@@ -460,7 +472,7 @@ async def ask(api: ContextApi, bench: Bench, q: Question, at: str | None) -> Tur
     if at:
         where["timestamp"] = at
     got = await api.post("/v1/context", {**where, "messages": context_lines(q)[-5:]})
-    items = got["memories"] + got["events"]  # in the prompt's order
+    items = shown(got)
     made = [await api.turns_of(i) for i in items]
     relevant = set(q.relevant)
     hit3 = any(turns & relevant for turns in made[:TOP])

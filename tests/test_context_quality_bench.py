@@ -10,7 +10,7 @@ from urllib.parse import quote
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
-from context_quality import ContextApi, build, measure_set
+from context_quality import ContextApi, build, measure_set, shown
 from retrieval_quality import Dataset, Question
 
 from service.app import create_app
@@ -87,7 +87,7 @@ async def test_a_stated_fact_is_handed_back_and_small_talk_counted_as_it_is_inje
             """The turn's events and memories, as the prompt shows them."""
             body = {"request_type": "group", **q.scope, "sender_id": q.asker, "messages": [q.query]}
             got = (await client.post("/v1/context", json=body, headers=tenant.headers)).json()
-            return list(got["memories"] + got["events"])
+            return shown(got)
 
         async def told(item: dict[str, Any]) -> set[str]:
             """The turns an item was made from, read from the stored event or memory."""
