@@ -85,3 +85,26 @@ def test_the_day_summary_skips_function_words_of_both_former_lists() -> None:
     for topic in topics:
         assert not (set(topic) & COMMON_CHINESE_CHARS), topic
         assert topic not in ENGLISH_STOPWORDS, topic
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        ("哈哈哈", False),
+        ("早", False),
+        ("在吗", False),
+        ("好的收到", False),
+        ("晚安", False),
+        ("lol", False),
+        ("Thanks, you too!", False),
+        ("狗", True),
+        ("我的猫", True),
+        ("周五聚餐", True),
+        ("How are the kids?", True),
+    ],
+)
+def test_a_message_names_something_unless_it_is_chit_chat(text: str, names: bool) -> None:
+    """What a turn is handed rests on it: a message that names nothing gets no memories."""
+    from service.retrieval.terms import names_something
+
+    assert names_something(text) is names

@@ -52,10 +52,10 @@ from service.recall.schemas import (
 from service.retrieval.fusion import unit_vector
 from service.retrieval.terms import (
     MAX_QUERY_TERMS,
+    names_something,
     near_duplicate,
     query_terms,
     terms,
-    topic_words,
 )
 from service.settings import QuerySettings
 from service.tenants.service import TenantContext
@@ -301,9 +301,9 @@ class Reader:
         sources = {f"memory:{r['id']}": _event_sources(r) for r in memory_rows}
         # A message that names nothing ("哈哈", "Hey! How have you been?", "在吗") is handed no
         # events or memories: what it is near is other small talk, or whatever the model
-        # puts near every short line. The words that name nothing are the ones a day digest
-        # does not count as a topic.
-        chatter = floor > 0 and not topic_words(own)
+        # puts near every short line. What names nothing is what a day digest does not count
+        # as a topic.
+        chatter = floor > 0 and not names_something(own)
         recalled = [] if chatter else recall(events + memories, q.auto_top_k, vectors, sources)
         injected.events = [i for i in recalled if i.kind == "event"]
         injected.memories = [i for i in recalled if i.kind == "memory"]

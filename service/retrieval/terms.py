@@ -215,6 +215,23 @@ def topic_words(text: str, keep: Container[str] | None = None) -> list[TopicWord
     return out
 
 
+# The characters of the chit-chat words: a lone one ("早", "谢") names nothing either.
+_CHAT_CHARS = frozenset("".join(w for w in TOPIC_STOPWORDS if _IS_CJK.match(w)))
+
+
+def names_something(text: str) -> bool:
+    """Whether ``text`` names anything: a topic word, or a Chinese character that is neither
+    common nor chit-chat ("狗", "猫" said alone or after "我的"). Greetings, reactions and
+    filler ("哈哈", "在吗", "Hey! How have you been?") name nothing."""
+    if topic_words(text):
+        return True
+    normalized = unicodedata.normalize("NFKC", text)
+    return any(
+        _IS_CJK.match(c) and c not in COMMON_CHINESE_CHARS and c not in _CHAT_CHARS
+        for c in normalized
+    )
+
+
 # Long queries (a chat history, a pasted paragraph) keep this many of their most telling
 # terms (``query_terms``): enough to match, at a bounded cost. The archive and the events
 # search alike; at 64 the events search found MADial's memory for .935 of its dialogues
