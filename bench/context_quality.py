@@ -82,6 +82,22 @@ machine with an empty cache, hand-over took 139 s (LoCoMo), 585 s (REALTALK), 21
 29 s; 2,070 s in all. A second run (``--only madial,memdaily``, the cache full) handed
 MemDaily over in 75 s; its figures were the same, MADial's moved a little (items 5.57 ->
 5.03, dup .272 -> .212: the historian's work interleaves with the hand-over differently).
+
+After (the relevance floor at 0.40, auto_top_k a maximum over one list ranked by score, a
+message naming nothing handed no item, day digests that say something, member facts seen by
+the group), the same command, the cache full, 368 s:
+
+                     n  hit@3  hit@blk  items  filler  digest  <floor  dup   tokens  p95
+  MADial zh        262  0.775  0.973   4.48   0.141  0.000   0.056  0.089    1948  1997
+  LoCoMo           997  0.664  0.750   4.07   0.411  0.000   0.406  0.005    1664  1908
+  REALTALK         358  0.584  0.696   3.53   0.459  0.000   0.457  0.005    1227  1570
+  MemDaily zh      596  1.000  1.000   5.62   0.206  0.002   0.000  0.204     498   676
+
+Off-topic turns: MADial 1.00 / 1.85; LoCoMo 2.91 / 0.25; REALTALK 0.57 / 0.12; MemDaily
+- / 3.85. "<floor" counts items whose meaning alone is under the floor: an event passes it
+on its lexical evidence too, so most of those carry the message's words. ``--floors
+0.3,0.35,0.4`` asks each set again at those floors after the one hand-over (figures in the
+comment of ``QuerySettings.context_min_relevance``).
 """
 
 from __future__ import annotations
