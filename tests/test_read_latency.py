@@ -921,8 +921,11 @@ async def test_a_line_said_a_hundred_times_in_a_day_is_shown_once_among_the_rest
         )
     async with db.tenant(tenant) as session:
         await events_repository.upsert_events(session, rows)
+    # The rest are random lines, under any relevance floor: with none, what is shown beside
+    # the repeated line is what the flood left room for.
+    unfloored = Settings(cognitive={"query": {"context_min_relevance": 0}})
     async with db.system() as session:
-        context = await tenant_context(session, tenant, Settings())
+        context = await tenant_context(session, tenant, unfloored)
     reader = Reader(FixedModel(repeated), None, db)  # type: ignore[arg-type]
     async with db.tenant(tenant, read_only=True) as session:
         turn = await reader.context(
