@@ -10,7 +10,6 @@ import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator
 from datetime import date
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,10 +26,11 @@ from tests.conftest import (
     new_tenant,
     serve_app,
 )
+from tests.dev_chats import BENCH
 from tests.fake_llm import FakeLLM, Reply, quiet
 from tests.test_erasure_digests import DAY, digests, made_up_words, post
 
-REALTALK = Path("/work/shared/bench/realtalk_dev.jsonl")
+REALTALK = BENCH / "realtalk_dev.jsonl"
 D = date(2026, 11, 24)
 
 CHIT_CHAT = [

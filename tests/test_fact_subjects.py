@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 from datetime import datetime
-from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -18,12 +17,12 @@ from service.historian.profiles import announces_for_group, of_the_member
 from service.historian.statements import draft, offline_statements
 from service.historian.subjects import _UNCHANGED, in_third_person, unaddressed
 from service.profiles.service import Fact
+from tests.dev_chats import BENCH
 
 BOT = Person("小助手", "20002")
 ALICE = Person("Alice", "10001")
 ZHANG = Person("张三", "10001")
 MOMENT = datetime(2026, 2, 21, 23, 30, tzinfo=ZoneInfo("Asia/Shanghai"))
-BENCH = Path("/work/shared/bench")
 
 
 def said_by(person: Person) -> Situation:

@@ -3,10 +3,8 @@ while a one-off day word said beside them (下周五, next Friday, 明天) is st
 
 from __future__ import annotations
 
-import json
 import re
 from datetime import date, datetime, timedelta
-from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -15,6 +13,7 @@ from hypothesis import strategies as st
 
 from service.historian.absolutize import Person, Situation, absolutize, recurrences
 from service.historian.gate import gate
+from tests.dev_chats import BENCH, jsonl_texts
 
 SHANGHAI = ZoneInfo("Asia/Shanghai")
 # Tuesday 2026-11-24, 20:00 in Shanghai.
@@ -22,7 +21,6 @@ TUESDAY = datetime(2026, 11, 24, 20, 0, tzinfo=SHANGHAI)
 SPEAKER = Person("张三", "10001")
 BOT = Person("小助手", "20002")
 ISO = re.compile(r"\d{4}-\d{2}-\d{2}")
-BENCH = Path("/work/shared/bench")
 
 
 def rewrite(text: str, moment: datetime = TUESDAY) -> str:
@@ -167,18 +165,7 @@ _HABIT_WORDS = re.compile(
 
 def _bench_lines() -> list[str]:
     texts: list[str] = []
-    for name in (
-        "locomo_dev.jsonl",
-        "realtalk_dev.jsonl",
-        "memdaily-zh/memdaily_events_pools.jsonl",
-    ):
-        path = BENCH / name
-        if not path.exists():
-            continue
-        for line in path.read_text(encoding="utf-8").splitlines():
-            text = json.loads(line).get("text")
-            if isinstance(text, str):
-                texts.append(text)
+    texts += jsonl_texts()
     for name in (
         "madial-zh/MADial-Bench-zh-dialogue.json",
         "madial-zh/MADial-Bench-zh-memory.json",

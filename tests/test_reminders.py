@@ -4,12 +4,10 @@ a mention of a reminder, a question, a repeat or a request naming no time makes 
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import AsyncIterator
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -32,11 +30,11 @@ from tests.conftest import (
     until_finished,
     wait_for,
 )
+from tests.dev_chats import BENCH, jsonl_texts
 
 SHANGHAI = ZoneInfo("Asia/Shanghai")
 # Tuesday 2026-11-24, 20:00 in Shanghai.
 TUESDAY = datetime(2026, 11, 24, 20, 0, tzinfo=SHANGHAI)
-BENCH = Path("/work/shared/bench")
 
 
 def due(text: str, moment: datetime = TUESDAY) -> tuple[str, str | None, str | None] | None:
@@ -143,17 +141,7 @@ def test_no_todo_time_from_what_is_no_timed_request(said: str) -> None:
 
 def _mentions() -> list[str]:
     texts: list[str] = []
-    for name in (
-        "locomo_dev.jsonl",
-        "realtalk_dev.jsonl",
-        "memdaily-zh/memdaily_events_pools.jsonl",
-    ):
-        path = BENCH / name
-        if path.exists():
-            for line in path.read_text(encoding="utf-8").splitlines():
-                text = json.loads(line).get("text")
-                if isinstance(text, str):
-                    texts.append(text)
+    texts += jsonl_texts()
     for name in (
         "madial-zh/MADial-Bench-zh-dialogue.json",
         "madial-zh/MADial-Bench-zh-memory.json",

@@ -7,7 +7,6 @@ import json
 import re
 from collections.abc import AsyncIterator
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -27,8 +26,8 @@ from tests.conftest import (
     serve_app,
     until_finished,
 )
+from tests.dev_chats import BENCH
 
-BENCH = Path("/work/shared/bench")
 MOMENT = datetime(2026, 2, 21, 23, 30, tzinfo=ZoneInfo("Asia/Shanghai"))  # a Saturday
 
 
