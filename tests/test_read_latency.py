@@ -1582,6 +1582,122 @@ async def test_a_backlog_embedded_in_bulk_is_searched_on_statistics_that_count_i
         event.remove(db.engine.sync_engine, "before_cursor_execute", count)
 
 
+async def test_a_new_tenants_history_in_a_table_of_others_is_counted_by_the_planner(
+    db: Database,
+) -> None:
+    """A service already holds 120,000 messages of another tenant, analyzed. A new tenant's
+    bot brings a group's history of 4,000 messages: a few percent of the table, under
+    autovacuum's tenth, so the table's statistics, which had never seen the tenant, counted
+    its group at four rows, and each search would join nested loops over all of it. The job
+    that embeds them sees that the planner miscounts the group it wrote and analyzes the
+    table; analyzed, the tenant and the group are counted together (130 rows before, as the
+    product of the tenant's share and the group's); the other tenant's group is still
+    counted."""
+    from service.messages.schemas import MessageBatch
+    from service.messages.service import EMBED_JOB, Archivist, ingest
+    from service.queue.repository import ClaimedJob
+    from service.queue.worker import JobContext
+
+    rng = np.random.default_rng(53)
+    settings = Settings()
+    other = await new_tenant_id(db, "incumbent")
+    tenant = await new_tenant_id(db, "newcomer")
+    async with db.system() as session:
+        await session.execute(
+            text(
+                "INSERT INTO messages (tenant_id, conversation_key, message_id, request_type,"
+                " group_id, sender_id, text, sent_at, embedding)"
+                " SELECT :t, 'g:old', 'm' || n, 'group', 'old', 'u' || n % 50,"
+                " 'line ' || n, CAST(:start AS timestamptz) + n * interval '1 minute',"
+                " CAST(:vector AS vector) FROM generate_series(1, 120000) n"
+            ),
+            {"t": other, "start": START, "vector": str(unit(rng, 1)[0].tolist())},
+        )
+    async with db.system() as session:
+        await session.execute(text("ANALYZE messages"))
+    async with db.system() as session:
+        context = await tenant_context(session, tenant, Settings())
+    model = SeededModel(unit(rng, 1)[0])
+    archivist = Archivist(db, model, settings)  # type: ignore[arg-type]
+    job = JobContext(
+        ClaimedJob(tenant, 0, EMBED_JOB, {}, 1, 3, datetime.now(UTC)), db, "test-worker"
+    )
+    for start in range(0, 4_000, 500):
+        batch = MessageBatch(
+            request_type="group",
+            group_id="新来的群",
+            messages=[
+                {
+                    "message_id": f"m{i}",
+                    "sender_id": f"u{i % 37}",
+                    "text": line(rng, i),
+                    "sent_at": START + timedelta(minutes=i),
+                }
+                for i in range(start, start + 500)
+            ],
+        )
+        async with db.tenant(tenant) as session:
+            await ingest(session, context, batch, settings)
+    assert await archivist.run_embed(job) == {"embedded": 4_000}
+
+    async def estimated(tenant_id: uuid.UUID, key: str, embedded: bool) -> int:
+        vectors = " AND embedding_half IS NOT NULL" if embedded else ""
+        async with db.system() as session:
+            plan = await session.execute(
+                text(
+                    "EXPLAIN (FORMAT JSON) SELECT seq FROM messages"
+                    f" WHERE tenant_id = :t AND conversation_key = :k{vectors}"
+                ),
+                {"t": tenant_id, "k": key},
+            )
+            return int(plan.scalar_one()[0]["Plan"]["Plan Rows"])
+
+    assert 2_000 <= await estimated(tenant, "g:新来的群", True) <= 8_000
+    assert 60_000 <= await estimated(other, "g:old", False) <= 240_000
+
+
+async def test_statistics_refreshed_while_another_analysis_runs_still_count_the_rows(
+    db: Database,
+) -> None:
+    """Autovacuum started analyzing the table while a backlog was being embedded (its
+    sample taken before the vectors committed); the job's own analysis was skipped as
+    already done (``SKIP_LOCKED``), and the group was counted at one embedded row. The job
+    now waits for the running analysis and makes its own."""
+    tenant = await new_tenant_id(db, "waits")
+    rng = np.random.default_rng(59)
+    async with db.system() as session:
+        await session.execute(text("ANALYZE messages"))  # knows the table empty
+        await session.execute(
+            text(
+                "INSERT INTO messages (tenant_id, conversation_key, message_id, request_type,"
+                " group_id, sender_id, text, sent_at, embedding)"
+                " SELECT :t, 'g:g', 'm' || n, 'group', 'g', 'u', 'line ' || n,"
+                " CAST(:start AS timestamptz) + n * interval '1 minute',"
+                " CAST(:vector AS vector) FROM generate_series(1, 3000) n"
+            ),
+            {"t": tenant, "start": START, "vector": str(unit(rng, 1)[0].tolist())},
+        )
+    async with db.engine.connect() as holder:
+        # What a running analysis holds: another one waits for it or, skipping, does nothing.
+        await holder.execute(text("LOCK TABLE messages IN SHARE UPDATE EXCLUSIVE MODE"))
+        refresh = asyncio.create_task(
+            statistics.analyze_outgrown(db, ["messages"], 3_000, {(tenant, "g:g"): 3_000})
+        )
+        await asyncio.sleep(1.0)
+        assert not refresh.done()
+        await holder.rollback()
+    assert await refresh == ["messages"]
+    async with db.system() as session:
+        plan = await session.execute(
+            text(
+                "EXPLAIN (FORMAT JSON) SELECT seq FROM messages WHERE tenant_id = :t"
+                " AND conversation_key = 'g:g' AND embedding_half IS NOT NULL"
+            ),
+            {"t": tenant},
+        )
+        assert 1_500 <= int(plan.scalar_one()[0]["Plan"]["Plan Rows"]) <= 6_000
+
+
 async def test_a_flood_in_a_big_group_leaves_the_asked_words_of_others_found(
     db: Database,
 ) -> None:

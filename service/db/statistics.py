@@ -15,14 +15,23 @@ autovacuum). It replaces the analysis autovacuum would have made a minute later,
 is analyzed about as often as before, each time a tenth bigger. On Citus the coordinator's
 tables are empty shells and each worker's autovacuum analyzes its shards: nothing is done
 there.
+
+A tenth of a table shared by many tenants can be more than a new tenant's whole history: its
+4,000 messages in a table of 100,000 change it by 4 %, and the statistics, which have never
+seen the tenant, still count its conversation at one row. So the caller also names the
+conversations it wrote, with how many rows each; one of at least ``FLOOR`` that the planner
+counts at less than a tenth of them has the table analyzed too (2026-12: a suite's shared
+table, analyzed before the tenant came, planned a 4,000-message group at one row).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import uuid
+from collections.abc import Mapping, Sequence
 
 from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db.engine import Database
 
@@ -53,9 +62,27 @@ _OUTGROWN = text(
 )
 
 
-async def analyze_outgrown(db: Database, tables: Sequence[str], written: int) -> list[str]:
+# How a search filters a conversation's rows in each table (messages: the embedded ones).
+_SEARCHED = {
+    "messages": "conversation_key = :key AND embedding_half IS NOT NULL",
+    "events": "conversation_key = :key",
+    "event_vectors": "conversation_key = :key",
+}
+_CITUS = text("SELECT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus')")
+# At most this many of the biggest conversations written are checked (an EXPLAIN each).
+CHECKED = 20
+
+# Rows written to each conversation: (tenant, conversation key) -> rows.
+Conversations = Mapping[tuple[uuid.UUID, str], int]
+
+
+async def analyze_outgrown(
+    db: Database, tables: Sequence[str], written: int, conversations: Conversations | None = None
+) -> list[str]:
     """Analyze those of ``tables`` (after a job wrote ``written`` rows to each, committed)
-    that have outgrown their statistics; the names of the ones analyzed."""
+    that have outgrown their statistics, or that the planner counts one of the
+    ``conversations`` written in at under a tenth of its rows; the names of the ones
+    analyzed."""
     unknown = set(tables) - TABLES
     if unknown:
         raise ValueError(f"not a table whose statistics a job keeps: {sorted(unknown)}")
@@ -64,9 +91,32 @@ async def analyze_outgrown(db: Database, tables: Sequence[str], written: int) ->
             _OUTGROWN, {"tables": list(tables), "written": written, "floor": FLOOR, "share": SHARE}
         )
         outgrown = [name for (name,) in found]
+        for name in tables:
+            if name not in outgrown and await _miscounted(session, name, conversations or {}):
+                outgrown.append(name)
         for name in outgrown:
-            # SKIP_LOCKED: another worker (or autovacuum) analyzing it already is enough.
-            await session.execute(text(f"ANALYZE (SKIP_LOCKED) {name}"))
+            # Not SKIP_LOCKED: an analysis already running (autovacuum's, begun while these
+            # rows were being written) sampled the table without them, and skipping it left a
+            # backlog of 4,000 embedded messages counted at one row. This one waits for it
+            # (autovacuum gives way to a waiting lock within a second) and counts them.
+            await session.execute(text(f"ANALYZE {name}"))
     if outgrown:
         log.info("statistics refreshed after %d rows written: %s", written, ", ".join(outgrown))
     return outgrown
+
+
+async def _miscounted(session: AsyncSession, table: str, conversations: Conversations) -> bool:
+    """Whether the planner counts one of the big ``conversations`` in ``table`` at under a
+    tenth of the rows written to it."""
+    big = sorted(((n, key) for key, n in conversations.items() if n >= FLOOR), reverse=True)
+    if not big or (await session.execute(_CITUS)).scalar_one():
+        return False
+    counted = text(
+        f"EXPLAIN (FORMAT JSON) SELECT 1 FROM {table} WHERE tenant_id = :tenant"
+        f" AND {_SEARCHED[table]}"
+    )
+    for n, (tenant, key) in big[:CHECKED]:
+        plan = (await session.execute(counted, {"tenant": tenant, "key": key})).scalar_one()
+        if plan[0]["Plan"]["Plan Rows"] < SHARE * n:
+            return True
+    return False

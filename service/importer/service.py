@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -190,6 +191,7 @@ class _Writer:
 
     async def _events(self) -> None:
         events = self.source.events
+        written: Counter[tuple[uuid.UUID, str]] = Counter()
         for start in range(0, len(events), BATCH):
             batch = events[start : start + BATCH]
             async with self.db.tenant(self.tenant_id) as session:
@@ -217,12 +219,15 @@ class _Writer:
                 ]
                 async with self.db.tenant(self.tenant_id) as session:
                     await store_events(session, rows)
+                written.update((self.tenant_id, row["conversation_key"]) for row in rows)
             self.progress("events", min(start + BATCH, len(events)), len(events))
         imported = self.report.imported["events"]
         if imported and not self.dry_run:
             # The bot's whole history may be most of the tables: a turn right after the
             # import must not be planned on statistics of the tables before it.
-            await statistics.analyze_outgrown(self.db, ["events", "event_vectors"], imported)
+            await statistics.analyze_outgrown(
+                self.db, ["events", "event_vectors"], imported, written
+            )
 
     def _event_row(self, event: StoredEvent, text: str, vector: Any) -> dict[str, Any]:
         meta, chat = event.metadata, event.chat

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, tzinfo
 from typing import Any
@@ -226,6 +226,7 @@ class Archivist:
         """Embed the tenant's messages that have no vector yet, a batch per transaction."""
         batch = self.settings.models.embedding.batch_size
         done = 0
+        written: Counter[tuple[uuid.UUID, str]] = Counter()
         while True:
             if done:
                 job.stop_point()  # each batch commits: a shutdown waits for one, not all
@@ -238,10 +239,11 @@ class Archivist:
                 )
                 await repository.set_embeddings(session, job.job.tenant_id, rows, vectors)
             done += len(rows)
+            written.update((job.job.tenant_id, r.conversation_key) for r in rows)
         if done:
             # A backlog of thousands just embedded (a history imported through the API) may
             # be most of the table: searched at once, it must not be planned as the table was.
-            await statistics.analyze_outgrown(self.db, ["messages"], done)
+            await statistics.analyze_outgrown(self.db, ["messages"], done, written)
         return {"embedded": done}
 
 
