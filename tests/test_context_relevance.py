@@ -111,6 +111,34 @@ async def test_small_talk_is_handed_no_event_and_no_memory(
     assert body["member_profile"] is None or body["member_profile"]["kind"] == "member_profile"
 
 
+async def test_greeting_a_member_by_name_is_small_talk_asking_about_them_is_not(
+    group: tuple[AppClient, TenantHandle],
+) -> None:
+    """王五 has spoken in the group: "王五早！" greets him, and is handed nothing of what is
+    stored about him (his car came at the top before); a question to him by name still
+    gets it."""
+    client, tenant = group
+    response = await client.post(
+        "/v1/messages",
+        json={
+            "request_type": "group",
+            "group_id": "g1",
+            "messages": [
+                {"message_id": "w1", "sender_id": "10003", "sender_name": "王五", "text": "早"},
+                {"message_id": "w2", "sender_id": "10004", "sender_name": "赵六", "text": "早啊"},
+            ],
+        },
+        headers=tenant.headers,
+    )
+    assert response.status_code in (200, 201, 202), response.text
+    for greeting in ("王五早！", "赵六，早上好", "早啊王五"):
+        body = await context(client, tenant, GROUP, greeting)
+        assert shown(body["prompt"]) == [], (greeting, body["events"], body["memories"])
+    body = await context(client, tenant, GROUP, "王五，你那辆车是什么颜色的？")
+    texts = {i["id"]: i["text"] for i in body["events"] + body["memories"]}
+    assert any("特斯拉" in texts[i] for i in shown(body["prompt"])[:3]), body["prompt"]
+
+
 async def test_a_question_about_a_stored_fact_gets_it_first(
     group: tuple[AppClient, TenantHandle],
 ) -> None:

@@ -108,3 +108,25 @@ def test_a_message_names_something_unless_it_is_chit_chat(text: str, names: bool
     from service.retrieval.terms import names_something
 
     assert names_something(text) is names
+
+
+@pytest.mark.parametrize(
+    ("text", "people", "names"),
+    [
+        ("Hey Mel! Good to see you!", ["Melanie", "Caroline"], False),
+        ("Hi Caroline!", ["Caroline"], False),
+        ("Hey Mel, how was the pottery class?", ["Melanie"], True),
+        ("Hey Mel!", [], True),
+        ("Melbourne next week?", ["Melanie"], True),
+        ("王芳早", ["王芳"], False),
+        ("王芳明天去西湖吗", ["王芳"], True),
+        ("Morning John Smith", ["John Smith"], False),
+        ("Hey Anna!", ["Joanna"], True),  # the start of a name, not any part of it
+    ],
+)
+def test_greeting_someone_of_the_conversation_names_nothing(
+    text: str, people: list[str], names: bool
+) -> None:
+    from service.retrieval.terms import names_something
+
+    assert names_something(text, people) is names

@@ -123,6 +123,26 @@ async def said_lately(
     return list(await session.execute(_SAID_LATELY, params))
 
 
+# The names the conversation's latest messages were sent under (through its seq index).
+_SPEAKERS = text(
+    """
+    SELECT DISTINCT sender_name FROM (
+        SELECT sender_name FROM messages
+        WHERE tenant_id = :tenant_id AND conversation_key = :key
+        ORDER BY seq DESC LIMIT :limit) latest
+    WHERE sender_name IS NOT NULL
+    """
+)
+
+
+async def speakers(
+    session: AsyncSession, tenant_id: uuid.UUID, key: str, limit: int = 200
+) -> list[str]:
+    """The names the last ``limit`` messages of a conversation were sent under."""
+    found = await session.execute(_SPEAKERS, {"tenant_id": tenant_id, "key": key, "limit": limit})
+    return [name for (name,) in found]
+
+
 # Messages whose words are no longer indexed: another copy of the same statement is.
 _UNINDEX = text(
     """

@@ -32,6 +32,7 @@ from service.ends import service as memos
 from service.errors import Forbidden, Invalid
 from service.llm.rerank import Reranker
 from service.memories import service as memory_rules
+from service.messages.repository import speakers
 from service.profiles import service as profiles
 from service.profiles.document import ProfileKey
 from service.recall.ranking import (
@@ -221,8 +222,11 @@ class Reader:
             zone=zone,
         )
 
+        people = [n for n in (request.sender_name, request.bot_name) if n]
+
         async def unembedded() -> None:
             # Everything else that needs no query vector, read while the query is embedded.
+            people.extend(await speakers(session, tenant.tenant_id, scope.conversation_key))
             injected.memos = await self._memos(session, tenant, scope.conversation_key, q, zone)
             injected.todos = await self._todos(session, tenant, scope.conversation_key, zone)
             await self._profiles(session, tenant, scope, injected)
@@ -299,11 +303,11 @@ class Reader:
         vectors = {f"event:{e.row['id']}": unit_vector(e.row.get("embedding")) for e in ranked}
         vectors.update({f"memory:{r['id']}": unit_vector(r.get("embedding")) for r in memory_rows})
         sources = {f"memory:{r['id']}": _event_sources(r) for r in memory_rows}
-        # A message that names nothing ("哈哈", "Hey! How have you been?", "在吗") is handed no
-        # events or memories: what it is near is other small talk, or whatever the model
-        # puts near every short line. What names nothing is what a day digest does not count
-        # as a topic.
-        chatter = floor > 0 and not names_something(own)
+        # A message that names nothing ("哈哈", "Hey! How have you been?", "在吗", "Hey Mel!"
+        # to Melanie) is handed no events or memories: what it is near is other small talk,
+        # or whatever the model puts near every short line, or everything said about the one
+        # greeted. What names nothing is what a day digest does not count as a topic.
+        chatter = floor > 0 and not names_something(own, people)
         recalled = [] if chatter else recall(events + memories, q.auto_top_k, vectors, sources)
         injected.events = [i for i in recalled if i.kind == "event"]
         injected.memories = [i for i in recalled if i.kind == "memory"]

@@ -219,10 +219,35 @@ def topic_words(text: str, keep: Container[str] | None = None) -> list[TopicWord
 _CHAT_CHARS = frozenset("".join(w for w in TOPIC_STOPWORDS if _IS_CJK.match(w)))
 
 
-def names_something(text: str) -> bool:
+def names_something(text: str, people: Iterable[str] = ()) -> bool:
     """Whether ``text`` names anything: a topic word, or a Chinese character that is neither
     common nor chit-chat ("狗", "猫" said alone or after "我的"). Greetings, reactions and
-    filler ("哈哈", "在吗", "Hey! How have you been?") name nothing."""
+    filler ("哈哈", "在吗", "Hey! How have you been?") name nothing, nor does greeting one of
+    ``people`` (the conversation's names) by name or by the start of it ("Hey Mel!" to
+    Melanie, "王芳早" in her group)."""
+    return _names_something(without_people(text, people))
+
+
+def without_people(text: str, people: Iterable[str]) -> str:
+    """``text`` without the ``people``'s names: a Chinese name where it occurs, an English
+    word where it is a name's word or the start of one (three letters at least)."""
+    normalized = unicodedata.normalize("NFKC", text)
+    starts: set[str] = set()
+    for name in {unicodedata.normalize("NFKC", p).strip() for p in people}:
+        if _IS_CJK.search(name) and len(name) >= 2:
+            normalized = normalized.replace(name, " ")
+        starts.update(w.casefold() for w in re.findall(r"[^\W\d_]{3,}", name))
+    if not starts:
+        return normalized
+
+    def named(word: re.Match[str]) -> str:
+        w = word.group().casefold()
+        return " " if len(w) >= 3 and any(s.startswith(w) for s in starts) else word.group()
+
+    return re.sub(r"\b[^\W\d_]+\b", named, normalized)
+
+
+def _names_something(text: str) -> bool:
     if topic_words(text):
         return True
     normalized = unicodedata.normalize("NFKC", text)
