@@ -838,7 +838,7 @@ async def test_todos_whose_delivery_failed_do_not_hold_up_other_tenants(db_url: 
                 text("UPDATE jobs SET status = 'failed', finished_at = now() WHERE tenant_id = :t"),
                 {"t": down.id},
             )
-            added = await todos.add(
+            added, _ = await todos.add(
                 session,
                 up.id,
                 todos.Place.of("group", "g2", None),

@@ -170,3 +170,42 @@ async def test_another_tenant_cannot_see_or_change_the_todo(client: AppClient) -
     assert changed.status_code == 404, changed.text
     mine = await client.get(f"/v1/todos?group_id={group}", headers=tenant.headers)
     assert [t["status"] for t in mine.json()] == ["PENDING"]
+
+
+async def test_a_retried_call_makes_one_todo_and_one_delivery(client: AppClient) -> None:
+    """A bot whose call timed out sends it again, sometimes twice at once: one todo, one
+    reminder. Another due time, another conversation, or the same task after the first was
+    done are each a todo of their own."""
+    import asyncio
+
+    tenant = await new_tenant(client, f"t-{uuid.uuid4().hex[:8]}")
+    group, user = some_id(), some_id()
+    body = {
+        **in_group(group, user),
+        "description": "提醒我交周报",
+        "trigger_time": "2027-03-02T15:00:00+08:00",
+    }
+    first = await add(client, tenant, **body)
+    assert first.status_code == 201, first.text
+    again = await asyncio.gather(*(add(client, tenant, **body) for _ in range(4)))
+    assert [r.status_code for r in again] == [200] * 4, [r.text for r in again]
+    assert {r.json()["id"] for r in again} == {first.json()["id"]}
+    assert await context_todos(client, tenant, in_group(group, user)) == ["提醒我交周报"]
+
+    # Concurrent first calls race for the same todo: one is made.
+    fresh = {**body, "description": "提醒我订会议室"}
+    raced = await asyncio.gather(*(add(client, tenant, **fresh) for _ in range(4)))
+    assert sorted(r.status_code for r in raced) == [200, 200, 200, 201], [r.text for r in raced]
+    assert len({r.json()["id"] for r in raced}) == 1
+
+    later = await add(client, tenant, **{**body, "trigger_time": "2027-03-09T15:00:00+08:00"})
+    elsewhere = await add(client, tenant, **{**body, **in_group(some_id(), user)})
+    assert later.status_code == elsewhere.status_code == 201
+    done = await client.patch(
+        f"/v1/todos/{first.json()['id']}", json={"status": "COMPLETED"}, headers=tenant.headers
+    )
+    assert done.status_code == 200, done.text
+    anew = await add(client, tenant, **body)
+    assert anew.status_code == 201 and anew.json()["id"] != first.json()["id"]
+    listed = await client.get(f"/v1/todos?group_id={group}", headers=tenant.headers)
+    assert len(listed.json()) == 4, listed.json()

@@ -420,7 +420,7 @@ async def _apply_add_todo(writing: Writing, args: dict[str, Any]) -> str:
         conversation.speaker_id if private else None,
         conversation.speaker_id,
     )
-    await todos.add(
+    _, created = await todos.add(
         writing.session,
         writing.tenant_id,
         place,
@@ -430,7 +430,7 @@ async def _apply_add_todo(writing: Writing, args: dict[str, Any]) -> str:
         assignee_id=args.get("assignee_id"),
         evidence=writing.evidence,
     )
-    return "todos_added"
+    return "todos_added" if created else "todos_duplicates"
 
 
 ADD_TODO = Tool(

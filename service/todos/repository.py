@@ -16,6 +16,44 @@ _COLUMNS = """id, conversation_key, group_id, user_id, creator_id, assignee_id, 
               trigger_time, status, evidence, delivered_at, created_at, updated_at, completed_at"""
 
 
+# One writer of a conversation's todos at a time (the check for the same pending todo and the
+# insert after it; a transaction's lock, as the conversation's messages take theirs).
+_LOCK_CONVERSATION = text(
+    "SELECT pg_advisory_xact_lock(hashtextextended("
+    "'todos/' || CAST(:tenant_id AS text) || '/' || :conversation_key, 0))"
+)
+_SAME_PENDING = text(
+    f"""
+    SELECT {_COLUMNS} FROM todos
+    WHERE tenant_id = :tenant_id AND conversation_key = :conversation_key
+      AND status = 'PENDING' AND description = :description
+      AND trigger_time IS NOT DISTINCT FROM :trigger_time
+      AND assignee_id IS NOT DISTINCT FROM :assignee_id
+    ORDER BY id LIMIT 1
+    """
+)
+
+
+async def same_pending(
+    session: AsyncSession, tenant_id: uuid.UUID, row: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The conversation's pending todo that ``row`` would repeat (its description, due time
+    and assignee), with the conversation's todos locked until the transaction ends."""
+    keys = {"tenant_id": tenant_id, "conversation_key": row["conversation_key"]}
+    await session.execute(_LOCK_CONVERSATION, {**keys, "tenant_id": str(tenant_id)})
+    found = await session.execute(
+        _SAME_PENDING,
+        {
+            **keys,
+            "description": row["description"],
+            "trigger_time": row.get("trigger_time"),
+            "assignee_id": row.get("assignee_id"),
+        },
+    )
+    first = found.first()
+    return dict(first._mapping) if first is not None else None
+
+
 async def insert(session: AsyncSession, tenant_id: uuid.UUID, row: dict[str, Any]) -> int:
     """A new pending todo."""
     result = await session.execute(

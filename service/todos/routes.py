@@ -6,7 +6,7 @@ from datetime import datetime
 from typing import Annotated
 from zoneinfo import ZoneInfo
 
-from litestar import Controller, get, patch, post
+from litestar import Controller, Response, get, patch, post
 from litestar.params import Parameter
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -30,9 +30,11 @@ class TodoController(Controller):
     @post("/", status_code=201)
     async def add_todo(
         self, tenant: TenantContext, session: AsyncSession, data: TodoCreate
-    ) -> TodoInfo:
+    ) -> Response[TodoInfo]:
         """Add a pending todo to the conversation the context names (201): due at
-        ``trigger_time``, shown in that conversation's context, delivered to the webhook."""
+        ``trigger_time``, shown in that conversation's context, delivered to the webhook.
+        The same pending todo there (description, due time, assignee) is answered as it is
+        (200), not made again: a retried call is delivered once."""
         await check_erased(session, tenant, [data.sender_id, data.user_id])
         # Who asked: the sender, else the person served (a private chat's always is).
         person = data.private_user if data.request_type == "private" else None
@@ -42,7 +44,7 @@ class TodoController(Controller):
         evidence: dict[str, object] = {"by": "api"}
         if data.message_ids:
             evidence["message_ids"] = data.message_ids
-        row = await service.add(
+        row, created = await service.add(
             session,
             tenant.tenant_id,
             place,
@@ -51,7 +53,7 @@ class TodoController(Controller):
             data.zone(tenant.timezone),
             evidence=evidence,
         )
-        return _info(row)
+        return Response(_info(row), status_code=201 if created else 200)
 
     @get("/")
     async def list_todos(

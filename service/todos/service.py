@@ -103,28 +103,29 @@ async def add(
     *,
     assignee_id: str | None = None,
     evidence: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], bool]:
     """A new pending todo of a conversation (the historian's ``add_todo``, a bot's
     ``POST /v1/todos``); a ``trigger_time`` without an offset is on ``zone``, the
-    conversation's clocks. Returns the todo."""
-    when = checked_moment(on_clocks(trigger_time, zone), "trigger_time")
-    todo_id = await repository.insert(
-        session,
-        tenant_id,
-        {
-            "conversation_key": place.conversation_key,
-            "group_id": place.group_id,
-            "user_id": place.user_id,
-            "creator_id": place.creator_id,
-            "assignee_id": assignee_id,
-            "description": check_description(description),
-            "trigger_time": when,
-            "evidence": evidence or {},
-        },
-    )
-    row = await repository.get(session, tenant_id, todo_id)
-    assert row is not None
-    return row
+    conversation's clocks. Returns the todo, and whether it is new: the same pending todo
+    of the conversation (its description, due time and assignee) is not made twice, so a
+    bot's retried call or a reminder asked for again is delivered once."""
+    row = {
+        "conversation_key": place.conversation_key,
+        "group_id": place.group_id,
+        "user_id": place.user_id,
+        "creator_id": place.creator_id,
+        "assignee_id": assignee_id,
+        "description": check_description(description),
+        "trigger_time": checked_moment(on_clocks(trigger_time, zone), "trigger_time"),
+        "evidence": evidence or {},
+    }
+    existing = await repository.same_pending(session, tenant_id, row)
+    if existing is not None:
+        return existing, False
+    todo_id = await repository.insert(session, tenant_id, row)
+    made = await repository.get(session, tenant_id, todo_id)
+    assert made is not None
+    return made, True
 
 
 async def pending(
