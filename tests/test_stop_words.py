@@ -101,6 +101,22 @@ def test_the_day_summary_skips_function_words_of_both_former_lists() -> None:
         ("我的猫", True),
         ("周五聚餐", True),
         ("How are the kids?", True),
+        # Set phrases of leave-taking and thanks, though their words name things elsewhere.
+        ("Thanks! Take care!", False),
+        ("No problem. Talk to you soon!", False),
+        ("No worries, I'm here for you.", False),
+        ("辛苦了，早点休息", False),
+        ("好久不见！", False),
+        ("没问题，回头聊", False),
+        ("Take care of the dog while I'm away", True),
+        ("Good luck with the exam!", True),
+        ("考试加油", True),
+        ("I care about the climate", True),
+        ("Hello, how are you?", False),
+        ("Thank you, I really appreciate it!", False),
+        # A date names a day, though its digits are no topic word.
+        ("What is she planning to do on 10.01.2024?", True),
+        ("5月3日那天呢？", True),
     ],
 )
 def test_a_message_names_something_unless_it_is_chit_chat(text: str, names: bool) -> None:

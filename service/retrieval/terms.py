@@ -142,9 +142,18 @@ better worse big little long short whole real totally absolutely especially prob
 already almost enough though also anyway else first last next other another every same
 ask asked try tried trying use used work working start started give gave find found put
 hard easy different able sure lately recently place places times days years year month
-friend friends
+friend friends hello hey hiya appreciate appreciated
 """
 TOPIC_STOPWORDS = frozenset(_CHAT_WORDS.split())
+# Set phrases of leave-taking, thanks and encouragement, whose words alone would name
+# something ("take care", "no problem", "保重", "辛苦了"): taken out before the topic words
+# are read. The rest of the message still counts ("Good luck with the exam" names the exam).
+_CHAT_PHRASES = re.compile(
+    r"\b(?:take\s+care|no\s+problems?|no\s+worries|sweet\s+dreams|long\s+time\s+no\s+see"
+    r"|my\s+pleasure|you'?re\s+welcome|good\s+luck|congrats|congratulations)\b"
+    r"|保重|早点休息|早点睡|没问题|不客气|别客气|回头聊|回头见|下次再聊|改天再?聊|再聊|好梦|辛苦了|辛苦啦|好久不见|加油",
+    re.I,
+)
 
 
 class TopicWord(NamedTuple):
@@ -191,6 +200,7 @@ def topic_words(text: str, keep: Container[str] | None = None) -> list[TopicWord
     """
     out: list[TopicWord] = []
     normalized = unicodedata.normalize("NFKC", text).replace("\u2019", "'")
+    normalized = _CHAT_PHRASES.sub(" ", normalized)
     for token in _TOKEN.findall(normalized):
         if not _IS_CJK.match(token):
             word = _topic_word(token)
@@ -247,10 +257,14 @@ def without_people(text: str, people: Iterable[str]) -> str:
     return re.sub(r"\b[^\W\d_]+\b", named, normalized)
 
 
+# A date names a day ("on 10.01.2024", "5月3日", "2023年"), though its digits are no topic word.
+_DATE = re.compile(r"\d{1,4}[./-]\d{1,2}(?:[./-]\d{1,4})?|\d{1,2}\s*[月日号]|\d{4}\s*年")
+
+
 def _names_something(text: str) -> bool:
-    if topic_words(text):
+    normalized = _CHAT_PHRASES.sub(" ", unicodedata.normalize("NFKC", text))
+    if topic_words(text) or _DATE.search(normalized):
         return True
-    normalized = unicodedata.normalize("NFKC", text)
     return any(
         _IS_CJK.match(c) and c not in COMMON_CHINESE_CHARS and c not in _CHAT_CHARS
         for c in normalized
