@@ -1657,12 +1657,12 @@ async def test_a_new_tenants_history_in_a_table_of_others_is_counted_by_the_plan
 
 
 async def test_statistics_refreshed_while_another_analysis_runs_still_count_the_rows(
-    db: Database,
+    db: Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Autovacuum started analyzing the table while a backlog was being embedded (its
     sample taken before the vectors committed); the job's own analysis was skipped as
     already done (``SKIP_LOCKED``), and the group was counted at one embedded row. The job
-    now waits for the running analysis and makes its own."""
+    now waits for the running analysis and makes its own, but not for long."""
     tenant = await new_tenant_id(db, "waits")
     rng = np.random.default_rng(59)
     async with db.system() as session:
@@ -1687,6 +1687,19 @@ async def test_statistics_refreshed_while_another_analysis_runs_still_count_the_
         assert not refresh.done()
         await holder.rollback()
     assert await refresh == ["messages"]
+
+    # Work that holds the table for long (a VACUUM, an index built concurrently) is not
+    # waited for: the job goes on, and autovacuum analyzes the table after it.
+    monkeypatch.setattr(statistics, "LOCK_WAIT_MS", 300)
+    async with db.engine.connect() as holder:
+        await holder.execute(text("LOCK TABLE messages IN SHARE UPDATE EXCLUSIVE MODE"))
+        waited = asyncio.get_running_loop().time()
+        skipped = await statistics.analyze_outgrown(
+            db, ["messages"], 3_000, {(tenant, "g:g"): 3_000}
+        )
+        waited = asyncio.get_running_loop().time() - waited
+        await holder.rollback()
+    assert skipped == [] and waited < 5
     async with db.system() as session:
         plan = await session.execute(
             text(

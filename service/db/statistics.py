@@ -34,6 +34,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db.engine import Database
+from service.errors import Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,8 @@ _SEARCHED = {
     "event_vectors": "conversation_key = :key",
 }
 _CITUS = text("SELECT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus')")
+# How long an analysis waits for the table (autovacuum gives way after deadlock_timeout, 1 s).
+LOCK_WAIT_MS = 5_000
 # At most this many of the biggest conversations written are checked (an EXPLAIN each).
 CHECKED = 20
 
@@ -94,12 +97,23 @@ async def analyze_outgrown(
         for name in tables:
             if name not in outgrown and await _miscounted(session, name, conversations or {}):
                 outgrown.append(name)
-        for name in outgrown:
-            # Not SKIP_LOCKED: an analysis already running (autovacuum's, begun while these
-            # rows were being written) sampled the table without them, and skipping it left a
-            # backlog of 4,000 embedded messages counted at one row. This one waits for it
-            # (autovacuum gives way to a waiting lock within a second) and counts them.
-            await session.execute(text(f"ANALYZE {name}"))
+    analyzed = []
+    for name in outgrown:
+        # Not SKIP_LOCKED: an analysis already running (autovacuum's, begun while these rows
+        # were being written) sampled the table without them, and skipping it left a backlog
+        # of 4,000 embedded messages counted at one row. This one waits for it (autovacuum
+        # gives way to a waiting lock within a second), but not for longer work that holds
+        # the table (a manual VACUUM, an index built concurrently by a re-embedding):
+        # autovacuum analyzes it after that.
+        try:
+            async with db.system() as session:
+                await session.execute(text(f"SET LOCAL lock_timeout = '{LOCK_WAIT_MS}ms'"))
+                await session.execute(text(f"ANALYZE {name}"))
+        except Unavailable as exc:
+            log.warning("statistics of %s not refreshed: %s", name, exc)
+            continue
+        analyzed.append(name)
+    outgrown = analyzed
     if outgrown:
         log.info("statistics refreshed after %d rows written: %s", written, ", ".join(outgrown))
     return outgrown
