@@ -247,6 +247,12 @@ class Archivist:
         return {"embedded": done}
 
 
+async def speakers(session: AsyncSession, tenant_id: uuid.UUID, key: str) -> list[str]:
+    """The names a conversation's latest 200 messages were sent under (the context reads
+    them: greeting one of them by name names nothing)."""
+    return await repository.speakers(session, tenant_id, key)
+
+
 # ---------------------------------------------------------------- the extraction's reads
 # What the historian's extraction job (service.historian.extraction) reads of a conversation
 # and marks as read, in its own transaction.

@@ -32,7 +32,7 @@ from service.ends import service as memos
 from service.errors import Forbidden, Invalid
 from service.llm.rerank import Reranker
 from service.memories import service as memory_rules
-from service.messages.repository import speakers
+from service.messages.service import speakers
 from service.profiles import service as profiles
 from service.profiles.document import ProfileKey
 from service.recall.ranking import (
