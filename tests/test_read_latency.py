@@ -1487,6 +1487,44 @@ def unit_length(vector: np.ndarray) -> np.ndarray:
     return vector / np.linalg.norm(vector)
 
 
+async def planned_rows(db: Database, tenant: uuid.UUID, key: str, embedded: bool = True) -> int:
+    """The planner's count of a conversation's messages (its embedded ones, as searched)."""
+    vectors = " AND embedding_half IS NOT NULL" if embedded else ""
+    async with db.system() as session:
+        plan = await session.execute(
+            text(
+                "EXPLAIN (FORMAT JSON) SELECT seq FROM messages"
+                f" WHERE tenant_id = :t AND conversation_key = :k{vectors}"
+            ),
+            {"t": tenant, "k": key},
+        )
+        return int(plan.scalar_one()[0]["Plan"]["Plan Rows"])
+
+
+async def bulk_messages(
+    db: Database, tenant: uuid.UUID, group: str, n: int, vector: np.ndarray
+) -> None:
+    """``n`` embedded messages of a group, written at once by SQL (one vector for all)."""
+    async with db.system() as session:
+        await session.execute(
+            text(
+                "INSERT INTO messages (tenant_id, conversation_key, message_id, request_type,"
+                " group_id, sender_id, text, sent_at, embedding)"
+                " SELECT :t, :k, 'm' || n, 'group', :g, 'u' || n % 50, 'line ' || n,"
+                " CAST(:start AS timestamptz) + n * interval '1 minute',"
+                " CAST(:vector AS vector) FROM generate_series(1, :n) n"
+            ),
+            {
+                "t": tenant,
+                "k": f"g:{group}",
+                "g": group,
+                "n": n,
+                "start": START,
+                "vector": str(vector.tolist()),
+            },
+        )
+
+
 async def test_a_backlog_embedded_in_bulk_is_searched_on_statistics_that_count_it(
     db: Database,
 ) -> None:
@@ -1536,15 +1574,7 @@ async def test_a_backlog_embedded_in_bulk_is_searched_on_statistics_that_count_i
             await ingest(session, context, batch, settings)
 
     async def estimated(group: str) -> int:
-        async with db.system() as session:
-            plan = await session.execute(
-                text(
-                    "EXPLAIN (FORMAT JSON) SELECT seq FROM messages WHERE tenant_id = :t"
-                    " AND conversation_key = :k AND embedding_half IS NOT NULL"
-                ),
-                {"t": tenant, "k": f"g:{group}"},
-            )
-            return int(plan.scalar_one()[0]["Plan"]["Plan Rows"])
+        return await planned_rows(db, tenant, f"g:{group}")
 
     event.listen(db.engine.sync_engine, "before_cursor_execute", count)
     try:
@@ -1602,17 +1632,7 @@ async def test_a_new_tenants_history_in_a_table_of_others_is_counted_by_the_plan
     settings = Settings()
     other = await new_tenant_id(db, "incumbent")
     tenant = await new_tenant_id(db, "newcomer")
-    async with db.system() as session:
-        await session.execute(
-            text(
-                "INSERT INTO messages (tenant_id, conversation_key, message_id, request_type,"
-                " group_id, sender_id, text, sent_at, embedding)"
-                " SELECT :t, 'g:old', 'm' || n, 'group', 'old', 'u' || n % 50,"
-                " 'line ' || n, CAST(:start AS timestamptz) + n * interval '1 minute',"
-                " CAST(:vector AS vector) FROM generate_series(1, 120000) n"
-            ),
-            {"t": other, "start": START, "vector": str(unit(rng, 1)[0].tolist())},
-        )
+    await bulk_messages(db, other, "old", 120_000, unit(rng, 1)[0])
     async with db.system() as session:
         await session.execute(text("ANALYZE messages"))
     async with db.system() as session:
@@ -1640,20 +1660,8 @@ async def test_a_new_tenants_history_in_a_table_of_others_is_counted_by_the_plan
             await ingest(session, context, batch, settings)
     assert await archivist.run_embed(job) == {"embedded": 4_000}
 
-    async def estimated(tenant_id: uuid.UUID, key: str, embedded: bool) -> int:
-        vectors = " AND embedding_half IS NOT NULL" if embedded else ""
-        async with db.system() as session:
-            plan = await session.execute(
-                text(
-                    "EXPLAIN (FORMAT JSON) SELECT seq FROM messages"
-                    f" WHERE tenant_id = :t AND conversation_key = :k{vectors}"
-                ),
-                {"t": tenant_id, "k": key},
-            )
-            return int(plan.scalar_one()[0]["Plan"]["Plan Rows"])
-
-    assert 2_000 <= await estimated(tenant, "g:新来的群", True) <= 8_000
-    assert 60_000 <= await estimated(other, "g:old", False) <= 240_000
+    assert 2_000 <= await planned_rows(db, tenant, "g:新来的群") <= 8_000
+    assert 60_000 <= await planned_rows(db, other, "g:old", embedded=False) <= 240_000
 
 
 async def test_statistics_refreshed_while_another_analysis_runs_still_count_the_rows(
@@ -1667,16 +1675,7 @@ async def test_statistics_refreshed_while_another_analysis_runs_still_count_the_
     rng = np.random.default_rng(59)
     async with db.system() as session:
         await session.execute(text("ANALYZE messages"))  # knows the table empty
-        await session.execute(
-            text(
-                "INSERT INTO messages (tenant_id, conversation_key, message_id, request_type,"
-                " group_id, sender_id, text, sent_at, embedding)"
-                " SELECT :t, 'g:g', 'm' || n, 'group', 'g', 'u', 'line ' || n,"
-                " CAST(:start AS timestamptz) + n * interval '1 minute',"
-                " CAST(:vector AS vector) FROM generate_series(1, 3000) n"
-            ),
-            {"t": tenant, "start": START, "vector": str(unit(rng, 1)[0].tolist())},
-        )
+    await bulk_messages(db, tenant, "g", 3_000, unit(rng, 1)[0])
     async with db.engine.connect() as holder:
         # What a running analysis holds: another one waits for it or, skipping, does nothing.
         await holder.execute(text("LOCK TABLE messages IN SHARE UPDATE EXCLUSIVE MODE"))
@@ -1700,15 +1699,7 @@ async def test_statistics_refreshed_while_another_analysis_runs_still_count_the_
         waited = asyncio.get_running_loop().time() - waited
         await holder.rollback()
     assert skipped == [] and waited < 5
-    async with db.system() as session:
-        plan = await session.execute(
-            text(
-                "EXPLAIN (FORMAT JSON) SELECT seq FROM messages WHERE tenant_id = :t"
-                " AND conversation_key = 'g:g' AND embedding_half IS NOT NULL"
-            ),
-            {"t": tenant},
-        )
-        assert 1_500 <= int(plan.scalar_one()[0]["Plan"]["Plan Rows"]) <= 6_000
+    assert 1_500 <= await planned_rows(db, tenant, "g:g") <= 6_000
 
 
 async def test_a_flood_in_a_big_group_leaves_the_asked_words_of_others_found(

@@ -94,9 +94,11 @@ async def analyze_outgrown(
             _OUTGROWN, {"tables": list(tables), "written": written, "floor": FLOOR, "share": SHARE}
         )
         outgrown = [name for (name,) in found]
-        for name in tables:
-            if name not in outgrown and await _miscounted(session, name, conversations or {}):
-                outgrown.append(name)
+        big = _big(conversations or {})
+        if big and not (await session.execute(_CITUS)).scalar_one():
+            for name in tables:
+                if name not in outgrown and await _miscounted(session, name, big):
+                    outgrown.append(name)
     analyzed = []
     for name in outgrown:
         # Not SKIP_LOCKED: an analysis already running (autovacuum's, begun while these rows
@@ -113,23 +115,28 @@ async def analyze_outgrown(
             log.warning("statistics of %s not refreshed: %s", name, exc)
             continue
         analyzed.append(name)
-    outgrown = analyzed
-    if outgrown:
-        log.info("statistics refreshed after %d rows written: %s", written, ", ".join(outgrown))
-    return outgrown
+    if analyzed:
+        log.info("statistics refreshed after %d rows written: %s", written, ", ".join(analyzed))
+    return analyzed
 
 
-async def _miscounted(session: AsyncSession, table: str, conversations: Conversations) -> bool:
-    """Whether the planner counts one of the big ``conversations`` in ``table`` at under a
+def _big(conversations: Conversations) -> list[tuple[int, tuple[uuid.UUID, str]]]:
+    """The biggest of the ``conversations`` of at least ``FLOOR`` rows, biggest first."""
+    return sorted(((n, key) for key, n in conversations.items() if n >= FLOOR), reverse=True)[
+        :CHECKED
+    ]
+
+
+async def _miscounted(
+    session: AsyncSession, table: str, big: list[tuple[int, tuple[uuid.UUID, str]]]
+) -> bool:
+    """Whether the planner counts one of the ``big`` conversations in ``table`` at under a
     tenth of the rows written to it."""
-    big = sorted(((n, key) for key, n in conversations.items() if n >= FLOOR), reverse=True)
-    if not big or (await session.execute(_CITUS)).scalar_one():
-        return False
     counted = text(
         f"EXPLAIN (FORMAT JSON) SELECT 1 FROM {table} WHERE tenant_id = :tenant"
         f" AND {_SEARCHED[table]}"
     )
-    for n, (tenant, key) in big[:CHECKED]:
+    for n, (tenant, key) in big:
         plan = (await session.execute(counted, {"tenant": tenant, "key": key})).scalar_one()
         if plan[0]["Plan"]["Plan Rows"] < SHARE * n:
             return True

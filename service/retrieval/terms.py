@@ -263,7 +263,7 @@ _DATE = re.compile(r"\d{1,4}[./-]\d{1,2}(?:[./-]\d{1,4})?|\d{1,2}\s*[月日号]|
 
 def _names_something(text: str) -> bool:
     normalized = _CHAT_PHRASES.sub(" ", unicodedata.normalize("NFKC", text))
-    if topic_words(text) or _DATE.search(normalized):
+    if topic_words(normalized) or _DATE.search(normalized):
         return True
     return any(
         _IS_CJK.match(c) and c not in COMMON_CHINESE_CHARS and c not in _CHAT_CHARS
