@@ -139,6 +139,36 @@ async def test_greeting_a_member_by_name_is_small_talk_asking_about_them_is_not(
     assert any("特斯拉" in texts[i] for i in shown(body["prompt"])[:3]), body["prompt"]
 
 
+@pytest.mark.parametrize(
+    "message", ["年会的地点是什么？", "周年庆安排在哪里？", "马拉松是什么时候？"]
+)
+async def test_a_short_question_sharing_only_words_of_asking_is_handed_nothing_unrelated(
+    group: tuple[AppClient, TenantHandle], message: str
+) -> None:
+    """A short question names its topic; what shares only the words every question has
+    ("什么", "哪", "what") with it is unrelated. 张三 once wondered what gift to buy: a
+    question about a party's venue is not about that, and a question about the marathon
+    still gets the marathon."""
+    client, tenant = group
+    response = await client.post(
+        "/v1/end",
+        json={
+            **GROUP,
+            "request_id": "asked",
+            "observations": ["我不知道该给朋友送什么生日礼物"],
+            "timestamp": "2026-02-20T10:00:00+08:00",
+        },
+        headers=tenant.headers,
+    )
+    assert response.status_code == 202, response.text
+    await until_finished(client, tenant, response.json()["job_id"])
+    body = await context(client, tenant, GROUP, message)
+    texts = [i["text"] for i in body["events"] + body["memories"]]
+    assert not any("礼物" in t for t in texts), texts
+    if "马拉松" in message:
+        assert any("马拉松" in t for t in texts), texts
+
+
 async def test_a_question_about_a_stored_fact_gets_it_first(
     group: tuple[AppClient, TenantHandle],
 ) -> None:

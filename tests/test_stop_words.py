@@ -14,6 +14,7 @@ from service.retrieval.terms import (
     CHINESE_STOP_CHARS,
     COMMON_CHINESE_CHARS,
     ENGLISH_STOPWORDS,
+    named_words,
     terms,
 )
 
@@ -52,8 +53,25 @@ SUMMARY_WORDS = [
 
 def test_the_lists_hold_what_each_side_skipped() -> None:
     assert set(SEARCH_CHARS) == CHINESE_STOP_CHARS
-    assert set(SEARCH_CHARS) | set(SUMMARY_CHARS) == COMMON_CHINESE_CHARS
+    assert set(SEARCH_CHARS) | set(SUMMARY_CHARS) <= COMMON_CHINESE_CHARS
     assert set(SUMMARY_WORDS) <= ENGLISH_STOPWORDS
+
+
+@pytest.mark.parametrize(
+    ("question", "topic"),
+    [
+        ("年会的地点是什么？", {"地点"}),
+        ("你送什么礼物？", {"礼物"}),
+        ("哪天去爬山？", {"爬山"}),
+        ("张三，马拉松在哪里？", {"马拉", "拉松"}),
+        ("What is the venue, Mel?", {"venu"}),
+    ],
+)
+def test_what_a_question_names_leaves_out_its_words_of_asking_and_people(
+    question: str, topic: set[str]
+) -> None:
+    # Two texts sharing "什么" or "哪" or a name of the chat are not about one thing.
+    assert named_words(question, ["张三", "Melanie"]) == topic
 
 
 @pytest.mark.parametrize("char", sorted(set(SEARCH_CHARS)))

@@ -27,7 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from service.context import ConversationContext, on_clocks, on_clocks_of
 from service.db.engine import Database, settled
 from service.embedding import Embedder, Started, embedded_while, start_embedding
-from service.embedding.base import Vector
+from service.embedding.base import Calibration, Vector
 from service.ends import service as memos
 from service.errors import Forbidden, Invalid
 from service.llm.rerank import Reranker
@@ -51,13 +51,7 @@ from service.recall.schemas import (
     EventSearchResult,
 )
 from service.retrieval.fusion import unit_vector
-from service.retrieval.terms import (
-    MAX_QUERY_TERMS,
-    names_something,
-    near_duplicate,
-    query_terms,
-    terms,
-)
+from service.retrieval.terms import named_words, names_something, near_duplicate
 from service.settings import QuerySettings
 from service.tenants.service import TenantContext
 from service.text import message_content
@@ -182,6 +176,36 @@ def _event_sources(row: dict[str, Any]) -> set[str]:
     return {f"event:{e}" for e in found if isinstance(e, str)} if isinstance(found, list) else set()
 
 
+@dataclass(frozen=True)
+class OwnWords:
+    """Whether an item is relevant to what a message itself says, where its query added more
+    (a short message's query names the sender and the group, which every item about them
+    matches: "早上好" from 张三 found 张三's trip at 0.70).
+
+    Near enough in meaning to the message's own ``words`` (its vector), or naming a topic
+    word it names (``named``, its people aside: sharing a word of asking, "什么", or a name
+    of the conversation makes nothing relevant). A padded message without words admits
+    nothing; a message whose query is its own words, everything.
+    """
+
+    own: str
+    padded: bool
+    words: Vector | None
+    named: set[str]
+    calibration: Calibration
+    floor: float
+
+    def admits(self, vector_of_item: Any, text: str) -> bool:
+        if self.padded and not self.own.strip():
+            return False
+        unit = unit_vector(vector_of_item)
+        if self.words is None or unit is None:
+            return True
+        if float(self.calibration.similarity(float(unit @ self.words))) >= self.floor:
+            return True
+        return not self.named.isdisjoint(named_words(text))
+
+
 @dataclass
 class Reader:
     """The read path of one request."""
@@ -231,9 +255,8 @@ class Reader:
             injected.todos = await self._todos(session, tenant, scope.conversation_key, zone)
             await self._profiles(session, tenant, scope, injected)
 
-        # A short message's query names the sender and the group, which every item about
-        # them matches ("早上好" from 张三 found 张三's trip at 0.70): what is handed must be
-        # relevant to what the message itself says too, read on its own vector.
+        # A short message's query adds its sender and group: what it is handed must be
+        # relevant to its own words too (``OwnWords``), read on their own vector.
         own, floor = said(request), q.context_min_relevance
         padded = floor > 0 and own != query
         gate = start_embedding(self.embedder, own) if padded and own.strip() else None
@@ -247,20 +270,7 @@ class Reader:
                 gate.discard()
         calibration = self.embedder.calibration
 
-        # The message's own terms of two characters or more (a lone character matches most).
-        own_terms = {t for t in query_terms(own, MAX_QUERY_TERMS) if len(t) > 1}
-
-        def relevant(vector_of_item: Any, text: str) -> bool:
-            # On the message's own words, where the query added more (nothing without words):
-            # near enough in meaning, or sharing a term with it.
-            if padded and not own.strip():
-                return False
-            unit = unit_vector(vector_of_item)
-            if words is None or unit is None:
-                return True
-            if float(calibration.similarity(float(unit @ words))) >= floor:
-                return True
-            return not own_terms.isdisjoint(terms(text))
+        relevant = OwnWords(own, padded, words, named_words(own, people), calibration, floor).admits
 
         events = [
             ContextItem(

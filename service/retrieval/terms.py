@@ -30,12 +30,12 @@ _IS_CJK = re.compile(rf"[{_CJK}]")
 # Search drops them as unigrams; everything else that skips common words starts from here.
 CHINESE_STOP_CHARS = frozenset("的了着过吗呢吧啊呀哦嘛么哈是在和与及或也都就还又很太把被给让对")
 
-# The function characters plus pronouns and the commonest verbs and measure words: too
-# common to name a topic (the offline day summary skips the bigrams that hold them). Search
+# The function characters plus pronouns, words of asking and the commonest verbs and
+# measure words: too common to name a topic (the day summary skips the bigrams holding them). Search
 # keeps these as unigrams: alone they still tell messages apart ("不去" from "去"), and
 # dropping them cost the Chinese dialogue set 3 of 262 questions at hit@10.
 COMMON_CHINESE_CHARS = CHINESE_STOP_CHARS | frozenset(
-    "嗯我你他她它们这那有不没个一上下人到说要会去来好"
+    "嗯我你他她它们这那有不没个一上下人到说要会去来好什哪"
 )
 
 _ENGLISH_STOPWORDS = """
@@ -236,6 +236,14 @@ def names_something(text: str, people: Iterable[str] = ()) -> bool:
     ``people`` (the conversation's names) by name or by the start of it ("Hey Mel!" to
     Melanie, "王芳早" in her group)."""
     return _names_something(without_people(text, people))
+
+
+def named_words(text: str, people: Iterable[str] = ()) -> set[str]:
+    """The keys of the topic words ``text`` names, the ``people``'s names aside: what two
+    texts must share to be about the same thing. The words every question has ("什么",
+    "哪里", "what") and a name of the conversation (every item is about its people) are
+    not among them."""
+    return {w.key for w in topic_words(without_people(text, people))}
 
 
 def without_people(text: str, people: Iterable[str]) -> str:
