@@ -161,7 +161,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import httpx
 import numpy as np
@@ -426,9 +426,12 @@ def floor() -> float:
 class ContextApi(Api):
     """A bot's calls, and what each injected item was made from."""
 
-    def __init__(self, http: httpx.AsyncClient, key: str, runtime: Any) -> None:
+    def __init__(
+        self, http: httpx.AsyncClient, key: str, runtime: Any, items: TextIO | None = None
+    ) -> None:
         super().__init__(http, key)
         self.runtime = runtime
+        self.items = items  # where each asked turn's items are written (``--items``)
         self.event_turn: dict[str, str] = {}  # event id -> the turn its end call told
         self.memory_turns: dict[int, tuple[set[str], str]] = {}  # -> (turns, category)
 
@@ -540,9 +543,6 @@ class Turn:
     alike: int = 0  # items alike in meaning to another, either way round
 
 
-# Where ``--items`` writes each asked turn's items, for reading what was handed.
-ITEMS: Any = None
-
 _SHOWN = re.compile(r'<item id="((?:event|memory):[^"]*)">')
 
 
@@ -597,6 +597,9 @@ async def ask(api: ContextApi, bench: Bench, q: Question, at: str | None) -> Tur
         asked = content_terms("\n".join(context_lines(q)))
         telling = telling_terms(bench, q.key, asked)
         owned = [content_terms(i["text"]) for i in items]
+        worded = [
+            [jaccard(a["text"], b["text"]) >= DUPLICATE_JACCARD for b in items] for a in items
+        ]
         low = bench.floor
         for n, item in enumerate(items):
             digest = item["kind"] == "memory" and item["meta"].get("category") == "SUMMARY"
@@ -610,16 +613,11 @@ async def ask(api: ContextApi, bench: Bench, q: Question, at: str | None) -> Tur
             # as near in meaning with nothing of its own (all its content terms there).
             # Meaning alone makes "Lisa saw the giraffes" a twin of "Lisa saw the pandas".
             twin = any(
-                jaccard(item["text"], items[m]["text"]) >= DUPLICATE_JACCARD
-                or (between[n, m] >= DUPLICATE_SIMILARITY and owned[n] <= owned[m])
+                worded[n][m] or (between[n, m] >= DUPLICATE_SIMILARITY and owned[n] <= owned[m])
                 for m in range(n)
             )
             near = any(
-                m != n
-                and (
-                    between[n, m] >= DUPLICATE_SIMILARITY
-                    or jaccard(item["text"], items[m]["text"]) >= DUPLICATE_JACCARD
-                )
+                m != n and (between[n, m] >= DUPLICATE_SIMILARITY or worded[n][m])
                 for m in range(len(items))
             )
             digests += digest
@@ -644,9 +642,9 @@ async def ask(api: ContextApi, bench: Bench, q: Question, at: str | None) -> Tur
                     "evidence": bool(made[n] & relevant),
                 }
             )
-    if ITEMS is not None:
+    if api.items is not None:
         line = {"set": q.key, "category": q.category, "query": got["query"], "hit3": hit3}
-        ITEMS.write(json.dumps({**line, "items": detail}, ensure_ascii=False) + "\n")
+        api.items.write(json.dumps({**line, "items": detail}, ensure_ascii=False) + "\n")
     profiles = sum(estimate_tokens(p["text"]) for p in others if p["kind"] != "memo")
     return Turn(
         q.category,
@@ -778,14 +776,19 @@ def settings_for(data_dir: Path, embedding: dict[str, Any]) -> Settings:
 
 
 async def run_set(
-    http: httpx.AsyncClient, runtime: Any, bench: Bench, limit: int, floors: list[float]
+    http: httpx.AsyncClient,
+    runtime: Any,
+    bench: Bench,
+    limit: int,
+    floors: list[float],
+    items: TextIO | None = None,
 ) -> dict[str, Any]:
     """A set on a tenant of its own: handed over, drained, asked (first at each of
-    ``floors``, then at the default)."""
+    ``floors``, then at the default; each asked turn's items written to ``items``)."""
     sweep: dict[float, Any] = {}
     name = bench.dataset.name
     created = await new_tenant(http, f"ctx-{uuid.uuid4().hex[:8]}")
-    api = ContextApi(http, created["api_key"]["key"], runtime)
+    api = ContextApi(http, created["api_key"]["key"], runtime, items)
     started = time.perf_counter()
     turns = await api.hand_over(bench.dataset)
     handed = time.perf_counter() - started
@@ -857,8 +860,6 @@ async def main() -> None:
     )
     args = parser.parse_args()
     logging.disable(logging.WARNING)
-    global ITEMS
-    ITEMS = args.items.open("w") if args.items else None
 
     started = time.perf_counter()
     benches = [limited(b, args.limit) for b in load_sets(args.data, args.only.split(","))]
@@ -881,6 +882,7 @@ async def main() -> None:
         await hook(app)
     cache = use_cache(app, args.cache, queries=True)
     results: dict[str, Any] = {}
+    items = args.items.open("w") if args.items else None
     try:
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(
@@ -893,6 +895,7 @@ async def main() -> None:
                     bench,
                     args.limit,
                     [float(f) for f in args.floors.split(",") if f.strip()],
+                    items,
                 )
                 if cache is not None:
                     cache.save()
@@ -906,6 +909,8 @@ async def main() -> None:
         shutil.rmtree(data_dir, ignore_errors=True)
         if fake is not None:
             fake.stop()
+        if items is not None:
+            items.close()
     print(f"\nTotal {time.perf_counter() - started:.0f} s")
 
 

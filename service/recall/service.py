@@ -184,19 +184,18 @@ class OwnWords:
 
     Near enough in meaning to the message's own ``words`` (its vector), or naming a topic
     word it names (``named``, its people aside: sharing a word of asking, "什么", or a name
-    of the conversation makes nothing relevant). A padded message without words admits
-    nothing; a message whose query is its own words, everything.
+    of the conversation makes nothing relevant). A padded message without words
+    (``wordless``) admits nothing; one whose query is its own words (no ``words``), everything.
     """
 
-    own: str
-    padded: bool
+    wordless: bool
     words: Vector | None
     named: set[str]
     calibration: Calibration
     floor: float
 
     def admits(self, vector_of_item: Any, text: str) -> bool:
-        if self.padded and not self.own.strip():
+        if self.wordless:
             return False
         unit = unit_vector(vector_of_item)
         if self.words is None or unit is None:
@@ -270,7 +269,8 @@ class Reader:
                 gate.discard()
         calibration = self.embedder.calibration
 
-        relevant = OwnWords(own, padded, words, named_words(own, people), calibration, floor).admits
+        wordless = padded and not own.strip()
+        relevant = OwnWords(wordless, words, named_words(own, people), calibration, floor).admits
 
         events = [
             ContextItem(

@@ -31,9 +31,9 @@ _IS_CJK = re.compile(rf"[{_CJK}]")
 CHINESE_STOP_CHARS = frozenset("的了着过吗呢吧啊呀哦嘛么哈是在和与及或也都就还又很太把被给让对")
 
 # The function characters plus pronouns, words of asking and the commonest verbs and
-# measure words: too common to name a topic (the day summary skips the bigrams holding them). Search
-# keeps these as unigrams: alone they still tell messages apart ("不去" from "去"), and
-# dropping them cost the Chinese dialogue set 3 of 262 questions at hit@10.
+# measure words: too common to name a topic (the day summary skips the bigrams holding
+# them). Search keeps these as unigrams: alone they still tell messages apart ("不去" from
+# "去"), and dropping them cost the Chinese dialogue set 3 of 262 questions at hit@10.
 COMMON_CHINESE_CHARS = CHINESE_STOP_CHARS | frozenset(
     "嗯我你他她它们这那有不没个一上下人到说要会去来好什哪"
 )
