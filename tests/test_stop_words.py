@@ -7,6 +7,8 @@ import re
 from datetime import date
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from service.historian.memories import day_summary
 from service.memories.digest import Said
@@ -72,6 +74,44 @@ def test_what_a_question_names_leaves_out_its_words_of_asking_and_people(
 ) -> None:
     # Two texts sharing "什么" or "哪" or a name of the chat are not about one thing.
     assert named_words(question, ["张三", "Melanie"]) == topic
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(
+            [
+                "什么",
+                "哪里",
+                "哪天",
+                "是",
+                "的",
+                "张三",
+                "Melanie",
+                "Mel",
+                "年会",
+                "爬山",
+                "？",
+                " ",
+            ]
+        ),
+        max_size=12,
+    )
+)
+def test_no_word_of_asking_nor_name_is_ever_a_named_word(pieces: list[str]) -> None:
+    # Whatever a chat line is made of, what it names holds no word of asking and no part
+    # of its people's names: two lines never relate through those alone. Chinese is written
+    # right beside an English name ("跟Melanie说"); two English words have a space between.
+    line = ""
+    for piece in pieces:
+        line += (
+            f" {piece}"
+            if line[-1:].isascii() and line[-1:].isalpha() and piece.isascii()
+            else piece
+        )
+    named = named_words(line, ["张三", "Melanie"])
+    assert not any(set(key) & set("什哪张三") for key in named), named
+    assert not any(key.startswith("mel") for key in named), named
 
 
 @pytest.mark.parametrize("char", sorted(set(SEARCH_CHARS)))

@@ -25,6 +25,9 @@ from typing import NamedTuple
 _CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3040-\u30ff"
 _TOKEN = re.compile(rf"[{_CJK}]+|[^\W_{_CJK}]+(?:'[^\W_{_CJK}]+)*")
 _IS_CJK = re.compile(rf"[{_CJK}]")
+# A run of letters of an alphabet: a word of English however close Chinese is written to
+# it ("跟Melanie说"; to ``\b``, Chinese characters are letters of the same word).
+_LETTERS = re.compile(rf"[^\W\d_{_CJK}]+")
 
 # Function characters: frequent and meaningless alone (they still count inside bigrams).
 # Search drops them as unigrams; everything else that skips common words starts from here.
@@ -254,7 +257,7 @@ def without_people(text: str, people: Iterable[str]) -> str:
     for name in {unicodedata.normalize("NFKC", p).strip() for p in people}:
         if _IS_CJK.search(name) and len(name) >= 2:
             normalized = normalized.replace(name, " ")
-        starts.update(w.casefold() for w in re.findall(r"[^\W\d_]{3,}", name))
+        starts.update(w.casefold() for w in _LETTERS.findall(name) if len(w) >= 3)
     if not starts:
         return normalized
 
@@ -262,7 +265,7 @@ def without_people(text: str, people: Iterable[str]) -> str:
         w = word.group().casefold()
         return " " if len(w) >= 3 and any(s.startswith(w) for s in starts) else word.group()
 
-    return re.sub(r"\b[^\W\d_]+\b", named, normalized)
+    return _LETTERS.sub(named, normalized)
 
 
 # A date names a day ("on 10.01.2024", "5月3日", "2023年"), though its digits are no topic word.
